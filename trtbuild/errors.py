@@ -1,0 +1,22 @@
+"""Errors that reach the user as one clear line each, with the exit code the CLI returns."""
+
+from __future__ import annotations
+
+
+class TrtbuildError(Exception):
+    """An error the CLI prints as one line per message (no traceback) and exits with `exit_code`."""
+
+    exit_code = 1
+
+    def __init__(self, *messages: str) -> None:
+        super().__init__(*messages)
+        self.messages = [m for m in messages if m]
+
+    def __str__(self) -> str:
+        return "\n".join(self.messages)
+
+
+class InvalidInput(TrtbuildError):
+    """The user's input (a recipe, a config file, a command-line value) is wrong: exit code 2."""
+
+    exit_code = 2

@@ -1,0 +1,133 @@
+"""Memory estimates from a model config alone: weights per GPU, KV cache per token, tokens that fit.
+
+The model is TensorRT-LLM's checkpoint layout (reference/trtllm.md section 2): fused qkv and the
+MLP are column/row-parallel over tp (KV heads duplicated when tp exceeds them), norms and the
+vocab embedding are replicated, lm_head is vocab-padded and split over tp; pp splits the layers,
+the embedding lives on the first stage and lm_head + final norm on the last. Quantized weights
+carry their scales as ModelOpt exports them (reference/modelopt.md section 3); lm_head, the
+embedding, the norms and a MoE router are never quantized.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from trtbuild.modelconfig import ModelSpec, padded_vocab
+
+GIB = 1024**3
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+USABLE_FRACTION = 0.9  # share of GPU memory an estimate may plan for
+RUNTIME_OVERHEAD = 1 * GIB  # CUDA context, cuBLAS and NCCL workspaces: measured runtimes sit near this
+
+
+@dataclass(frozen=True)
+class Estimate:
+    weights_bytes_per_gpu: int
+    kv_bytes_per_token: int  # per GPU
+    kv_tokens: Optional[int] = None  # tokens of KV cache that fit per GPU (engine targets)
+    fits: Optional[bool] = None
+    gpu_product: Optional[str] = None
+    gpu_memory_bytes: Optional[int] = None
+    activation_bytes: Optional[int] = None
+
+    def as_json(self) -> dict:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+def linear_bytes(out_features: int, in_features: int, quant: Optional[str], dtype_bytes: int, group_size: int) -> float:
+    """Bytes of one linear layer's weight plus its quantization scales, as exported."""
+    n = out_features * in_features
+    if quant is None:
+        return n * dtype_bytes
+    if quant == "fp8":  # fp8 weight, per-tensor weight and activation scales
+        return n + 8
+    if quant == "int8_sq":  # int8 weight, per-channel weight scale, activation + prequant scales
+        return n + out_features * 4 + 4 + in_features * 2
+    if quant == "int8_wo":
+        return n + out_features * 4
+    if quant == "int4_wo":
+        return n / 2 + out_features * dtype_bytes
+    if quant in ("int4_awq", "w4a8_awq"):  # packed int4, [out, in/group] f32 scales, prequant scale
+        return n / 2 + out_features * math.ceil(in_features / group_size) * 4 + in_features * 2 + 8
+    if quant == "nvfp4":  # packed fp4, one fp8 scale per 16 elements, global scales
+        return n / 2 + n / 16 + 8
+    raise ValueError(f"unknown quantization {quant!r}")
+
+
+def kv_bytes_per_element(kv_cache: Optional[str], dtype_bytes: int) -> float:
+    if kv_cache in ("fp8", "int8"):
+        return 1
+    if kv_cache == "nvfp4":
+        return 0.5 + 1 / 16
+    return dtype_bytes
+
+
+def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
+    # KV heads are split over tp, or duplicated so that each rank holds one (reference section 2).
+    return model.num_kv_heads // tp if model.num_kv_heads >= tp else 1
+
+
+def layer_weight_bytes(model: ModelSpec, tp: int, quant: Optional[str], dtype_bytes: int, group_size: int) -> float:
+    hd, hidden = model.head_dim, model.hidden_size
+    q_out = model.num_heads * hd // tp
+    kv_out = kv_heads_per_gpu(model, tp) * hd
+    total = linear_bytes(q_out + 2 * kv_out, hidden, quant, dtype_bytes, group_size)  # attention.qkv
+    total += linear_bytes(hidden, q_out, quant, dtype_bytes, group_size)  # attention.dense (row)
+    if model.attention_bias:
+        total += (q_out + 2 * kv_out) * dtype_bytes
+    inter = model.intermediate_size // tp
+    mlp = linear_bytes(inter, hidden, quant, dtype_bytes, group_size)  # mlp.fc
+    if model.gated_mlp:
+        mlp += linear_bytes(inter, hidden, quant, dtype_bytes, group_size)  # mlp.gate
+    mlp += linear_bytes(hidden, inter, quant, dtype_bytes, group_size)  # mlp.proj (row)
+    if model.num_experts:
+        total += model.num_experts * mlp + hidden * model.num_experts * 4  # float32 router
+    else:
+        total += mlp
+    total += 2 * hidden * dtype_bytes  # input_layernorm, post_layernorm
+    return total
+
+
+def weights_bytes_per_gpu(model: ModelSpec, tp: int, pp: int, quant: Optional[str], dtype: str,
+                          group_size: int = 128, *, hf_layout: bool = False) -> int:
+    """Bytes on the busiest GPU of a tp x pp engine (replicated parts counted on every GPU).
+
+    TensorRT-LLM always stores lm_head, even when the model ties it to the embedding; a Hugging Face
+    checkpoint (`hf_layout`) of a tied model stores it once."""
+    dtype_bytes = DTYPE_BYTES[dtype]
+    layers = math.ceil(model.num_layers / pp) * layer_weight_bytes(model, tp, quant, dtype_bytes, group_size)
+    embedding = model.vocab_size * model.hidden_size * dtype_bytes
+    lm_head_rows = 0 if (hf_layout and model.tied_embeddings) else padded_vocab(model.vocab_size, tp) // tp
+    head = lm_head_rows * model.hidden_size * dtype_bytes + model.hidden_size * dtype_bytes
+    ends = embedding + head if pp == 1 else max(embedding, head)
+    return int(layers + ends)
+
+
+def kv_bytes_per_token(model: ModelSpec, tp: int, pp: int, kv_cache: Optional[str], dtype: str) -> int:
+    per_element = kv_bytes_per_element(kv_cache, DTYPE_BYTES[dtype])
+    layers = math.ceil(model.num_layers / pp)
+    return int(math.ceil(2 * layers * kv_heads_per_gpu(model, tp) * model.head_dim * per_element))
+
+
+def activation_bytes(model: ModelSpec, tp: int, dtype: str, max_num_tokens: int, max_batch_size: int, max_beam_width: int) -> int:
+    """A reserve for activations: one layer's live tensors for max_num_tokens tokens (TensorRT reuses
+    activation memory across layers), the float32 logits of a full batch, and the runtime overhead."""
+    act = DTYPE_BYTES[dtype]
+    per_token = (4 * model.hidden_size + 3 * model.intermediate_size // tp) * act
+    logits = max_batch_size * max_beam_width * padded_vocab(model.vocab_size, tp) // tp * 4
+    return int(RUNTIME_OVERHEAD + max_num_tokens * per_token + logits)
+
+
+def fit_on_gpu(weights: int, kv_per_token: int, activations: int, gpu_memory: int) -> tuple[bool, int]:
+    """(weights and activations fit in USABLE_FRACTION of memory, KV tokens that fit in the rest)."""
+    free = USABLE_FRACTION * gpu_memory - weights - activations
+    return free >= 0, max(0, int(free // kv_per_token)) if kv_per_token else 0
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"

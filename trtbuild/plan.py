@@ -1,0 +1,291 @@
+"""Expand a recipe into targets and check each against TensorRT-LLM's rules and the GPU's memory.
+
+Everything here is a pure function of the recipe and the model config: no GPU, no weights.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Optional
+
+from trtbuild import estimate, hardware, trtllm
+from trtbuild.errors import InvalidInput
+from trtbuild.modelconfig import ModelSpec, load_config
+from trtbuild.recipe import LoadedRecipe, Recipe, Variant
+
+CHECKPOINT, ENGINE, HF_CHECKPOINT = "checkpoint", "engine", "hf-checkpoint"
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    kind: str  # checkpoint | engine | hf-checkpoint
+    variant: str
+    tp: Optional[int]
+    pp: Optional[int]
+    gpu: Optional[str]  # SM, engines only
+    backend: str  # engine | hf-checkpoint
+    status: str = "ok"  # ok | impossible
+    reason: Optional[str] = None
+    depends_on: tuple[str, ...] = ()
+    estimate: Optional[estimate.Estimate] = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def as_json(self) -> dict:
+        return {
+            "name": self.name, "kind": self.kind, "variant": self.variant, "tp": self.tp, "pp": self.pp,
+            "gpu": self.gpu, "backend": self.backend, "status": self.status, "reason": self.reason,
+            "depends_on": list(self.depends_on),
+            "estimate": self.estimate.as_json() if self.estimate else None,
+            "warnings": list(self.warnings),
+        }
+
+
+@dataclass
+class Plan:
+    loaded: LoadedRecipe
+    model: ModelSpec
+    dtype: str
+    max_seq_len: int
+    targets: list[Target] = field(default_factory=list)
+
+    @property
+    def recipe(self) -> Recipe:
+        return self.loaded.recipe
+
+    def target(self, name: str) -> Target:
+        return next(t for t in self.targets if t.name == name)
+
+    def as_json(self) -> dict:
+        return {
+            "recipe": self.recipe.name,
+            "path": str(self.loaded.path),
+            "model": {"architecture": self.model.architecture, "config": self.model.source,
+                      "dtype": self.dtype, "max_seq_len": self.max_seq_len},
+            "targets": [t.as_json() for t in self.targets],
+        }
+
+
+# ---- names ---------------------------------------------------------------------------------------
+
+def checkpoint_name(variant: str, tp: int, pp: int) -> str:
+    return f"{variant}-tp{tp}" + (f"-pp{pp}" if pp > 1 else "")
+
+
+def engine_name(variant: str, tp: int, pp: int, sm: str) -> str:
+    return f"{checkpoint_name(variant, tp, pp)}-{sm}"
+
+
+def hf_name(variant: str) -> str:
+    return f"{variant}-hf"
+
+
+# ---- the model config a plan reads ---------------------------------------------------------------
+
+def find_model_config(loaded: LoadedRecipe) -> Path:
+    """The config.json planning reads: source.config, else the source's own when it is local."""
+    source = loaded.recipe.source
+    if source.config is not None:
+        path = loaded.resolve_path(source.config)
+        if not path.is_file():
+            raise InvalidInput(f"{loaded.where(('source', 'config'))}: source.config: {path}: no such file")
+        return path
+    if source.path is not None:
+        path = loaded.resolve_path(source.path) / "config.json"
+        if path.is_file():
+            return path
+        raise InvalidInput(f"{loaded.where(('source', 'path'))}: source.path: {path}: no such file")
+    if source.hf is not None:
+        cached = _hf_cached_config(source.hf, source.revision or "main")
+        if cached is not None:
+            return cached
+    raise InvalidInput(
+        f"{loaded.where(('source',))}: source: no local config.json for {source.describe()}; "
+        "set source.config to a copy of the model's config.json"
+    )
+
+
+def _hf_cached_config(repo: str, revision: str) -> Optional[Path]:
+    """config.json from the user's Hugging Face cache, if it is there (never touches the network)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo, "config.json", revision=revision)
+    return Path(found) if isinstance(found, str) else None
+
+
+# ---- expansion and rules -------------------------------------------------------------------------
+
+def plan_recipe(loaded: LoadedRecipe, model: Optional[ModelSpec] = None, gpu_filter: Optional[set[str]] = None) -> Plan:
+    recipe = loaded.recipe
+    if model is None:
+        model = load_config(find_model_config(loaded))
+    dtype = recipe.dtype or model.dtype or "float16"
+    max_seq_len = recipe.limits.max_seq_len or model.max_seq_len or 2048  # builder._init_max_seq_len fallback
+    plan = Plan(loaded, model, dtype, max_seq_len)
+
+    gpus = _gpus_by_sm(recipe)
+    if gpu_filter is not None:
+        unknown = gpu_filter - set(gpus)
+        if unknown:
+            listed = ", ".join(gpus) or "none"
+            raise InvalidInput(f"--gpu {', '.join(sorted(unknown))}: {loaded.path} targets {listed}")
+        gpus = {sm: products for sm, products in gpus.items() if sm in gpu_filter}
+
+    targets: list[Target] = []
+    for vname, variant in recipe.variants.items():
+        if ENGINE in recipe.backends:
+            for par in recipe.parallelism:
+                ckpt = _checkpoint_target(plan, vname, variant, par.tp, par.pp)
+                targets.append(ckpt)
+                for sm, products in gpus.items():
+                    targets.append(_engine_target(plan, ckpt, variant, sm, products))
+        if HF_CHECKPOINT in recipe.backends:
+            targets.append(_hf_target(plan, vname, variant))
+    plan.targets = _drop_unused(_apply_excludes(recipe, targets))
+    return plan
+
+
+def _gpus_by_sm(recipe: Recipe) -> dict[str, list[hardware.GpuProduct]]:
+    """One engine per SM; the products named for it (or the SM's default) are the ones it must fit."""
+    by_sm: dict[str, list[hardware.GpuProduct]] = {}
+    for choice in recipe.gpu_choices():
+        products = by_sm.setdefault(choice.sm, [])
+        if choice.product not in products:
+            products.append(choice.product)
+    return by_sm
+
+
+def _model_rules(model: ModelSpec, variant: Variant, tp: int, pp: int) -> Optional[str]:
+    """Rules that make a (variant, tp, pp) checkpoint impossible for this model."""
+    if model.num_heads % tp:
+        return f"tp={tp} does not divide the {model.num_heads} attention heads"
+    kv = model.num_kv_heads
+    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        return (f"tp={tp} and {kv} KV heads: TensorRT-LLM needs tp to divide the KV heads, "
+                "or the KV heads to divide tp (it then duplicates them)")
+    if pp > model.num_layers:
+        return f"pp={pp} exceeds the model's {model.num_layers} layers"
+    group = variant.effective_group_size
+    if group:
+        dims = {"hidden_size": model.hidden_size,
+                f"intermediate_size/tp ({model.intermediate_size}/{tp})": model.intermediate_size / tp,
+                f"attention width/tp ({model.num_heads * model.head_dim}/{tp})": model.num_heads * model.head_dim / tp}
+        for label, size in dims.items():
+            if size % group:
+                return f"AWQ group_size {group} does not divide {label} = {size:g}"
+    if variant.quant == "nvfp4" or variant.kv_cache == "nvfp4":
+        for label, size in (("hidden_size", model.hidden_size), ("intermediate_size", model.intermediate_size)):
+            if size % 16:
+                return f"NVFP4 blocks of 16 do not divide {label} = {size}"
+    return None
+
+
+def _limit_rules(plan: Plan) -> Optional[str]:
+    limits, max_seq = plan.recipe.limits, plan.max_seq_len
+    if limits.max_input_len > max_seq:
+        return f"limits.max_input_len {limits.max_input_len} exceeds max_seq_len {max_seq}"
+    positions = plan.model.max_seq_len
+    if limits.max_seq_len is not None and positions is not None and limits.max_seq_len > positions:
+        return (f"limits.max_seq_len {limits.max_seq_len} exceeds the model's {positions} positions"
+                f" ({plan.model.source}: max_position_embeddings with rope scaling)")
+    return None
+
+
+def _checkpoint_target(plan: Plan, vname: str, variant: Variant, tp: int, pp: int) -> Target:
+    reason = _model_rules(plan.model, variant, tp, pp)
+    est = estimate.Estimate(
+        weights_bytes_per_gpu=estimate.weights_bytes_per_gpu(plan.model, tp, pp, variant.quant, plan.dtype, variant.effective_group_size or 128),
+        kv_bytes_per_token=estimate.kv_bytes_per_token(plan.model, tp, pp, variant.kv_cache, plan.dtype),
+    )
+    return Target(
+        name=checkpoint_name(vname, tp, pp), kind=CHECKPOINT, variant=vname, tp=tp, pp=pp, gpu=None,
+        backend=ENGINE, status="impossible" if reason else "ok", reason=reason, estimate=est,
+    )
+
+
+def _engine_target(plan: Plan, ckpt: Target, variant: Variant, sm: str, products: list[hardware.GpuProduct]) -> Target:
+    recipe, model = plan.recipe, plan.model
+    tp, pp = ckpt.tp or 1, ckpt.pp or 1
+    weights = ckpt.estimate.weights_bytes_per_gpu
+    kv_per_token = ckpt.estimate.kv_bytes_per_token
+    activations = estimate.activation_bytes(
+        model, tp, plan.dtype, recipe.limits.max_num_tokens, recipe.limits.max_batch_size, recipe.limits.max_beam_width
+    )
+    smallest = min(products, key=lambda p: p.memory_mib)  # an engine for an SM must fit every GPU named for it
+    fits, kv_tokens = estimate.fit_on_gpu(weights, kv_per_token, activations, smallest.memory_bytes)
+    est = estimate.Estimate(weights, kv_per_token, kv_tokens, fits, smallest.name, smallest.memory_bytes, activations)
+
+    reason = None
+    if not ckpt.ok:
+        reason = f"needs checkpoint {ckpt.name}, which is impossible: {ckpt.reason}"
+    elif model.architecture not in trtllm.ENGINE_ARCHITECTURES:
+        reason = (f"{model.architecture} is not in TensorRT-LLM {trtllm.ENGINE_TOOLCHAIN_SERIES}'s engine MODEL_MAP; "
+                  "build the hf-checkpoint backend instead")
+    else:
+        reason = (hardware.quant_unsupported_reason(variant.quant, variant.kv_cache, sm)
+                  or hardware.plugin_unsupported_reason(trtllm.canonical_flags(recipe.engine.flags), sm)
+                  or _limit_rules(plan))
+    if reason is None and not fits:
+        g = estimate.format_bytes
+        reason = (f"does not fit on {smallest.name} ({g(smallest.memory_bytes)}): weights {g(weights)}/GPU + "
+                  f"activations {g(activations)} > {estimate.USABLE_FRACTION:.0%} of memory "
+                  f"({g(estimate.USABLE_FRACTION * smallest.memory_bytes)})")
+    warnings = []
+    if reason is None and kv_tokens < plan.max_seq_len:
+        warnings.append(f"KV cache holds {kv_tokens:,} tokens per GPU on {smallest.name}: less than one "
+                        f"max_seq_len ({plan.max_seq_len:,}) sequence")
+    return Target(
+        name=engine_name(ckpt.variant, tp, pp, sm), kind=ENGINE, variant=ckpt.variant, tp=tp, pp=pp, gpu=sm,
+        backend=ENGINE, status="impossible" if reason else "ok", reason=reason, depends_on=(ckpt.name,),
+        estimate=est, warnings=tuple(warnings),
+    )
+
+
+def _hf_target(plan: Plan, vname: str, variant: Variant) -> Target:
+    reason = _model_rules(plan.model, variant, 1, 1) or _limit_rules(plan)
+    est = estimate.Estimate(
+        weights_bytes_per_gpu=estimate.weights_bytes_per_gpu(
+            plan.model, 1, 1, variant.quant, plan.dtype, variant.effective_group_size or 128, hf_layout=True),
+        kv_bytes_per_token=estimate.kv_bytes_per_token(plan.model, 1, 1, variant.kv_cache, plan.dtype),
+    )
+    return Target(
+        name=hf_name(vname), kind=HF_CHECKPOINT, variant=vname, tp=None, pp=None, gpu=None,
+        backend=HF_CHECKPOINT, status="impossible" if reason else "ok", reason=reason, estimate=est,
+    )
+
+
+def _matches(rule, target: Target) -> bool:
+    for attr in ("variant", "tp", "pp", "backend"):
+        wanted = getattr(rule, attr)
+        if wanted is not None and getattr(target, attr) != wanted:
+            return False
+    if rule.gpu is not None and target.gpu != hardware.resolve_gpu(rule.gpu).sm:
+        return False
+    return True
+
+
+def _apply_excludes(recipe: Recipe, targets: list[Target]) -> list[Target]:
+    return [t for t in targets if not any(_matches(rule, t) for rule in recipe.exclude)]
+
+
+def _drop_unused(targets: list[Target]) -> list[Target]:
+    """A checkpoint exists for its engines: drop one whose engines were all excluded or filtered out."""
+    needed = {dep for t in targets for dep in t.depends_on}
+    return [t for t in targets if t.kind != CHECKPOINT or t.name in needed]
+
+
+def select(plan: Plan, patterns: list[str]) -> Plan:
+    """Keep the targets whose names match any glob, plus everything they depend on."""
+    if not patterns:
+        return plan
+    chosen = {t.name for t in plan.targets if any(fnmatch.fnmatchcase(t.name, p) for p in patterns)}
+    if not chosen:
+        raise InvalidInput(f"--target {' '.join(patterns)}: matches none of {', '.join(t.name for t in plan.targets)}")
+    chosen |= {dep for t in plan.targets if t.name in chosen for dep in t.depends_on}
+    return replace(plan, targets=[t for t in plan.targets if t.name in chosen])

@@ -1,0 +1,394 @@
+"""The recipe: a pydantic schema (schema: 1) and YAML loading with `file:line:col: yaml.path: ...` errors."""
+
+from __future__ import annotations
+
+import difflib
+import re
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from trtbuild import hardware, trtllm
+from trtbuild.errors import InvalidInput
+from trtbuild.yamlsource import LocatedDocument, format_path, load_located_file
+
+QuantName = Literal["fp8", "int8_sq", "int4_awq", "w4a8_awq", "int8_wo", "int4_wo", "nvfp4"]
+KvCacheName = Literal["fp8", "int8", "nvfp4"]
+DType = Literal["float16", "bfloat16", "float32"]
+Backend = Literal["engine", "hf-checkpoint"]
+Device = Literal["auto", "cpu", "cuda"]
+AWQ_QUANTS = ("int4_awq", "w4a8_awq")
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+
+
+def _known_gpu(name: str) -> str:
+    hardware.resolve_gpu(name)  # raises ValueError with the list of known names
+    return name
+
+
+GpuName = Annotated[str, AfterValidator(_known_gpu)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+
+
+class Source(_Strict):
+    """Where the weights come from: exactly one of hf, nemo, path, gguf, s3."""
+
+    hf: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$", description="ORG/REPO on the Hugging Face Hub")
+    revision: Optional[str] = Field(None, min_length=1, description="branch, tag or commit of `hf` (default main)")
+    nemo: Optional[str] = Field(None, min_length=1, description="a .nemo file, a NeMo 2 folder, or an s3:// URL to either")
+    path: Optional[str] = Field(None, min_length=1, description="a local Hugging Face model folder")
+    gguf: Optional[str] = Field(
+        None, min_length=1,
+        description="a GGUF file; `pkg:DIST_MODULE/FILE` names a file inside an installed Python package",
+    )
+    s3: Optional[str] = Field(None, pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", description="s3://BUCKET/PREFIX")
+    trust_remote_code: bool = False
+    config: Optional[str] = Field(
+        None, min_length=1, description="local config.json that `plan` uses when the source is not on this machine"
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "Source":
+        given = [k for k in SOURCE_KINDS if getattr(self, k) is not None]
+        if len(given) != 1:
+            found = ", ".join(given) if given else "none"
+            raise ValueError(f"exactly one of {', '.join(SOURCE_KINDS)} is required (found: {found})")
+        if self.revision is not None and self.hf is None:
+            raise ValueError("revision applies only to an hf source")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in SOURCE_KINDS if getattr(self, k) is not None)
+
+    @property
+    def location(self) -> str:
+        return getattr(self, self.kind)
+
+    def describe(self) -> str:
+        if self.hf is not None:
+            return f"hf:{self.hf}@{self.revision or 'main'}"
+        return f"{self.kind}:{self.location}"
+
+
+SOURCE_KINDS = ("hf", "nemo", "path", "gguf", "s3")
+
+
+class Calibration(_Strict):
+    """The calibration set ModelOpt quantizes with (its token ids are hashed into the checkpoint key)."""
+
+    text: str = Field("builtin", min_length=1, description="`builtin`, or a text file or folder of text files")
+    samples: PositiveInt = 512
+    seq_len: PositiveInt = 512
+    seed: int = Field(0, ge=0)
+    device: Device = "auto"
+
+
+class CalibrationOverride(_Strict):
+    """Per-variant calibration: only the fields given replace the top-level calibration's."""
+
+    text: Optional[str] = Field(None, min_length=1)
+    samples: Optional[PositiveInt] = None
+    seq_len: Optional[PositiveInt] = None
+    seed: Optional[int] = Field(None, ge=0)
+    device: Optional[Device] = None
+
+
+class Variant(_Strict):
+    """One quantization of the model; `{}` builds it unquantized."""
+
+    quant: Optional[QuantName] = None
+    kv_cache: Optional[KvCacheName] = None
+    group_size: Optional[PositiveInt] = Field(None, description="AWQ block size along the input dimension (default 128)")
+    calibration: Optional[CalibrationOverride] = None
+
+    @model_validator(mode="after")
+    def _group_size_only_for_awq(self) -> "Variant":
+        if self.group_size is not None and self.quant not in AWQ_QUANTS:
+            raise ValueError(f"group_size applies only to {' and '.join(AWQ_QUANTS)}")
+        return self
+
+    @property
+    def effective_group_size(self) -> Optional[int]:
+        if self.quant in AWQ_QUANTS:
+            return self.group_size or 128
+        return None
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.quant is not None or self.kv_cache is not None
+
+
+class Parallelism(_Strict):
+    tp: PositiveInt = 1
+    pp: PositiveInt = 1
+
+
+class Limits(_Strict):
+    """Engine limits; defaults are trtllm-build's (BuildConfig), max_seq_len from the model config."""
+
+    max_batch_size: PositiveInt = trtllm.build_default("max_batch_size")
+    max_input_len: PositiveInt = trtllm.build_default("max_input_len")
+    max_seq_len: Optional[PositiveInt] = None
+    max_num_tokens: PositiveInt = trtllm.build_default("max_num_tokens")
+    max_beam_width: PositiveInt = trtllm.build_default("max_beam_width")
+
+
+class Toolchain(_Strict):
+    tensorrt_llm: str = Field(trtllm.DEFAULT_TENSORRT_LLM, description="TensorRT-LLM version engines are built with")
+    image: Optional[str] = Field(None, min_length=1, description="container image that holds the toolchain")
+
+
+class Engine(_Strict):
+    flags: dict[str, Any] = Field(
+        default_factory=dict, description="extra trtllm-build options, checked against the pinned version's flags"
+    )
+
+
+class Exclude(_Strict):
+    """Drops every target that matches all the fields given."""
+
+    variant: Optional[str] = None
+    tp: Optional[PositiveInt] = None
+    pp: Optional[PositiveInt] = None
+    gpu: Optional[GpuName] = None
+    backend: Optional[Backend] = None
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> "Exclude":
+        if all(getattr(self, f) is None for f in type(self).model_fields):
+            raise ValueError("an exclude entry needs at least one of variant, tp, pp, gpu, backend")
+        return self
+
+
+class Gates(_Strict):
+    kld_mean: Optional[float] = Field(None, ge=0, description="largest mean KL divergence to the reference")
+    kld_p99: Optional[float] = Field(None, ge=0, description="largest 99th-percentile per-token KL divergence")
+    top1_agreement: Optional[float] = Field(None, ge=0, le=1, description="smallest share of tokens with the reference's top-1")
+    ppl_delta_pct: Optional[float] = Field(None, ge=0, description="largest perplexity increase in percent")
+
+
+class Validate(_Strict):
+    text: str = Field("builtin", min_length=1)
+    samples: PositiveInt = 32
+    seq_len: PositiveInt = 512
+    device: Device = "auto"
+    gates: Gates = Field(default_factory=Gates)
+
+
+class Publish(_Strict):
+    store: Optional[str] = Field(None, min_length=1, description="store URL: a folder or s3://bucket/prefix (default: the local store)")
+
+
+class Recipe(_Strict):
+    """A trtbuild recipe: one source model and the matrix of artifacts to build from it."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, populate_by_name=True,
+        title="trtbuild recipe", json_schema_extra={"$id": "https://trtbuild.dev/schema/recipe-1.json"},
+    )
+
+    schema_version: Literal[1] = Field(alias="schema")
+    name: str = Field(pattern=NAME_PATTERN)
+    source: Source
+    dtype: Optional[DType] = Field(None, description="default: the model config's dtype, else float16")
+    variants: dict[Annotated[str, Field(pattern=NAME_PATTERN)], Variant] = Field(
+        default_factory=lambda: {"base": Variant()}, min_length=1
+    )
+    calibration: Calibration = Field(default_factory=Calibration)
+    parallelism: list[Parallelism] = Field(default_factory=lambda: [Parallelism()], min_length=1)
+    limits: Limits = Field(default_factory=Limits)
+    gpus: list[GpuName] = Field(default_factory=list, description="SM names or GPU products")
+    backends: list[Backend] = Field(default_factory=lambda: ["engine"], min_length=1)
+    toolchain: Toolchain = Field(default_factory=Toolchain)
+    engine: Engine = Field(default_factory=Engine)
+    exclude: list[Exclude] = Field(default_factory=list)
+    validation: Validate = Field(default_factory=Validate, alias="validate")
+    publish: Publish = Field(default_factory=Publish)
+
+    @field_validator("variants", mode="before")
+    @classmethod
+    def _empty_variant_is_unquantized(cls, value: Any) -> Any:
+        # `base:` with no value is the same as `base: {}`.
+        if isinstance(value, dict):
+            return {k: ({} if v is None else v) for k, v in value.items()}
+        return value
+
+    def calibration_for(self, variant: str) -> Calibration:
+        override = self.variants[variant].calibration
+        if override is None:
+            return self.calibration
+        return self.calibration.model_copy(update=override.model_dump(exclude_none=True))
+
+    def gpu_choices(self) -> list[hardware.GpuChoice]:
+        return [hardware.resolve_gpu(g) for g in self.gpus]
+
+
+class LoadedRecipe(typing.NamedTuple):
+    recipe: Recipe
+    path: Path  # as the user named it
+    doc: LocatedDocument
+
+    @property
+    def base_dir(self) -> Path:
+        """Relative paths in a recipe are relative to the recipe file (symlinks resolved)."""
+        return self.path.resolve().parent
+
+    def resolve_path(self, value: str) -> Path:
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else self.base_dir / p
+
+    def where(self, path: tuple) -> str:
+        return self.doc.where(path)
+
+
+def load_recipe(path: str | Path) -> LoadedRecipe:
+    """Load, validate and cross-check a recipe; every problem raises InvalidInput (one line each)."""
+    path = Path(path)
+    doc = load_located_file(path)
+    if not isinstance(doc.data, dict):
+        raise InvalidInput(f"{doc.where(())}: a recipe is a YAML mapping (schema, name, source, ...)")
+    try:
+        recipe = Recipe.model_validate(doc.data)
+    except ValidationError as exc:
+        raise InvalidInput(*_format_errors(exc, doc)) from None
+    problems = _cross_check(recipe)
+    if problems:
+        raise InvalidInput(*(f"{doc.where(p)}: {format_path(p)}: {msg}" for p, msg in problems))
+    return LoadedRecipe(recipe, path, doc)
+
+
+def _cross_check(recipe: Recipe) -> list[tuple[tuple, str]]:
+    """Rules that need more than one field: each returns (yaml path, message)."""
+    problems: list[tuple[tuple, str]] = []
+    for name, value in recipe.engine.flags.items():
+        reason = trtllm.check_flag(str(name), value)
+        if reason:
+            problems.append((("engine", "flags", name), reason))
+    if "engine" in recipe.backends:
+        reason = trtllm.check_engine_toolchain(recipe.toolchain.tensorrt_llm)
+        if reason:
+            problems.append((("toolchain", "tensorrt_llm"), reason))
+        if not recipe.gpus:
+            problems.append((("gpus",), "the engine backend needs at least one GPU (an SM such as sm90, or a product such as H100)"))
+    seen: dict[tuple[int, int], int] = {}
+    for i, par in enumerate(recipe.parallelism):
+        if (par.tp, par.pp) in seen:
+            problems.append((("parallelism", i), f"tp={par.tp} pp={par.pp} is listed twice (also at index {seen[(par.tp, par.pp)]})"))
+        seen.setdefault((par.tp, par.pp), i)
+    for i, rule in enumerate(recipe.exclude):
+        if rule.variant is not None and rule.variant not in recipe.variants:
+            problems.append((("exclude", i, "variant"), f"{rule.variant!r} is not a variant of this recipe ({', '.join(recipe.variants)})"))
+    return problems
+
+
+# ---- turning pydantic errors into file:line:col: path: message ----------------------------------
+
+def _format_errors(exc: ValidationError, doc: LocatedDocument) -> list[str]:
+    lines: list[tuple[tuple[int, int], str]] = []
+    for err in exc.errors(include_url=False):
+        loc = _yaml_loc(err["loc"])
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            at, message = doc.position(loc, key=True), _unknown_key(loc)
+        elif kind == "missing":
+            at, message = doc.position(loc[:-1]), "required key is missing"
+        else:
+            at, message = doc.position(loc), _message(err)
+        lines.append((at, f"{doc.filename}:{at[0]}:{at[1]}: {format_path(loc)}: {message}"))
+    return [line for _, line in sorted(lines, key=lambda item: item[0])]
+
+
+def _yaml_loc(loc: tuple) -> tuple:
+    # pydantic adds "[key]" markers for dict keys and function-validator names; drop them.
+    return tuple(p for p in loc if not (isinstance(p, str) and (p.startswith("function-") or p == "[key]")))
+
+
+def _message(err: dict) -> str:
+    kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
+    if kind == "literal_error":
+        expected = ctx.get("expected", "")
+        choices = [c.strip().strip("'") for c in re.split(r",| or ", expected) if c.strip()]
+        return f"{value!r} is not one of {', '.join(choices)}"
+    if kind in ("value_error", "assertion_error"):
+        return str(ctx.get("error", err["msg"]))
+    if kind == "string_pattern_mismatch":
+        return f"{value!r} does not match {ctx.get('pattern')}"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return f"expected a mapping, got {_yaml_type(value)}"
+    if kind == "list_type":
+        return f"expected a list, got {_yaml_type(value)}"
+    msg = err["msg"]
+    return f"{msg[0].lower()}{msg[1:]} (got {value!r})" if value is not None or kind != "int_type" else msg
+
+
+def _yaml_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return f"{value!r}"
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model that owns the last key of `loc` (to list its allowed keys)."""
+    current: Any = Recipe
+    for part in loc[:-1]:
+        current = _unwrap(current)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            fields = {(f.alias or n): f for n, f in current.model_fields.items()}
+            if part not in fields:
+                return None
+            current = fields[part].annotation
+        elif typing.get_origin(current) in (list, dict):
+            current = typing.get_args(current)[-1]
+        else:
+            return None
+    current = _unwrap(current)
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _unwrap(tp: Any) -> Any:
+    while True:
+        origin = typing.get_origin(tp)
+        if origin is Annotated:
+            tp = typing.get_args(tp)[0]
+        elif origin is Union or str(origin) == "types.UnionType":
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            tp = args[0] if len(args) == 1 else tp
+            if len(args) != 1:
+                return tp
+        else:
+            return tp
+
+
+def _unknown_key(loc: tuple) -> str:
+    key = loc[-1]
+    model = _model_at(loc)
+    if model is None:
+        return f"unknown key {key!r}"
+    allowed = [f.alias or n for n, f in model.model_fields.items()]
+    close = difflib.get_close_matches(str(key), allowed, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown key {key!r} ({hint}allowed: {', '.join(allowed)})"
+
+
+def json_schema() -> dict:
+    schema = Recipe.model_json_schema(by_alias=True)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}

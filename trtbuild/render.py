@@ -1,0 +1,62 @@
+"""Plans as people and CI read them: a rich table, JSON, or a GitHub Actions job matrix."""
+
+from __future__ import annotations
+
+import json
+from typing import Iterable
+
+from trtbuild.estimate import format_bytes
+from trtbuild.plan import ENGINE, Plan
+
+
+def plans_json(plans: list[Plan]) -> str:
+    """One plan prints as its object; several as a list of them."""
+    data = [p.as_json() for p in plans]
+    return json.dumps(data[0] if len(data) == 1 else data, indent=2)
+
+
+def github_matrix(plans: Iterable[Plan]) -> str:
+    """`{"include": [...]}` for `strategy.matrix`: one entry per buildable engine target, ordered by
+    GPU so that a job per SM (`runs-on: [self-hosted, <gpu>]`) builds its own slice."""
+    include = []
+    for plan in plans:
+        for t in plan.targets:
+            if t.kind == ENGINE and t.ok:
+                include.append({
+                    "recipe": str(plan.loaded.path), "target": t.name, "gpu": t.gpu, "variant": t.variant,
+                    "tp": t.tp, "pp": t.pp, "num_gpus": (t.tp or 1) * (t.pp or 1),
+                })
+    include.sort(key=lambda e: (int(e["gpu"][2:]), e["recipe"]))
+    return json.dumps({"include": include})
+
+
+def print_table(plan: Plan, console) -> None:
+    from rich.table import Table
+
+    ok = sum(t.ok for t in plan.targets)
+    model = plan.model
+    console.print(
+        f"[bold]{plan.recipe.name}[/] ({plan.loaded.path}): {model.architecture} {plan.dtype}, "
+        f"max_seq_len {plan.max_seq_len:,}; {len(plan.targets)} targets, [green]{ok} ok[/], "
+        f"[red]{len(plan.targets) - ok} impossible[/]",
+        highlight=False, soft_wrap=True,
+    )
+    table = Table(show_lines=False)
+    for column, style in (("target", "bold"), ("kind", ""), ("gpu", ""), ("status", ""),
+                          ("weights/GPU", "right"), ("KV/token", "right"), ("KV tokens", "right"), ("why / notes", "")):
+        table.add_column(column, justify="right" if style == "right" else "left",
+                         style=style if style == "bold" else None, overflow="fold")
+    for t in plan.targets:
+        est = t.estimate
+        status = "[green]ok[/]" if t.ok else "[red]impossible[/]"
+        notes = t.reason or "; ".join(t.warnings)
+        if t.ok and t.warnings:
+            status = "[yellow]ok[/]"
+        table.add_row(
+            t.name, t.kind, t.gpu or "-", status,
+            format_bytes(est.weights_bytes_per_gpu) if est else "-",
+            format_bytes(est.kv_bytes_per_token) if est else "-",
+            f"{est.kv_tokens:,}" if est and est.kv_tokens is not None else "-",
+            notes or "",
+        )
+    console.print(table)
