@@ -80,7 +80,8 @@ def parse_config(config: dict, source: str = "config.json") -> ModelSpec:
     """Read a Hugging Face config.json dict; InvalidInput names the file and the missing key."""
     if "text_config" in config and "hidden_size" not in config:
         text = dict(config["text_config"])
-        text.setdefault("architectures", config.get("architectures"))
+        if not text.get("architectures"):
+            text["architectures"] = config.get("architectures")
         config = text
 
     def need(*names: str) -> Any:

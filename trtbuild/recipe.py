@@ -197,10 +197,7 @@ class Publish(_Strict):
 class Recipe(_Strict):
     """A trtbuild recipe: one source model and the matrix of artifacts to build from it."""
 
-    model_config = ConfigDict(
-        extra="forbid", strict=True, frozen=True, populate_by_name=True,
-        title="trtbuild recipe", json_schema_extra={"$id": "https://trtbuild.dev/schema/recipe-1.json"},
-    )
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True, title="trtbuild recipe")
 
     schema_version: Literal[1] = Field(alias="schema")
     name: str = Field(pattern=NAME_PATTERN)
@@ -268,31 +265,32 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
         raise InvalidInput(*_format_errors(exc, doc)) from None
     problems = _cross_check(recipe)
     if problems:
-        raise InvalidInput(*(f"{doc.where(p)}: {format_path(p)}: {msg}" for p, msg in problems))
+        raise InvalidInput(*(f"{doc.where(p, key=at_key)}: {format_path(p)}: {msg}" for p, msg, at_key in problems))
     return LoadedRecipe(recipe, path, doc)
 
 
-def _cross_check(recipe: Recipe) -> list[tuple[tuple, str]]:
-    """Rules that need more than one field: each returns (yaml path, message)."""
-    problems: list[tuple[tuple, str]] = []
+def _cross_check(recipe: Recipe) -> list[tuple[tuple, str, bool]]:
+    """Rules beyond one field's type: (yaml path, message, whether to point at the key)."""
+    problems: list[tuple[tuple, str, bool]] = []
     for name, value in recipe.engine.flags.items():
         reason = trtllm.check_flag(str(name), value)
         if reason:
-            problems.append((("engine", "flags", name), reason))
+            about_name = reason.startswith(("unknown", repr(name)))
+            problems.append((("engine", "flags", name), reason, about_name))
     if "engine" in recipe.backends:
         reason = trtllm.check_engine_toolchain(recipe.toolchain.tensorrt_llm)
         if reason:
-            problems.append((("toolchain", "tensorrt_llm"), reason))
+            problems.append((("toolchain", "tensorrt_llm"), reason, False))
         if not recipe.gpus:
-            problems.append((("gpus",), "the engine backend needs at least one GPU (an SM such as sm90, or a product such as H100)"))
+            problems.append((("gpus",), "the engine backend needs at least one GPU (an SM such as sm90, or a product such as H100)", False))
     seen: dict[tuple[int, int], int] = {}
     for i, par in enumerate(recipe.parallelism):
         if (par.tp, par.pp) in seen:
-            problems.append((("parallelism", i), f"tp={par.tp} pp={par.pp} is listed twice (also at index {seen[(par.tp, par.pp)]})"))
+            problems.append((("parallelism", i), f"tp={par.tp} pp={par.pp} is listed twice (also at index {seen[(par.tp, par.pp)]})", False))
         seen.setdefault((par.tp, par.pp), i)
     for i, rule in enumerate(recipe.exclude):
         if rule.variant is not None and rule.variant not in recipe.variants:
-            problems.append((("exclude", i, "variant"), f"{rule.variant!r} is not a variant of this recipe ({', '.join(recipe.variants)})"))
+            problems.append((("exclude", i, "variant"), f"{rule.variant!r} is not a variant of this recipe ({', '.join(recipe.variants)})", False))
     return problems
 
 

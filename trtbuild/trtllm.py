@@ -141,11 +141,11 @@ def check_flag(name: str, value: Any) -> str | None:
             return f"{value!r} is not a non-empty list of strings"
         if flag.choices and (bad := [v for v in value if v not in flag.choices]):
             return f"{bad[0]!r} is not one of {', '.join(flag.choices)}"
-    else:
-        if not isinstance(value, str):
-            return f"{value!r} is not a string"
-        if flag.choices and value not in flag.choices:
+    elif flag.choices:
+        if not isinstance(value, str) or value not in flag.choices:
             return f"{value!r} is not one of {', '.join(flag.choices)}"
+    elif not isinstance(value, str):
+        return f"{value!r} is not a string"
     return None
 
 

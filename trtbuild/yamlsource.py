@@ -99,7 +99,10 @@ def load_located(text: str, filename: str) -> LocatedDocument:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{filename}:{mark.line + 1}:{mark.column + 1}" if mark else filename
-        problem = exc.problem or exc.context or "invalid YAML"
+        problem, context = exc.problem or "", exc.context or ""
+        if problem and context:
+            problem = f"{context}, {problem}" if problem.startswith("but") else f"{problem} ({context})"
+        problem = problem or context or "invalid YAML"
         raise InvalidInput(f"{where}: YAML syntax error: {problem}") from None
     except yaml.YAMLError as exc:  # e.g. a stream with several documents
         raise InvalidInput(f"{filename}: YAML error: {' '.join(str(exc).split())}") from None

@@ -1,0 +1,93 @@
+"""Shared helpers: recipes and model configs written into tmp_path, and the CLI run in-process."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from trtbuild.cli import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = ROOT / "recipes"
+CONFIGS = RECIPES / "configs"
+
+# A small LLaMA-family config: 8 heads, 4 KV heads, 4 layers.
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+    "hidden_act": "silu",
+    "rope_theta": 10000.0,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+}
+
+# Llama-3.1-70B's shape (hub config values): too big for one 24 GB GPU in any format.
+LLAMA_70B = {
+    **TINY_LLAMA,
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+}
+
+
+class Workspace:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def config(self, data: dict | None = None, name: str = "config.json", **overrides) -> Path:
+        path = self.root / name
+        path.write_text(json.dumps({**(data or TINY_LLAMA), **overrides}))
+        return path
+
+    def recipe(self, body: str, name: str = "recipe.yaml", config: dict | None = None) -> Path:
+        """Write a recipe; `{config}` in the body is replaced by a written config.json's name."""
+        if "{config}" in body:
+            body = body.replace("{config}", self.config(config).name)
+        path = self.root / name
+        path.write_text(textwrap.dedent(body).lstrip())
+        return path
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Workspace:
+    return Workspace(tmp_path)
+
+
+@pytest.fixture
+def run():
+    """Run the CLI in-process; returns click's Result (exit_code, stdout, stderr)."""
+
+    def _run(*args: str):
+        return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+    return _run
+
+
+def minimal(extra: str = "", gpus: str = "[sm90]") -> str:
+    """A valid recipe body on the tiny config (6 lines), with `extra` YAML appended from line 7."""
+    base = [
+        "schema: 1",
+        "name: tiny",
+        "source:",
+        "  path: model",
+        "  config: {config}",
+        f"gpus: {gpus}",
+    ]
+    return "\n".join(base) + "\n" + textwrap.dedent(extra).strip("\n") + "\n"

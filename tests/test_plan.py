@@ -1,0 +1,261 @@
+"""Target expansion and every planning rule, with the reason a person reads."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import LLAMA_70B, TINY_LLAMA, minimal
+from trtbuild.errors import InvalidInput
+from trtbuild.plan import plan_recipe, select
+from trtbuild.recipe import load_recipe
+
+
+def plan_of(ws, extra: str = "", gpus: str = "[sm90]", config: dict | None = None, **kw):
+    return plan_recipe(load_recipe(ws.recipe(minimal(extra, gpus), config=config)), **kw)
+
+
+def statuses(plan) -> dict[str, tuple[str, str | None]]:
+    return {t.name: (t.status, t.reason) for t in plan.targets}
+
+
+def test_expansion_names_kinds_and_dependencies(ws):
+    plan = plan_of(ws, """
+        variants: {bf16: {}, fp8: {quant: fp8}}
+        parallelism: [{tp: 1}, {tp: 2, pp: 2}]
+        backends: [engine, hf-checkpoint]
+        """, gpus="[sm89, H100]")
+    assert [t.name for t in plan.targets] == [
+        "bf16-tp1", "bf16-tp1-sm89", "bf16-tp1-sm90", "bf16-tp2-pp2", "bf16-tp2-pp2-sm89", "bf16-tp2-pp2-sm90", "bf16-hf",
+        "fp8-tp1", "fp8-tp1-sm89", "fp8-tp1-sm90", "fp8-tp2-pp2", "fp8-tp2-pp2-sm89", "fp8-tp2-pp2-sm90", "fp8-hf",
+    ]
+    engine = plan.target("fp8-tp2-pp2-sm90")
+    assert (engine.kind, engine.variant, engine.tp, engine.pp, engine.gpu, engine.backend) == ("engine", "fp8", 2, 2, "sm90", "engine")
+    assert engine.depends_on == ("fp8-tp2-pp2",)
+    hf = plan.target("fp8-hf")
+    assert (hf.kind, hf.tp, hf.pp, hf.gpu, hf.backend, hf.depends_on) == ("hf-checkpoint", None, None, None, "hf-checkpoint", ())
+    assert all(t.ok for t in plan.targets)
+
+
+def test_products_of_one_sm_make_one_engine_that_must_fit_the_smallest(ws):
+    plan = plan_of(ws, gpus="[H200, H100, sm90]")
+    [engine] = [t for t in plan.targets if t.kind == "engine"]
+    assert engine.name == "base-tp1-sm90" and engine.estimate.gpu_product == "H100"
+
+
+def test_dtype_defaults_to_the_model_config_then_float16(ws):
+    assert plan_of(ws).dtype == "bfloat16"
+    no_dtype = {k: v for k, v in TINY_LLAMA.items() if k != "torch_dtype"}
+    assert plan_of(ws, config=no_dtype).dtype == "float16"
+    assert plan_of(ws, "dtype: float32").dtype == "float32"
+
+
+@pytest.mark.parametrize("variant, gpu, reason", [
+    ("{quant: fp8}", "sm80", "FP8 needs FP8 tensor cores (sm89 or newer); sm80 has none"),
+    ("{quant: fp8}", "A10G", "FP8 needs FP8 tensor cores (sm89 or newer); sm86 has none"),
+    ("{quant: w4a8_awq}", "sm86", "W4A8 AWQ needs FP8 tensor cores (sm89 or newer); sm86 has none"),
+    ("{quant: nvfp4}", "sm90", "NVFP4 needs FP4 tensor cores (sm100 or newer); sm90 has none"),
+    ("{kv_cache: fp8}", "sm80", "an FP8 KV cache needs sm89 or newer; sm80 has no FP8 support"),
+    ("{kv_cache: nvfp4}", "sm90", "an NVFP4 KV cache needs sm100 or newer; sm90 has no FP4 support"),
+    ("{quant: int8_wo}", "B200", "INT8 weight-only is rejected on sm100 by TensorRT-LLM: 'INT8/INT4 quantization is not supported on SM>=100.'"),
+    ("{quant: int4_wo}", "sm100", "INT4 weight-only is rejected on sm100 by TensorRT-LLM: 'INT8/INT4 quantization is not supported on SM>=100.'"),
+    ("{quant: int4_awq}", "sm100", "INT4 AWQ (W4A16) is rejected on sm100 by TensorRT-LLM: 'INT8/INT4 quantization is not supported on SM>=100.'"),
+    ("{quant: w4a8_awq}", "sm100", "W4A8 AWQ is rejected on sm100 by TensorRT-LLM: 'INT8/INT4 quantization is not supported on SM>=100.'"),
+    ("{kv_cache: int8}", "sm100", "an INT8 KV cache is rejected on sm100 by TensorRT-LLM: 'INT8/INT4 quantization is not supported on SM>=100.'"),
+    ("{quant: int8_sq}", "GB200", "SmoothQuant is rejected on sm100 by TensorRT-LLM: 'SmoothQuant is not supported on SM>=100.'"),
+])
+def test_quantization_the_gpu_cannot_run_is_impossible(ws, variant, gpu, reason):
+    plan = plan_of(ws, f"variants: {{v: {variant}}}", gpus=f"[{gpu}]")
+    [engine] = [t for t in plan.targets if t.kind == "engine"]
+    assert (engine.status, engine.reason) == ("impossible", reason)
+    assert plan.target("v-tp1").ok  # the checkpoint itself is fine
+
+
+@pytest.mark.parametrize("variant, gpu", [
+    ("{quant: fp8, kv_cache: fp8}", "sm89"), ("{quant: w4a8_awq}", "sm90"), ("{quant: nvfp4, kv_cache: nvfp4}", "sm100"),
+    ("{quant: int8_sq, kv_cache: int8}", "sm80"), ("{quant: int4_awq}", "sm86"),
+    # the SM>=100 rejections cover SM 100-119 only: RTX 50xx / RTX PRO (sm120) keep INT8/INT4
+    ("{quant: int8_wo}", "RTX5090"), ("{quant: int4_awq}", "sm120"), ("{quant: int8_sq}", "sm120"),
+    ("{quant: w4a8_awq}", "sm120"), ("{quant: nvfp4}", "sm120"),
+])
+def test_supported_pairings_are_ok(ws, variant, gpu):
+    plan = plan_of(ws, f"variants: {{v: {variant}}}", gpus=f"[{gpu}]")
+    assert all(t.ok for t in plan.targets), statuses(plan)
+
+
+def test_tp_must_divide_attention_heads(ws):
+    plan = plan_of(ws, "parallelism: [{tp: 3}]")
+    assert statuses(plan)["base-tp3"] == ("impossible", "tp=3 does not divide the 8 attention heads")
+    engine = plan.target("base-tp3-sm90")
+    assert engine.status == "impossible"
+    assert engine.reason == "needs checkpoint base-tp3, which is impossible: tp=3 does not divide the 8 attention heads"
+
+
+def test_kv_heads_are_split_or_duplicated_following_tensorrt_llm(ws):
+    # 12 heads, 4 KV heads: tp=2 splits them, tp=4 gives one each; tp=12 duplicates (12 % 4 == 0).
+    config = {**TINY_LLAMA, "num_attention_heads": 12, "num_key_value_heads": 4, "hidden_size": 768}
+    plan = plan_of(ws, "parallelism: [{tp: 2}, {tp: 4}, {tp: 12}, {tp: 6}]", config=config)
+    s = statuses(plan)
+    assert s["base-tp2"][0] == s["base-tp4"][0] == s["base-tp12"][0] == "ok"
+    assert s["base-tp6"] == ("impossible", "tp=6 and 4 KV heads: TensorRT-LLM needs tp to divide the KV heads, "
+                                          "or the KV heads to divide tp (it then duplicates them)")
+    assert plan.target("base-tp12-sm90").estimate.kv_bytes_per_token == 2 * 4 * 1 * 64 * 2  # one KV head per GPU
+
+
+def test_pp_cannot_exceed_layers(ws):
+    plan = plan_of(ws, "parallelism: [{tp: 1, pp: 4}, {tp: 1, pp: 5}]")
+    s = statuses(plan)
+    assert s["base-tp1-pp4"][0] == "ok"
+    assert s["base-tp1-pp5"] == ("impossible", "pp=5 exceeds the model's 4 layers")
+
+
+def test_awq_group_size_must_divide_the_split_dimensions(ws):
+    plan = plan_of(ws, """
+        variants: {g128: {quant: int4_awq}, g96: {quant: int4_awq, group_size: 96}, g64: {quant: w4a8_awq, group_size: 64}}
+        parallelism: [{tp: 1}, {tp: 4}]
+        backends: [engine, hf-checkpoint]
+        """)
+    s = statuses(plan)
+    assert s["g128-tp1"][0] == "ok"
+    assert s["g128-tp4"] == ("impossible", "AWQ group_size 128 does not divide intermediate_size/tp (512/4) = 128") or \
+        s["g128-tp4"] == ("impossible", "AWQ group_size 128 does not divide attention width/tp (256/4) = 64")
+    assert s["g96-tp1"] == ("impossible", "AWQ group_size 96 does not divide hidden_size = 256")
+    assert s["g96-hf"] == ("impossible", "AWQ group_size 96 does not divide hidden_size = 256")
+    assert s["g64-tp4"][0] == "ok"
+
+
+def test_awq_group_size_reason_names_the_dimension(ws):
+    plan = plan_of(ws, "variants: {awq: {quant: int4_awq}}\nparallelism: [{tp: 4}]")
+    assert statuses(plan)["awq-tp4"] == ("impossible", "AWQ group_size 128 does not divide attention width/tp (256/4) = 64")
+
+
+def test_nvfp4_blocks_must_divide_dimensions(ws):
+    config = {**TINY_LLAMA, "intermediate_size": 520}
+    plan = plan_of(ws, "variants: {fp4: {quant: nvfp4}}", gpus="[sm100]", config=config)
+    assert statuses(plan)["fp4-tp1"] == ("impossible", "NVFP4 blocks of 16 do not divide intermediate_size = 520")
+
+
+def test_architecture_must_be_in_the_engine_model_map(ws):
+    config = {**TINY_LLAMA, "architectures": ["MysteryForCausalLM"], "model_type": "mystery"}
+    plan = plan_of(ws, "backends: [engine, hf-checkpoint]", config=config)
+    s = statuses(plan)
+    assert s["base-tp1-sm90"] == ("impossible", "MysteryForCausalLM is not in TensorRT-LLM 1.2's engine MODEL_MAP; "
+                                                "build the hf-checkpoint backend instead")
+    assert s["base-hf"][0] == "ok"
+
+
+def test_limits_rules(ws):
+    plan = plan_of(ws, "limits: {max_input_len: 4000, max_seq_len: 2048}\nbackends: [engine, hf-checkpoint]")
+    reason = "limits.max_input_len 4000 exceeds max_seq_len 2048"
+    assert statuses(plan)["base-tp1-sm90"] == ("impossible", reason)
+    assert statuses(plan)["base-hf"] == ("impossible", reason)
+
+    plan = plan_of(ws, "limits: {max_seq_len: 8192}")
+    assert statuses(plan)["base-tp1-sm90"][1].startswith("limits.max_seq_len 8192 exceeds the model's 4096 positions")
+
+
+def test_max_seq_len_defaults_from_positions_with_rope_scaling(ws):
+    assert plan_of(ws).max_seq_len == 4096
+    linear = {**TINY_LLAMA, "rope_scaling": {"type": "linear", "factor": 4.0}}
+    plan = plan_of(ws, "limits: {max_seq_len: 16384}", config=linear)
+    assert plan.max_seq_len == 16384 and all(t.ok for t in plan.targets)
+    # llama3 scaling: max_position_embeddings already counts the extension (builder._init_max_seq_len)
+    llama3 = {**TINY_LLAMA, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+    assert plan_of(ws, config=llama3).max_seq_len == 4096
+    # transformers 5.x writes rope_parameters instead of rope_scaling
+    v5 = {**TINY_LLAMA, "rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e6}}
+    assert plan_of(ws, config=v5).max_seq_len == 8192
+
+
+def test_weights_that_do_not_fit_are_impossible_with_numbers(ws):
+    plan = plan_of(ws, "parallelism: [{tp: 1}, {tp: 2}]\nlimits: {max_seq_len: 8192}", gpus="[L4, H200]", config=LLAMA_70B)
+    s = statuses(plan)
+    assert s["base-tp1-sm89"][0] == "impossible"
+    reason = s["base-tp1-sm89"][1]
+    assert reason.startswith("does not fit on L4 (22.5 GiB): weights 131.4 GiB/GPU + activations ")
+    assert reason.endswith("> 90% of memory (20.2 GiB)")
+    # 131.4 GiB of bf16 weights do not fit in 90% of one 140 GiB H200 either, but half of them do
+    assert s["base-tp1-sm90"][1].startswith("does not fit on H200 (140.4 GiB): weights 131.4 GiB/GPU")
+    est = plan.target("base-tp2-sm90").estimate
+    assert s["base-tp2-sm90"][0] == "ok" and est.fits is True and est.kv_tokens > 8192
+    assert est.weights_bytes_per_gpu < plan.target("base-tp1-sm90").estimate.weights_bytes_per_gpu / 2 + 2 * 2**30
+    assert plan.target("base-tp1-sm89").estimate.fits is False
+    assert plan.target("base-tp1-sm89").estimate.kv_tokens == 0
+
+
+def test_small_kv_room_is_a_warning_not_an_error(ws):
+    # 70B in INT4 AWQ on one L40S: weights fit, but the KV cache cannot hold one 131072-token sequence.
+    plan = plan_of(ws, "variants: {awq: {quant: int4_awq}}\nlimits: {max_batch_size: 8, max_num_tokens: 2048}",
+                   gpus="[L40S]", config=LLAMA_70B)
+    engine = plan.target("awq-tp1-sm89")
+    assert engine.ok and engine.estimate.fits, engine.reason
+    [warning] = engine.warnings
+    assert f"KV cache holds {engine.estimate.kv_tokens:,} tokens per GPU on L40S" in warning
+    assert "less than one max_seq_len (131,072) sequence" in warning
+
+
+def test_sm100_rejects_some_plugins(ws):
+    plan = plan_of(ws, "engine: {flags: {gemm_swiglu_plugin: fp8}}\nvariants: {fp8: {quant: fp8}}", gpus="[sm90, sm100]")
+    s = statuses(plan)
+    assert s["fp8-tp1-sm90"][0] == "ok"
+    assert s["fp8-tp1-sm100"] == ("impossible", "engine.flags.gemm_swiglu_plugin=fp8 is not supported on SM 100 (PluginConfig.validate)")
+
+
+def test_exclude_drops_matching_targets_and_orphaned_checkpoints(ws):
+    plan = plan_of(ws, """
+        variants: {bf16: {}, fp8: {quant: fp8}}
+        parallelism: [{tp: 1}, {tp: 2}]
+        backends: [engine, hf-checkpoint]
+        exclude:
+          - {variant: fp8, gpu: A100}
+          - {tp: 2, gpu: sm89}
+          - {variant: bf16, backend: hf-checkpoint}
+        """, gpus="[sm80, L40S]")
+    names = [t.name for t in plan.targets]
+    assert "fp8-tp1-sm80" not in names and "fp8-tp2-sm80" not in names
+    assert "bf16-tp2-sm89" not in names and "fp8-tp2-sm89" not in names
+    assert "bf16-hf" not in names and "fp8-hf" in names
+    assert "fp8-tp2" not in names  # every engine that needed it is gone
+    assert "fp8-tp1" in names and "fp8-tp1-sm89" in names
+
+
+def test_gpu_filter_keeps_one_sm(ws):
+    plan = plan_of(ws, "backends: [engine, hf-checkpoint]", gpus="[sm89, sm90]", gpu_filter={"sm90"})
+    assert [t.name for t in plan.targets] == ["base-tp1", "base-tp1-sm90", "base-hf"]
+    with pytest.raises(InvalidInput, match=r"--gpu sm80: .*recipe.yaml targets sm89, sm90"):
+        plan_of(ws, gpus="[sm89, sm90]", gpu_filter={"sm80"})
+
+
+def test_select_by_glob_keeps_dependencies(ws):
+    plan = plan_of(ws, "variants: {bf16: {}, fp8: {quant: fp8}}", gpus="[sm89, sm90]")
+    assert [t.name for t in select(plan, ["fp8-*-sm90"]).targets] == ["fp8-tp1", "fp8-tp1-sm90"]
+    with pytest.raises(InvalidInput, match="--target nope: matches none of"):
+        select(plan, ["nope"])
+
+
+def test_model_config_is_required_and_checked(ws):
+    recipe = ws.recipe("""
+        schema: 1
+        name: x
+        source: {hf: org/not-cached-anywhere}
+        gpus: [sm90]
+        """)
+    with pytest.raises(InvalidInput) as info:
+        plan_recipe(load_recipe(recipe))
+    assert str(info.value) == (f"{recipe}:3:9: source: no local config.json for hf:org/not-cached-anywhere@main; "
+                               "set source.config to a copy of the model's config.json")
+    bad = ws.recipe(minimal(), name="bad.yaml", config={"architectures": ["LlamaForCausalLM"], "hidden_size": 64})
+    with pytest.raises(InvalidInput, match=r"config.json: missing 'num_attention_heads'"):
+        plan_recipe(load_recipe(bad))
+
+
+def test_plan_reads_a_source_folder_that_holds_only_config_json(ws):
+    (ws.root / "model").mkdir()
+    ws.config(name="model/config.json")
+    recipe = ws.recipe("""
+        schema: 1
+        name: x
+        source: {path: model}
+        gpus: [sm90]
+        """)
+    plan = plan_recipe(load_recipe(recipe))
+    assert plan.model.source == str(ws.root / "model" / "config.json") and plan.targets[1].ok
