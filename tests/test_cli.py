@@ -61,6 +61,7 @@ def test_plan_without_arguments_plans_the_embedded_demo(run):
     data = json.loads(result.stdout)
     assert data["recipe"] == "smollm2-135m-demo"
     assert data["model"]["architecture"] == "LlamaForCausalLM"
+    assert data["model"]["parameters"]["total"] == 134_515_008  # SmolLM2-135M, tied embeddings
     assert {t["name"] for t in data["targets"]} >= {"base-tp1", "fp8-tp1-sm90", "int8-wo-hf"}
 
 

@@ -24,6 +24,19 @@ def test_unquantized_weights_equal_published_parameter_counts(name, params):
     assert estimate.weights_bytes_per_gpu(model, 1, 1, None, "float32") == 4 * params
 
 
+@pytest.mark.parametrize("name, params", PUBLISHED_PARAMS.items())
+def test_parameter_counts_per_component(name, params):
+    counts = estimate.parameter_counts(load_config(CONFIGS / name))
+    assert counts["total"] == params
+    assert counts["embedding"] == counts["lm_head"] > 0 and counts["router"] == 0
+    assert counts["mlp"] > counts["attention"] > counts["norm"] > 0
+
+
+def test_mixtral_parameter_count_is_published():
+    counts = estimate.parameter_counts(load_config(CONFIGS / "mixtral-8x7b-instruct-v0.1.json"))
+    assert counts["total"] == 46_702_792_704 and counts["router"] == 32 * 4096 * 8
+
+
 def test_tied_embeddings_store_lm_head_in_trtllm_but_not_in_hf():
     smollm2 = load_config(ROOT / "trtbuild" / "recipes" / "smollm2-135m-instruct.json")
     hf = estimate.weights_bytes_per_gpu(smollm2, 1, 1, None, "bfloat16", hf_layout=True)

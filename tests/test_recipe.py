@@ -234,3 +234,16 @@ def test_yaml_11_scalars_follow_safe_load(ws):
     path = ws.recipe(minimal("engine: {flags: {context_fmha: on}}"))
     [message] = errors_of(path)
     assert message.endswith("engine.flags.context_fmha: True is not one of enable, disable")
+
+
+def test_unquoted_version_number_gets_a_hint(ws):
+    path = ws.recipe(minimal("toolchain: {tensorrt_llm: 1.2}"))
+    [message] = errors_of(path)
+    assert message == f"{path}:7:27: toolchain.tensorrt_llm: expected a string, got the number 1.2 (quote it: '1.2')"
+
+
+def test_wrong_container_types(ws):
+    path = ws.recipe(minimal("variants: [fp8]\nlimits: 5"))
+    messages = errors_of(path)
+    assert messages == [f"{path}:7:11: variants: expected a mapping, got a list",
+                        f"{path}:8:9: limits: expected a mapping, got 5"]

@@ -69,25 +69,64 @@ def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
     return model.num_kv_heads // tp if model.num_kv_heads >= tp else 1
 
 
-def layer_weight_bytes(model: ModelSpec, tp: int, quant: Optional[str], dtype_bytes: int, group_size: int) -> float:
+@dataclass(frozen=True)
+class Tensor:
+    """One weight of a decoder layer on one GPU: its component, shape, and whether it is quantized."""
+
+    component: str  # attention | mlp | router | norm
+    rows: int
+    cols: int = 1
+    quantizable: bool = True
+    copies: int = 1  # MoE experts
+    float32: bool = False
+
+
+def layer_tensors(model: ModelSpec, tp: int) -> list[Tensor]:
+    """A decoder layer's weights on one GPU of a tp group, in TensorRT-LLM's checkpoint layout."""
     hd, hidden = model.head_dim, model.hidden_size
     q_out = model.num_heads * hd // tp
     kv_out = kv_heads_per_gpu(model, tp) * hd
-    total = linear_bytes(q_out + 2 * kv_out, hidden, quant, dtype_bytes, group_size)  # attention.qkv
-    total += linear_bytes(hidden, q_out, quant, dtype_bytes, group_size)  # attention.dense (row)
-    if model.attention_bias:
-        total += (q_out + 2 * kv_out) * dtype_bytes
     inter = model.intermediate_size // tp
-    mlp = linear_bytes(inter, hidden, quant, dtype_bytes, group_size)  # mlp.fc
+    experts = max(1, model.num_experts)
+    tensors = [
+        Tensor("attention", q_out + 2 * kv_out, hidden),  # attention.qkv (column)
+        Tensor("attention", hidden, q_out),  # attention.dense (row)
+        Tensor("mlp", inter, hidden, copies=experts),  # mlp.fc
+        Tensor("mlp", hidden, inter, copies=experts),  # mlp.proj (row)
+        Tensor("norm", 2 * hidden, quantizable=False),  # input_layernorm, post_layernorm
+    ]
     if model.gated_mlp:
-        mlp += linear_bytes(inter, hidden, quant, dtype_bytes, group_size)  # mlp.gate
-    mlp += linear_bytes(hidden, inter, quant, dtype_bytes, group_size)  # mlp.proj (row)
+        tensors.append(Tensor("mlp", inter, hidden, copies=experts))  # mlp.gate
+    if model.attention_bias:
+        tensors.append(Tensor("attention", q_out + 2 * kv_out, quantizable=False))
     if model.num_experts:
-        total += model.num_experts * mlp + hidden * model.num_experts * 4  # float32 router
-    else:
-        total += mlp
-    total += 2 * hidden * dtype_bytes  # input_layernorm, post_layernorm
+        # "Router should never be quantized": float32 (reference/trtllm.md section 2)
+        tensors.append(Tensor("router", model.num_experts, hidden, quantizable=False, float32=True))
+    return tensors
+
+
+def layer_weight_bytes(model: ModelSpec, tp: int, quant: Optional[str], dtype_bytes: int, group_size: int) -> float:
+    total = 0.0
+    for t in layer_tensors(model, tp):
+        if t.float32:
+            size = t.rows * t.cols * 4
+        elif t.quantizable:
+            size = linear_bytes(t.rows, t.cols, quant, dtype_bytes, group_size)
+        else:
+            size = t.rows * t.cols * dtype_bytes
+        total += size * t.copies
     return total
+
+
+def parameter_counts(model: ModelSpec) -> dict[str, int]:
+    """Parameters per component of the Hugging Face model (tied embeddings counted once)."""
+    counts = {"embedding": model.vocab_size * model.hidden_size, "attention": 0, "mlp": 0, "router": 0,
+              "norm": model.hidden_size,
+              "lm_head": 0 if model.tied_embeddings else model.vocab_size * model.hidden_size}
+    for t in layer_tensors(model, 1):
+        counts[t.component] += t.rows * t.cols * t.copies * model.num_layers
+    counts["total"] = sum(counts.values())
+    return counts
 
 
 def weights_bytes_per_gpu(model: ModelSpec, tp: int, pp: int, quant: Optional[str], dtype: str,

@@ -73,10 +73,7 @@ def _canon(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
-_BY_NAME: dict[str, GpuProduct] = {}
-for _product in CATALOGUE:
-    for _name in (_product.name, *_product.aliases):
-        _BY_NAME[_canon(_name)] = _product
+_BY_NAME: dict[str, GpuProduct] = {_canon(name): p for p in CATALOGUE for name in (p.name, *p.aliases)}
 
 
 def product(name: str) -> GpuProduct:

@@ -67,7 +67,8 @@ class Plan:
             "recipe": self.recipe.name,
             "path": str(self.loaded.path),
             "model": {"architecture": self.model.architecture, "config": self.model.source,
-                      "dtype": self.dtype, "max_seq_len": self.max_seq_len},
+                      "dtype": self.dtype, "max_seq_len": self.max_seq_len,
+                      "parameters": estimate.parameter_counts(self.model)},
             "targets": [t.as_json() for t in self.targets],
         }
 

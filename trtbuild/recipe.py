@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import types
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
@@ -330,8 +331,10 @@ def _message(err: dict) -> str:
         return f"expected a mapping, got {_yaml_type(value)}"
     if kind == "list_type":
         return f"expected a list, got {_yaml_type(value)}"
+    if kind == "string_type" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"expected a string, got the number {value!r} (quote it: '{value}')"
     msg = err["msg"]
-    return f"{msg[0].lower()}{msg[1:]} (got {value!r})" if value is not None or kind != "int_type" else msg
+    return f"{msg[0].lower()}{msg[1:]} (got {_yaml_type(value)})"
 
 
 def _yaml_type(value: Any) -> str:
@@ -363,17 +366,18 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
 
 
 def _unwrap(tp: Any) -> Any:
+    """Annotated[X, ...] and Optional[X] -> X."""
     while True:
         origin = typing.get_origin(tp)
         if origin is Annotated:
             tp = typing.get_args(tp)[0]
-        elif origin is Union or str(origin) == "types.UnionType":
+            continue
+        if origin in (Union, types.UnionType):
             args = [a for a in typing.get_args(tp) if a is not type(None)]
-            tp = args[0] if len(args) == 1 else tp
-            if len(args) != 1:
-                return tp
-        else:
-            return tp
+            if len(args) == 1:
+                tp = args[0]
+                continue
+        return tp
 
 
 def _unknown_key(loc: tuple) -> str:
