@@ -105,6 +105,166 @@ def plan(recipes: tuple[Path, ...], gpu: str | None, fmt: str) -> None:
             render.print_table(p, console)
 
 
+STORE_OPTION = click.option("--store", "store_url", metavar="URL",
+                            help="Artifact store: a folder (default: $TRTBUILD_CACHE, else ./cache).")
+
+
+def _load(recipe: Path | None):
+    from trtbuild.recipe import load_recipe
+
+    return load_recipe(recipe or default_recipe())
+
+
+@cli.command()
+@click.argument("recipe", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--target", "targets", multiple=True, metavar="GLOB", help="Build only matching targets (and what they need).")
+@click.option("--until", metavar="STAGE", help="Stop after this stage: source, checkpoint, engine, validate.")
+@click.option("--gpu", default="all", show_default=True, metavar="auto|SM|all",
+              help="Engines to build: auto = the SMs of this host's GPUs, an SM or product, or all.")
+@STORE_OPTION
+@click.option("--require-all", is_flag=True, help="Targets this host cannot build (or impossible ones) fail instead of being skipped.")
+@click.option("--locked", is_flag=True, help="Refuse to run if the recipe or its source no longer match the lock file.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary (with read-only artifact paths).")
+def build(recipe: Path | None, targets, until, gpu, store_url, require_all, locked, as_json) -> None:
+    """Build RECIPE's targets through the artifact store (default: the embedded demo recipe).
+
+    Each stage's output is stored by content under an action key naming everything that shaped it:
+    a second run rebuilds nothing unless something changed. Writes RECIPE's lock file beside it.
+    Exit 0 when every requested target was built, cached or skipped; 1 when one failed; 2 on
+    invalid input.
+    """
+    from trtbuild.pipeline import BuildRequest
+    from trtbuild.pipeline import build as run_build
+    from trtbuild.progress import ConsoleReporter
+    from trtbuild.store.local import open_store
+
+    loaded = _load(recipe)
+    store = open_store(store_url)
+    request = BuildRequest(targets=list(targets), until=until, gpu=gpu, require_all=require_all, locked=locked,
+                           materialize=as_json, embedded=recipe is None)
+    with ConsoleReporter() as reporter:
+        outcome = run_build(loaded, store, request, reporter)
+    if as_json:
+        import json
+
+        click.echo(json.dumps(outcome.as_json(), indent=2))
+    else:
+        from trtbuild import render
+
+        render.print_build(outcome, _console())
+    raise click.exceptions.Exit(outcome.exit_code)
+
+
+@cli.command()
+@click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("target")
+@STORE_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print the fields as JSON.")
+def explain(recipe: Path, target: str, store_url, as_json) -> None:
+    """Show every field of the keys on the way to TARGET, where each value came from, and whether
+    the store has the artifact."""
+    from trtbuild import lockfile
+    from trtbuild.explain import explain as run_explain
+    from trtbuild.pipeline import BuildRequest, build_graph_for
+    from trtbuild.store.local import open_store
+
+    loaded = _load(recipe)
+    store = open_store(store_url)
+    graph = build_graph_for(loaded, BuildRequest())
+    lock = lockfile.read(lockfile.lock_path_for(loaded, store.root, embedded=False))
+    explained = run_explain(graph, target, store, lock)
+    if as_json:
+        import json
+
+        click.echo(json.dumps([e.as_json() for e in explained], indent=2))
+    else:
+        from trtbuild import render
+
+        render.print_explain(explained, _console())
+
+
+@cli.group()
+def cache() -> None:
+    """Inspect and maintain the artifact store."""
+
+
+@cache.command("ls")
+@STORE_OPTION
+@click.option("--json", "as_json", is_flag=True)
+def cache_ls(store_url, as_json) -> None:
+    """List action records: what was built, from which recipe and target, when, how big."""
+    from trtbuild.store.local import open_store
+
+    records = sorted(open_store(store_url).records(), key=lambda r: r.get("created", ""))
+    if as_json:
+        import json
+
+        click.echo(json.dumps([{k: v for k, v in r.items() if k != "fields"} for r in records], indent=2))
+    else:
+        from trtbuild import render
+
+        render.print_records(records, _console())
+
+
+@cache.command("verify")
+@STORE_OPTION
+def cache_verify(store_url) -> None:
+    """Re-hash every blob and manifest and check every record and ref; name each bad one (exit 1)."""
+    from trtbuild.store.local import open_store
+    from trtbuild.store.verify import verify
+
+    store = open_store(store_url)
+    problems = verify(store)
+    for line in problems:
+        click.echo(line, err=True)
+    if problems:
+        raise TrtbuildError(f"store {store.root}: {len(problems)} problem(s) found")
+    click.echo(f"store {store.root}: every blob, manifest, record and ref checks out")
+
+
+@cache.command("gc")
+@STORE_OPTION
+@click.option("--keep-last", type=click.IntRange(min=1), metavar="N", help="Keep only the last N artifacts of each ref's history.")
+@click.option("--max-size", metavar="SIZE", help="Then drop the oldest unprotected records until the store fits (e.g. 50G).")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@click.option("--json", "as_json", is_flag=True)
+def cache_gc(store_url, keep_last, max_size, dry_run, as_json) -> None:
+    """Remove what nothing needs. Never removes the artifact a ref points at, nor anything a lock
+    file in use names (one written by `trtbuild build` against this store that still exists)."""
+    from trtbuild import lockfile
+    from trtbuild.store.gc import gc
+    from trtbuild.store.local import open_store
+
+    store = open_store(store_url)
+    pinned: set[str] = set()
+    for path in store.registered_lockfiles():
+        if path.exists():
+            pinned |= lockfile.digests(path)
+    report = gc(store, pinned, keep_last=keep_last, max_size=parse_size(max_size) if max_size else None, dry_run=dry_run)
+    if as_json:
+        import json
+
+        click.echo(json.dumps(report.as_json(), indent=2))
+    else:
+        from trtbuild.estimate import format_bytes
+
+        verb = "would remove" if dry_run else "removed"
+        click.echo(f"{verb} {len(report.records)} records, {report.manifests} manifests, {report.blobs} blobs "
+                   f"({format_bytes(report.bytes_freed)}), {report.checkouts} checkouts; store now {format_bytes(report.size_after)}")
+        if report.over_budget:
+            click.echo(f"still above --max-size {max_size}: what is left is pinned by refs or lock files", err=True)
+
+
+def parse_size(text: str) -> int:
+    import re
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    if not match:
+        raise InvalidInput(f"--max-size {text}: not a size (examples: 500M, 50G, 2T)")
+    number, unit = float(match.group(1)), match.group(2)
+    return int(number * 1024 ** " kmgt".index(unit or " "))
+
+
 @cli.command()
 def schema() -> None:
     """Print the JSON Schema of a recipe (for editors and linters)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 MIB = 1024 * 1024
 
@@ -187,16 +188,17 @@ class DetectedGpu:
     memory_bytes: int
 
 
-def detect_gpus() -> list[DetectedGpu]:
-    """GPUs visible through NVML; an empty list when there is no driver or no GPU."""
+@lru_cache(maxsize=1)
+def detect_gpus() -> tuple[DetectedGpu, ...]:
+    """GPUs visible through NVML (probed once per process); empty without a driver or a GPU."""
     try:
         import pynvml
     except ImportError:
-        return []
+        return ()
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
-        return []
+        return ()
     try:
         found = []
         for index in range(pynvml.nvmlDeviceGetCount()):
@@ -207,8 +209,8 @@ def detect_gpus() -> list[DetectedGpu]:
                 name = name.decode()
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
             found.append(DetectedGpu(index, name, f"sm{major}{minor}", int(memory)))
-        return found
+        return tuple(found)
     except pynvml.NVMLError:
-        return []
+        return ()
     finally:
         pynvml.nvmlShutdown()

@@ -60,3 +60,55 @@ def print_table(plan: Plan, console) -> None:
             notes or "",
         )
     console.print(table)
+
+
+def print_build(outcome, console) -> None:
+    from collections import Counter
+
+    from rich.table import Table
+
+    from trtbuild.progress import STATUS_STYLE
+
+    table = Table(show_lines=False)
+    for column in ("artifact", "stage", "status", "seconds", "digest", "why / notes"):
+        table.add_column(column, overflow="fold", justify="right" if column == "seconds" else "left")
+    for r in outcome.results:
+        style = STATUS_STYLE.get(r.status, "")
+        table.add_row(r.id, r.stage or "-", f"[{style}]{r.status}[/]", f"{r.seconds:.1f}",
+                      r.digest[:12] if r.digest else "-", r.reason or "")
+    console.print(table)
+    counts = Counter(r.status for r in outcome.results)
+    summary = ", ".join(f"{n} {status}" for status, n in counts.items())
+    console.print(f"{outcome.recipe}: {summary}" + (f"; lock: {outcome.lock_path}" if outcome.lock_path and outcome.lock_path.exists() else ""),
+                  highlight=False, soft_wrap=True)
+    if counts.get("built", 0) == 0 and counts.get("failed", 0) == 0 and counts.get("cached", 0):
+        console.print("Nothing was built: every buildable artifact was already in the store.", highlight=False)
+
+
+def print_explain(explained, console) -> None:
+    for ex in explained:
+        state = "in store" if ex.in_store else "not in store"
+        head = f"[bold]{ex.id}[/] (stage {ex.stage})"
+        if ex.key:
+            head += f"  key {ex.key}  [{'green' if ex.in_store else 'yellow'}]{state}[/]"
+            if ex.digest:
+                head += f"  artifact {ex.digest}"
+        console.print(head, highlight=False, soft_wrap=True)
+        if ex.note:
+            console.print(f"    {ex.note}", highlight=False, soft_wrap=True)
+        for f in ex.fields:
+            value = json.dumps(f.value) if not isinstance(f.value, str) else f.value
+            console.print(f"    {f.name:<28} = {value:<20} [dim]{f.origin}[/]", highlight=False, soft_wrap=True)
+
+
+def print_records(records, console) -> None:
+    from rich.table import Table
+
+    table = Table()
+    for column in ("key", "recipe", "target", "stage", "created", "size", "seconds", "digest"):
+        table.add_column(column, overflow="fold")
+    for r in records:
+        table.add_row(r["key"][:12], r.get("recipe", "-"), r.get("target", "-"), r.get("stage", "-"), r.get("created", "-"),
+                      format_bytes(r.get("size", 0)), f"{r.get('seconds', 0):.1f}", r["digest"][:12])
+    console.print(table)
+    console.print(f"{len(records)} records", highlight=False)

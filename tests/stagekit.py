@@ -1,0 +1,102 @@
+"""Simple real stages for runner tests: they read their inputs, write files, and log each run.
+
+Every run appends one line to the file named by runtime["runs"] (outside the artifact, so it does
+not change what is built), which lets tests count how often a key was really built.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from trtbuild.graph import Graph, Node, Param
+from trtbuild.stages.base import Stage, StageContext
+
+
+def _count(ctx: StageContext) -> None:
+    runs = ctx.runtime.get("runs")
+    if runs:
+        with open(runs, "a") as f:  # O_APPEND: concurrent writers do not interleave lines
+            f.write(f"{ctx.runtime.get('node')} {os.getpid()}\n")
+
+
+def write_text(ctx: StageContext) -> None:
+    _count(ctx)
+    (ctx.out / "text.txt").write_text(ctx.params["text"])
+    if ctx.params.get("delay"):
+        time.sleep(ctx.params["delay"])
+
+
+def upper(ctx: StageContext) -> None:
+    _count(ctx)
+    text = (ctx.inputs["src"] / "text.txt").read_text()
+    (ctx.out / "text.txt").write_text(text.upper() + ctx.params.get("suffix", ""))
+    ctx.report({"chars": len(text)})
+
+
+def concat(ctx: StageContext) -> None:
+    _count(ctx)
+    parts = [(ctx.inputs[role] / "text.txt").read_text() for role in sorted(ctx.inputs)]
+    (ctx.out / "text.txt").write_text(ctx.params.get("sep", "+").join(parts))
+    tool = ctx.out / "bin" / "tool.sh"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\necho hi\n")
+    tool.chmod(0o755)
+
+
+def big(ctx: StageContext) -> None:
+    """Several files of `mib` MiB each: slow enough to kill a runner while it stores them."""
+    _count(ctx)
+    block = os.urandom(1024 * 1024)
+    for i in range(ctx.params.get("files", 4)):
+        with open(ctx.out / f"part{i}.bin", "wb") as f:
+            for _ in range(ctx.params["mib"]):
+                f.write(block)
+
+
+def fail(ctx: StageContext) -> None:
+    _count(ctx)
+    (ctx.out / "partial.txt").write_text("half")
+    raise ValueError("the input is not what this stage expects\nsecond line")
+
+
+def die(ctx: StageContext) -> None:
+    _count(ctx)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+WRITE = Stage("write", 1, "stagekit:write_text")
+UPPER = Stage("upper", 1, "stagekit:upper")
+CONCAT = Stage("concat", 1, "stagekit:concat")
+BIG = Stage("big", 1, "stagekit:big")
+FAIL = Stage("fail", 1, "stagekit:fail")
+DIE = Stage("die", 1, "stagekit:die")
+UPPER_INPROCESS = Stage("upper", 1, "stagekit:upper", isolated=False)
+
+
+def node(node_id: str, stage: Stage, runs: Path | None = None, inputs: dict | None = None, **params) -> Node:
+    return Node(node_id, stage.name, stage, inputs=inputs or {},
+                params={k: Param(v, "test") for k, v in params.items()},
+                runtime={"runs": str(runs) if runs else None, "node": node_id})
+
+
+def diamond(runs: Path, a_text: str = "alpha", b_text: str = "beta", suffix: str = "!") -> Graph:
+    """a, b -> upper(a), upper(b) -> concat: changing b rebuilds b, B and ab only."""
+    return Graph("diamond", [
+        node("a", WRITE, runs, text=a_text),
+        node("b", WRITE, runs, text=b_text),
+        node("A", UPPER, runs, inputs={"src": "a"}, suffix=suffix),
+        node("B", UPPER, runs, inputs={"src": "b"}, suffix=suffix),
+        node("ab", CONCAT, runs, inputs={"1": "A", "2": "B"}),
+    ])
+
+
+def counts(runs: Path) -> dict[str, int]:
+    found: dict[str, int] = {}
+    if runs.exists():
+        for line in runs.read_text().splitlines():
+            name = line.split()[0]
+            found[name] = found.get(name, 0) + 1
+    return found

@@ -1,0 +1,268 @@
+"""`trtbuild build`, `explain` and `cache` as a user runs them, on a real model folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+
+TINY_HF = ROOT.parent / "shared" / "data" / "nemo" / "hf_tiny_llama_tied_bf16"
+
+
+@pytest.fixture
+def model(tmp_path) -> Path:
+    """A real Hugging Face model folder (plus files a model does not need, which must be left out)."""
+    folder = tmp_path / "model"
+    if TINY_HF.exists():
+        shutil.copytree(TINY_HF, folder)
+        for path in folder.iterdir():
+            path.chmod(0o644)
+    else:  # the shared data is not beside this checkout: a config and weights of our own
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+            "max_position_embeddings": 256, "torch_dtype": "bfloat16"}))
+        (folder / "model.safetensors").write_bytes(os.urandom(4096))
+    (folder / "README.md").write_text("not part of the model")
+    (folder / "pytorch_model.bin").write_bytes(b"a duplicate in another format")
+    (folder / "original").mkdir()
+    (folder / "original" / "consolidated.pth").write_bytes(b"another format")
+    return folder
+
+
+@pytest.fixture
+def recipe(tmp_path, model) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text("""
+schema: 1
+name: tiny
+source: {path: model}
+variants: {bf16: {}, fp8: {quant: fp8}}
+gpus: [sm90]
+limits: {max_input_len: 128, max_seq_len: 256}
+backends: [engine, hf-checkpoint]
+""")
+    return path
+
+
+def trtbuild(*args, store: Path, cwd: Path | None = None, check: bool = False):
+    env = {**os.environ, "TRTBUILD_CACHE": str(store)}
+    result = subprocess.run([sys.executable, "-m", "trtbuild", *map(str, args)], capture_output=True, text=True,
+                            env=env, cwd=cwd, timeout=600)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def build_json(recipe: Path, store: Path, *args) -> dict:
+    result = trtbuild("build", recipe, "--json", *args, store=store)
+    assert result.returncode in (0, 1), result.stderr
+    data = json.loads(result.stdout)
+    data["_rc"] = result.returncode
+    return data
+
+
+def by_name(data: dict) -> dict[str, dict]:
+    return {t["name"]: t for t in data["targets"]}
+
+
+def test_build_twice_the_second_builds_nothing_and_says_so(recipe, tmp_path):
+    store = tmp_path / "store"
+    first = trtbuild("build", recipe, store=store, check=True)
+    assert "1 built" in first.stdout
+    second = trtbuild("build", recipe, store=store, check=True)
+    assert "Nothing was built: every buildable artifact was already in the store." in second.stdout
+    assert "1 cached" in second.stdout and "built" not in second.stdout.split("tiny:")[1].split(";")[0]
+
+
+def test_json_summary_statuses_and_read_only_paths(recipe, model, tmp_path):
+    store = tmp_path / "store"
+    data = build_json(recipe, store)
+    assert data["recipe"] == "tiny" and data["_rc"] == 0
+    targets = by_name(data)
+    source = targets["source"]
+    assert (source["stage"], source["status"]) == ("source", "built")
+    assert len(source["key"]) == 64 and len(source["digest"]) == 64
+    folder = Path(source["path"])
+    names = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+    expected = sorted(p.name for p in model.iterdir() if p.is_file() and p.name not in ("README.md", "pytorch_model.bin"))
+    assert names == expected  # config, tokenizer, safetensors; no README, no .bin duplicate, no original/
+    assert (folder / "config.json").read_bytes() == (model / "config.json").read_bytes()
+    assert not os.access(folder / "config.json", os.W_OK) or os.geteuid() == 0
+    assert (folder / "config.json").stat().st_mode & 0o222 == 0
+    ckpt = targets["bf16-tp1"]
+    assert (ckpt["stage"], ckpt["status"], ckpt["reason"]) == ("checkpoint", "skipped", "this version of trtbuild has no checkpoint stage yet")
+    engine = targets["bf16-tp1-sm90"]
+    assert (engine["stage"], engine["status"]) == ("engine", "skipped")
+    assert engine["reason"] == "needs bf16-tp1, which was skipped"
+    assert set(source) == {"name", "stage", "status", "key", "digest", "seconds", "reason", "path"}
+
+
+def test_engines_need_a_gpu_and_require_all_makes_skips_failures(recipe, tmp_path):
+    from trtbuild.graph import build_graph
+    from trtbuild.plan import plan_recipe
+    from trtbuild.recipe import load_recipe
+    from trtbuild.runner import run_graph
+    from trtbuild.stages.base import Stage
+    from trtbuild.stages.registry import STAGES
+    from trtbuild.store.local import LocalStore
+
+    # With a checkpoint stage present, the engine is skipped for the host's lack of GPU and toolchain.
+    registry = {**STAGES, "checkpoint": Stage("checkpoint", 1, "trtbuild.stages.source:adopt_folder", isolated=False)}
+    plan = plan_recipe(load_recipe(recipe))
+    graph = build_graph(plan, registry)
+    for node in graph.nodes:
+        if node.kind == "checkpoint":
+            node.runtime["folder"] = str(recipe.parent / "model")
+    results, _ = run_graph(graph, LocalStore(tmp_path / "store"))
+    engine = next(r for r in results if r.id == "bf16-tp1-sm90")
+    assert engine.status == "skipped"
+    assert engine.reason.startswith("needs sm90 GPU with tensorrt_llm 1.2.x (this machine: ")
+    # and without one, the CLI says the same for engines: the host could not build them anyway
+    data = build_json(recipe, tmp_path / "store1")
+    assert by_name(data)["bf16-tp1-sm90"]["reason"] == "needs bf16-tp1, which was skipped"
+
+    data = build_json(recipe, tmp_path / "store2", "--require-all")
+    assert data["_rc"] == 1
+    assert by_name(data)["bf16-tp1"]["status"] == "failed"
+
+
+def test_a_changed_source_file_rebuilds_and_rewrites_the_lock(recipe, model, tmp_path):
+    store = tmp_path / "store"
+    first = by_name(build_json(recipe, store))["source"]
+    lock = yaml.safe_load(recipe.with_suffix(".lock").read_text())
+    assert lock["source"]["digest"] == first["digest"] and lock["source"]["location"] == "model"
+    assert lock["targets"]["source"] == {"stage": "source", "key": first["key"], "digest": first["digest"]}
+    assert set(lock["source"]["files"]) >= {"config.json", "model.safetensors"}
+
+    config = json.loads((model / "config.json").read_text())
+    config["rms_norm_eps"] = 1e-6
+    (model / "config.json").write_text(json.dumps(config))
+    second = by_name(build_json(recipe, store))["source"]
+    assert second["status"] == "built" and second["digest"] != first["digest"]
+    assert yaml.safe_load(recipe.with_suffix(".lock").read_text())["source"]["digest"] == second["digest"]
+    # a file the model does not need changes nothing
+    (model / "README.md").write_text("edited")
+    assert by_name(build_json(recipe, store))["source"]["status"] == "cached"
+
+
+def test_locked_builds_refuse_a_changed_recipe_or_source(recipe, model, tmp_path):
+    store = tmp_path / "store"
+    result = trtbuild("build", recipe, "--locked", store=store)
+    assert result.returncode == 2 and "--locked: " in result.stderr and "no lock file" in result.stderr
+    trtbuild("build", recipe, store=store, check=True)
+    trtbuild("build", recipe, "--locked", store=store, check=True)
+
+    (model / "model.safetensors").write_bytes(b"other weights")
+    result = trtbuild("build", recipe, "--locked", store=store)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("--locked: the source resolves to ")
+    assert "pins" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+    recipe.write_text(recipe.read_text().replace("max_seq_len: 256", "max_seq_len: 200"))
+    result = trtbuild("build", recipe, "--locked", store=store)
+    assert result.returncode == 2 and f"{recipe} changed since" in result.stderr
+
+
+def test_lock_files_hold_no_secrets(recipe, tmp_path):
+    store = tmp_path / "store"
+    env_secret = "hf_SECRET_TOKEN_VALUE"
+    result = subprocess.run([sys.executable, "-m", "trtbuild", "build", str(recipe)], capture_output=True, text=True,
+                            env={**os.environ, "TRTBUILD_CACHE": str(store), "HF_TOKEN": env_secret,
+                                 "AWS_SECRET_ACCESS_KEY": env_secret})
+    assert result.returncode == 0
+    for path in [recipe.with_suffix(".lock"), *store.rglob("*.json")]:
+        if path.is_file():
+            assert env_secret not in path.read_text(errors="replace")
+
+
+def test_until_and_target_globs(recipe, tmp_path):
+    store = tmp_path / "store"
+    data = build_json(recipe, store, "--until", "source")
+    assert by_name(data)["bf16-tp1"]["reason"] == "after --until source"
+    data = build_json(recipe, store, "--target", "fp8-*")
+    assert set(by_name(data)) == {"source", "fp8-tp1", "fp8-tp1-sm90", "fp8-hf"}
+    result = trtbuild("build", recipe, "--until", "publishing", store=store)
+    assert result.returncode == 2 and "--until publishing: not a stage" in result.stderr
+
+
+def test_four_concurrent_builds_on_one_store_build_the_source_once(recipe, tmp_path):
+    store = tmp_path / "store"
+    env = {**os.environ, "TRTBUILD_CACHE": str(store)}
+    procs = [subprocess.Popen([sys.executable, "-m", "trtbuild", "build", str(recipe), "--json"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(4)]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1] for o in outputs]
+    sources = [by_name(json.loads(out))["source"] for out, _ in outputs]
+    assert sorted(s["status"] for s in sources) == ["built", "cached", "cached", "cached"]
+    assert len({s["digest"] for s in sources}) == 1
+    assert trtbuild("cache", "verify", store=store).returncode == 0
+
+
+def test_explain_shows_every_field_and_its_origin(recipe, model, tmp_path):
+    store = tmp_path / "store"
+    before = trtbuild("explain", recipe, "fp8-tp1", "--json", store=store, check=True)
+    [source, ckpt] = json.loads(before.stdout)
+    assert source["in_store"] is False and len(source["key"]) == 64
+    fields = {f["field"]: f for f in source["fields"]}
+    assert fields["inputs.tree"]["origin"] == f"hashed model"
+    assert fields["params.kind"] == {"field": "params.kind", "value": "path", "origin": "recipe: source.path"}
+    assert ckpt["note"] == "this version of trtbuild has no checkpoint stage yet"
+
+    trtbuild("build", recipe, store=store, check=True)
+    after = json.loads(trtbuild("explain", recipe, "source", "--json", store=store, check=True).stdout)
+    assert after[0]["in_store"] is True and after[0]["key"] == source["key"]
+    assert after[0]["fields"][2]["origin"] == "hashed model (matches the lock file)"
+    text = trtbuild("explain", recipe, "source", store=store, check=True).stdout
+    assert "in store" in text and "inputs.tree" in text and "stage_version" in text
+    missing = trtbuild("explain", recipe, "nope", store=store)
+    assert missing.returncode == 2 and "nope: not a target of tiny" in missing.stderr
+
+
+def test_cache_ls_verify_gc(recipe, model, tmp_path):
+    store = tmp_path / "store"
+    trtbuild("build", recipe, store=store, check=True)
+    listing = json.loads(trtbuild("cache", "ls", "--json", store=store, check=True).stdout)
+    assert [(r["recipe"], r["target"], r["stage"]) for r in listing] == [("tiny", "source", "source")]
+    assert "tiny" in trtbuild("cache", "ls", store=store, check=True).stdout
+
+    ok = trtbuild("cache", "verify", store=store)
+    assert ok.returncode == 0 and "checks out" in ok.stdout
+
+    # a second version of the source: the old one is history, kept until --keep-last 1
+    (model / "config.json").write_text((model / "config.json").read_text().replace("}", ', "x": 1}', 1))
+    trtbuild("build", recipe, store=store, check=True)
+    assert len(json.loads(trtbuild("cache", "ls", "--json", store=store).stdout)) == 2
+    report = json.loads(trtbuild("cache", "gc", "--json", store=store, check=True).stdout)
+    assert report["records"] == []  # the lock file pins the current one, the ref's history the old one
+    report = json.loads(trtbuild("cache", "gc", "--keep-last", "1", "--json", store=store, check=True).stdout)
+    assert len(report["records"]) == 1 and report["blobs"] == 1  # only config.json changed
+    assert trtbuild("cache", "verify", store=store).returncode == 0
+    assert trtbuild("build", recipe, store=store, check=True).stdout.count("cached") >= 1
+
+    blob = next(p for p in (store / "cas").rglob("*") if p.is_file() and p.stat().st_size > 1000)
+    blob.chmod(0o644)
+    blob.write_bytes(b"X" + blob.read_bytes()[1:])
+    bad = trtbuild("cache", "verify", store=store)
+    assert bad.returncode == 1 and f"{blob}: corrupt blob" in bad.stderr
+    refused = trtbuild("build", recipe, "--json", store=store)
+    assert refused.returncode == 1
+    assert f"blob {blob} is corrupt" in by_name(json.loads(refused.stdout))["source"]["reason"]
+    assert trtbuild("cache", "gc", "--max-size", "lots", store=store).returncode == 2
+
+
+def test_default_store_is_cache_in_the_working_directory(recipe, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRTBUILD_CACHE"}
+    result = subprocess.run([sys.executable, "-m", "trtbuild", "build", str(recipe)], capture_output=True, text=True,
+                            env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "cache" / "ac").is_dir() and list((tmp_path / "cache" / "ac").glob("*.json"))

@@ -1,0 +1,199 @@
+"""The runner on graphs of simple real stages (tests/stagekit.py), run in real subprocesses."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import stagekit
+from stagekit import BIG, DIE, FAIL, UPPER_INPROCESS, WRITE, counts, diamond, node
+from trtbuild.graph import Graph
+from trtbuild.runner import RunOptions, run_graph
+from trtbuild.store.checkout import materialize
+from trtbuild.store.local import LocalStore
+from trtbuild.store.verify import verify
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(autouse=True)
+def stage_modules_importable(monkeypatch):
+    """Stage workers are fresh interpreters: they must find tests/stagekit.py."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+
+
+@pytest.fixture
+def store(tmp_path) -> LocalStore:
+    return LocalStore(tmp_path / "store")
+
+
+def statuses(results) -> dict[str, str]:
+    return {r.id: r.status for r in results}
+
+
+def test_second_run_builds_nothing(store, tmp_path):
+    runs = tmp_path / "runs.log"
+    first, _ = run_graph(diamond(runs), store)
+    assert statuses(first) == dict.fromkeys(["a", "b", "A", "B", "ab"], "built")
+    out = materialize(store, first[-1].digest)
+    assert (out / "text.txt").read_text() == "ALPHA!+BETA!"
+    assert (out / "bin" / "tool.sh").stat().st_mode & 0o111
+    assert (out / "logs" / "concat.log").exists()  # the stage's log is part of its artifact
+
+    second, _ = run_graph(diamond(runs), store)
+    assert statuses(second) == dict.fromkeys(["a", "b", "A", "B", "ab"], "cached")
+    assert [r.digest for r in second] == [r.digest for r in first]
+    assert counts(runs) == dict.fromkeys(["a", "b", "A", "B", "ab"], 1)
+
+
+def test_changing_one_parameter_rebuilds_only_its_subtree(store, tmp_path):
+    runs = tmp_path / "runs.log"
+    first, _ = run_graph(diamond(runs), store)
+    changed, _ = run_graph(diamond(runs, b_text="gamma"), store)
+    assert statuses(changed) == {"a": "cached", "A": "cached", "b": "built", "B": "built", "ab": "built"}
+    assert counts(runs) == {"a": 1, "A": 1, "b": 2, "B": 2, "ab": 2}
+    assert (materialize(store, changed[-1].digest) / "text.txt").read_text() == "ALPHA!+GAMMA!"
+    again, _ = run_graph(diamond(runs, b_text="gamma"), store)
+    assert set(statuses(again).values()) == {"cached"}
+
+
+def test_keys_hold_input_digests_so_equal_bytes_do_not_cascade(store, tmp_path):
+    runs = tmp_path / "runs.log"
+    g1 = Graph("g", [node("a", WRITE, runs, text="same", delay=0), node("A", UPPER_INPROCESS, runs, inputs={"src": "a"})])
+    g2 = Graph("g", [node("a", WRITE, runs, text="same", delay=0.01), node("A", UPPER_INPROCESS, runs, inputs={"src": "a"})])
+    r1, _ = run_graph(g1, store)
+    r2, _ = run_graph(g2, store)
+    assert r2[0].status == "built" and r2[0].key != r1[0].key  # a new parameter: a new key, built
+    assert r2[0].digest == r1[0].digest  # ... to the same bytes
+    assert r2[1].status == "cached"  # so what depends on those bytes is not rebuilt
+    assert counts(runs) == {"a": 2, "A": 1}
+
+
+def test_a_failing_stage_fails_its_dependents_with_one_line_and_keeps_its_log(store, tmp_path):
+    runs = tmp_path / "runs.log"
+    graph = Graph("g", [node("bad", FAIL, runs), node("after", UPPER_INPROCESS, runs, inputs={"src": "bad"}),
+                        node("other", WRITE, runs, text="fine")])
+    results, _ = run_graph(graph, store)
+    bad, after, other = results
+    assert bad.status == "failed"
+    assert bad.reason.startswith("ValueError: the input is not what this stage expects second line (log: ")
+    log_dir = Path(bad.reason.split("(log: ")[1].rstrip(")"))
+    assert "Traceback" in (log_dir / "fail.log").read_text()
+    assert (after.status, after.reason) == ("failed", "needs bad, which failed")
+    assert other.status == "built"  # independent work goes on
+    assert store.get_record(bad.key) is None and verify(store) == []
+
+
+def test_a_stage_killed_by_the_kernel_does_not_kill_the_runner(store, tmp_path):
+    results, _ = run_graph(Graph("g", [node("oom", DIE, tmp_path / "runs.log")]), store)
+    assert results[0].status == "failed"
+    assert results[0].reason.startswith("stage process killed by SIGKILL (out of memory?)")
+
+
+def test_until_and_unavailable_stages_are_skipped(store, tmp_path):
+    graph = Graph("g", [node("a", WRITE, text="x"), node("A", UPPER_INPROCESS, inputs={"src": "a"}),
+                        node("later", UPPER_INPROCESS, inputs={"src": "A"})])
+    graph.nodes[0].kind = graph.nodes[1].kind = "checkpoint"
+    graph.nodes[2].kind = "engine"
+    graph.nodes[2].requires = lambda: "needs sm90 GPU with tensorrt_llm 1.2.x (this machine: no GPU)"
+    results, _ = run_graph(graph, store, RunOptions(until="checkpoint"))
+    assert [(r.id, r.status, r.reason) for r in results] == [
+        ("a", "built", None), ("A", "built", None), ("later", "skipped", "after --until checkpoint")]
+    results, _ = run_graph(graph, store)
+    assert [r.status for r in results] == ["cached", "cached", "skipped"]
+    assert results[2].reason == "needs sm90 GPU with tensorrt_llm 1.2.x (this machine: no GPU)"
+    results, _ = run_graph(graph, store, RunOptions(require_all=True))
+    assert results[2].status == "failed"
+
+
+CONCURRENT = """
+import sys, json
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+import stagekit
+from trtbuild.runner import run_graph
+from trtbuild.store.local import LocalStore
+results, _ = run_graph(stagekit.diamond(Path({runs!r}), a_text="slow"), LocalStore(Path({store!r})))
+print(json.dumps({{r.id: [r.status, r.digest] for r in results}}))
+"""
+
+
+def test_four_concurrent_processes_build_each_key_once(store, tmp_path):
+    runs = tmp_path / "runs.log"
+    script = CONCURRENT.format(tests=str(TESTS), runs=str(runs), store=str(store.root))
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    outputs = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert counts(runs) == dict.fromkeys(["a", "b", "A", "B", "ab"], 1)
+    for name in ("a", "b", "A", "B", "ab"):
+        assert sorted(o[name][0] for o in outputs).count("built") == 1
+        assert len({o[name][1] for o in outputs}) == 1  # everybody got the same artifact
+    assert verify(store) == []
+
+
+KILLABLE = """
+import sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+import stagekit
+from trtbuild.graph import Graph
+from trtbuild.runner import run_graph
+from trtbuild.store.local import LocalStore
+graph = Graph("big", [stagekit.node("big", stagekit.BIG, Path({runs!r}), mib={mib}, files=8),
+                      stagekit.node("small", stagekit.UPPER_INPROCESS, None, inputs={{"src": "big"}})])
+graph.nodes[1].stage = stagekit.WRITE
+graph.nodes[1].params["text"] = stagekit.Param("after", "test")
+results, _ = run_graph(graph, LocalStore(Path({store!r})))
+print([r.status for r in results])
+"""
+
+
+def _kill_when(script: str, root: Path, moment) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline and not moment(root):
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def _stage_running(root: Path) -> bool:
+    return any((root / "tmp").glob("big-*/out/part0.bin")) if (root / "tmp").exists() else False
+
+
+def _blobs(root: Path) -> list[Path]:
+    return [p for p in (root / "cas").rglob("*") if p.is_file()] if (root / "cas").exists() else []
+
+
+def _manifest_written(root: Path) -> bool:
+    return any((root / "manifests").glob("*.json")) if (root / "manifests").exists() else False
+
+
+def test_a_runner_killed_mid_write_leaves_a_valid_store_and_the_next_run_completes(tmp_path):
+    runs = tmp_path / "runs.log"
+    moments = {"while the stage writes": _stage_running, "while blobs are stored": lambda r: bool(_blobs(r)),
+               "once the manifest is written": _manifest_written}
+    caught_mid_ingest = False
+    for i, (label, moment) in enumerate(moments.items()):
+        root = tmp_path / f"store{i}"
+        script = KILLABLE.format(tests=str(TESTS), runs=str(runs), store=str(root), mib=64)
+        _kill_when(script, root, moment)
+        store = LocalStore(root)
+        assert verify(store) == [], f"store invalid after SIGKILL {label}"
+        if label == "while blobs are stored":
+            caught_mid_ingest = bool(_blobs(root)) and not store.records()
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        assert set(ast.literal_eval(done.stdout.strip())) <= {"built", "cached"}
+        assert verify(store) == []
+        for record in store.records():
+            materialize(store, record["digest"])  # every recorded artifact is whole
+    assert caught_mid_ingest, "the kill did not land between the first blob and the record"

@@ -1,0 +1,241 @@
+"""The local store on real files: manifests, stat cache, ingest, materialize, verify, gc."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trtbuild.keys import canonical_json
+from trtbuild.store.checkout import checkout, materialize
+from trtbuild.store.gc import gc
+from trtbuild.store.local import CorruptStore, LocalStore
+from trtbuild.store.state import StatCache
+from trtbuild.store.tree import BadTree, Manifest, build_manifest
+from trtbuild.store.verify import verify
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LocalStore:
+    return LocalStore(tmp_path / "store")
+
+
+def make_tree(root: Path, files: dict[str, bytes]) -> Path:
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return root
+
+
+def flip_a_byte(path: Path) -> None:
+    os.chmod(path, 0o644)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    os.chmod(path, 0o444)
+
+
+def test_tree_digest_is_sha256_of_the_canonical_manifest(tmp_path):
+    root = make_tree(tmp_path / "t", {"b.txt": b"bee", "a/x.bin": b"\x00" * 10})
+    (root / "run.sh").write_text("#!/bin/sh\n")
+    (root / "run.sh").chmod(0o755)
+    manifest, _ = build_manifest(root, StatCache(None))
+    expected = [
+        {"path": "a/x.bin", "size": 10, "sha256": sha(b"\x00" * 10), "executable": False},
+        {"path": "b.txt", "size": 3, "sha256": sha(b"bee"), "executable": False},
+        {"path": "run.sh", "size": 10, "sha256": sha(b"#!/bin/sh\n"), "executable": True},
+    ]
+    assert manifest.to_bytes() == canonical_json(expected)
+    assert manifest.digest == sha(canonical_json(expected))
+
+
+def test_symlinks_inside_are_stored_as_files_and_outside_rejected(tmp_path):
+    root = make_tree(tmp_path / "t", {"real.txt": b"data"})
+    (root / "link.txt").symlink_to("real.txt")
+    manifest, _ = build_manifest(root, StatCache(None))
+    assert {e.path: e.sha256 for e in manifest.entries} == {"link.txt": sha(b"data"), "real.txt": sha(b"data")}
+    (tmp_path / "secret").write_text("outside")
+    (root / "escape.txt").symlink_to(tmp_path / "secret")
+    with pytest.raises(BadTree, match="escape.txt: symlink points outside the artifact"):
+        build_manifest(root, StatCache(None))
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "../up", "a/../../b", "a//b", "a\\b", "./a", ""])
+def test_manifests_with_unsafe_paths_are_rejected(path):
+    data = json.dumps([{"path": path, "size": 1, "sha256": "0" * 64, "executable": False}]).encode()
+    with pytest.raises(BadTree):
+        Manifest.from_bytes(data, "m.json")
+
+
+def test_stat_cache_never_reads_an_unchanged_file_twice(tmp_path):
+    state = StatCache(tmp_path / "index.db")
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"A" * 4096)
+    old = path.stat()
+    os.utime(path, ns=(old.st_atime_ns, old.st_mtime_ns - 10**9))  # settled: not a racy entry
+    first = state.sha256(path)
+    assert first == sha(b"A" * 4096)
+    # Same size and mtime with other bytes: only a cache can still answer the old digest.
+    st = path.stat()
+    path.write_bytes(b"B" * 4096)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert state.sha256(path) == first
+    # A real edit moves the mtime: the cache misses and the file is read again.
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert state.sha256(path) == sha(b"B" * 4096)
+
+
+def test_ingest_stores_identical_content_once_and_materializes_read_only(store, tmp_path):
+    a = make_tree(tmp_path / "a", {"w.bin": b"weights" * 1000, "c.json": b"{}"})
+    b = make_tree(tmp_path / "b", {"copy.bin": b"weights" * 1000})
+    ma, mb = store.ingest(a), store.ingest(b)
+    assert len(list((store.root / "cas").rglob("*"))) - len(list((store.root / "cas").rglob("*/"))) == 2
+    assert store.blob_path(sha(b"weights" * 1000)).stat().st_mode & 0o777 == 0o444
+    out = materialize(store, ma.digest)
+    assert out == store.root / "checkouts" / ma.digest
+    assert (out / "w.bin").read_bytes() == b"weights" * 1000
+    assert (out / "w.bin").stat().st_ino == store.blob_path(sha(b"weights" * 1000)).stat().st_ino  # a hard link
+    assert (out / "w.bin").stat().st_mode & 0o222 == 0  # read-only: editing it would edit the blob
+    assert materialize(store, mb.digest) != out
+
+
+def test_executables_are_copied_with_their_bit(store, tmp_path):
+    root = make_tree(tmp_path / "x", {"tool": b"#!/bin/sh\necho ok\n"})
+    (root / "tool").chmod(0o755)
+    out = checkout(store, store.ingest(root).digest, tmp_path / "dest")
+    assert (out / "tool").stat().st_mode & 0o111
+    assert subprocess.run([str(out / "tool")], capture_output=True, text=True).stdout == "ok\n"
+
+
+def test_a_flipped_byte_is_found_by_verify_and_refused_at_materialization(store, tmp_path):
+    manifest = store.ingest(make_tree(tmp_path / "m", {"model.safetensors": os.urandom(100_000), "config.json": b"{}"}))
+    assert verify(store) == []
+    digest = next(e.sha256 for e in manifest.entries if e.path == "model.safetensors")
+    flip_a_byte(store.blob_path(digest))
+    problems = verify(store)
+    assert len(problems) == 1 and problems[0].startswith(f"{store.blob_path(digest)}: corrupt blob (content hashes to ")
+    with pytest.raises(CorruptStore, match=f"blob {store.blob_path(digest)} is corrupt"):
+        materialize(store, manifest.digest)
+
+
+def test_a_tampered_manifest_is_refused(store, tmp_path):
+    manifest = store.ingest(make_tree(tmp_path / "m", {"a": b"1"}))
+    path = store.manifest_path(manifest.digest)
+    os.chmod(path, 0o644)
+    path.write_bytes(path.read_bytes().replace(b'"a"', b'"b"'))
+    with pytest.raises(CorruptStore, match="corrupt or tampered"):
+        store.get_manifest(manifest.digest)
+    assert any("corrupt or tampered manifest" in p for p in verify(store))
+
+
+def test_a_changed_source_file_is_not_stored_under_its_old_digest(store, tmp_path):
+    root = make_tree(tmp_path / "m", {"w.bin": b"x" * 1000})
+    manifest, files = build_manifest(root, store.state)
+    (root / "w.bin").write_bytes(b"y" * 1000)  # changed between hashing and storing
+    with pytest.raises(CorruptStore, match="changed while it was stored"):
+        store._add_blob(files["w.bin"], manifest.entries[0].sha256, owned=False)
+    assert not store.has_blob(manifest.entries[0].sha256)
+
+
+def test_records_keep_the_first_artifact_and_note_divergence(store, tmp_path):
+    first = store.ingest(make_tree(tmp_path / "1", {"a": b"1"}))
+    second = store.ingest(make_tree(tmp_path / "2", {"a": b"2"}))
+    key = "k" * 64
+    store.put_record({"key": key, "digest": first.digest})
+    kept = store.put_record({"key": key, "digest": second.digest, "created": "later"})
+    assert kept["digest"] == first.digest and store.get_record(key)["digest"] == first.digest
+    divergent = json.loads((store.root / "ac" / f"{key}.divergent.json").read_text())
+    assert divergent == [{"digest": second.digest, "created": "later"}]
+
+
+def test_refs_keep_an_append_only_history(store, tmp_path):
+    d1 = store.ingest(make_tree(tmp_path / "1", {"a": b"1"})).digest
+    d2 = store.ingest(make_tree(tmp_path / "2", {"a": b"2"})).digest
+    store.update_ref("r", "t", d1, "k1")
+    store.update_ref("r", "t", d1, "k1")  # unchanged: no new history entry
+    store.update_ref("r", "t", d2, "k2")
+    ref = store.read_ref("r", "t")
+    assert ref["digest"] == d2 and [h["digest"] for h in ref["history"]] == [d1, d2]
+
+
+def test_leftovers_of_interrupted_writes_do_not_count(store, tmp_path):
+    manifest = store.ingest(make_tree(tmp_path / "m", {"a": b"1"}))
+    # what a killed writer leaves: a temp blob, a temp manifest, an unfinished checkout
+    (store.root / "tmp" / "blob-deadbeef-1-0000").write_bytes(b"partial")
+    (store.root / "manifests" / ".x.json.1.tmp").write_bytes(b"[")
+    (store.root / "checkouts" / manifest.digest).mkdir()
+    assert verify(store) == []
+    out = materialize(store, manifest.digest)
+    assert (out / "a").read_bytes() == b"1"
+
+
+def _record(store, key, digest, created):
+    store.put_record({"key": key, "digest": digest, "created": created})
+
+
+def test_gc_keeps_refs_and_lock_pins_and_drops_the_rest(store, tmp_path):
+    digests = [store.ingest(make_tree(tmp_path / str(i), {"w": bytes([i]) * 1000})).digest for i in range(4)]
+    for i, d in enumerate(digests):
+        _record(store, f"{i}" * 64, d, f"2026-01-0{i + 1}")
+    store.update_ref("r", "t", digests[0], "0" * 64)
+    store.update_ref("r", "t", digests[1], "1" * 64)  # history: 0, 1; current: 1
+    orphan = store.ingest(make_tree(tmp_path / "o", {"w": b"orphan"}))  # no record at all
+    report = gc(store, pinned={digests[3]})
+    assert report.records == [] and report.manifests == 1 and report.blobs == 1  # only the orphan
+    assert not store.has_manifest(orphan.digest)
+
+    report = gc(store, pinned={digests[3]}, keep_last=1)
+    assert report.records == ["0" * 64, "2" * 64]  # 0 is old history, 2 is unreferenced
+    assert store.has_manifest(digests[1]) and store.has_manifest(digests[3])
+    assert not store.has_manifest(digests[0]) and not store.has_manifest(digests[2])
+    assert verify(store) == []
+
+
+def test_gc_max_size_evicts_oldest_unprotected(store, tmp_path):
+    digests = [store.ingest(make_tree(tmp_path / str(i), {"w": bytes([i]) * 10_000})).digest for i in range(3)]
+    for i, d in enumerate(digests):
+        _record(store, f"{i}" * 64, d, f"2026-01-0{i + 1}")
+    store.update_ref("r", "t", digests[0], "0" * 64)  # the oldest, but a ref points at it
+    report = gc(store, pinned=set(), max_size=25_000)
+    assert report.records == ["1" * 64] and report.size_after == 20_000
+    report = gc(store, pinned={digests[2]}, max_size=1)
+    assert report.over_budget and report.size_after == 20_000
+
+
+def test_gc_waits_for_no_build(store, tmp_path):
+    script = f"""
+import time
+from trtbuild.store.local import LocalStore
+store = LocalStore({str(store.root)!r})
+with store.using():
+    print("holding", flush=True)
+    time.sleep(5)
+"""
+    holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        from trtbuild.errors import TrtbuildError
+
+        with pytest.raises(TrtbuildError, match="in use by a running build"):
+            gc(store, pinned=set())
+    finally:
+        holder.kill()
+        holder.wait()
+    gc(store, pinned=set())  # free again once the build is gone
+
+
+def test_verify_names_a_record_whose_artifact_is_missing(store, tmp_path):
+    _record(store, "a" * 64, "b" * 64, "2026-01-01")
+    [problem] = verify(store)
+    assert problem.endswith(f"names artifact {'b' * 64}, whose manifest is missing")

@@ -1,0 +1,128 @@
+"""The stage graph of a plan: one node per artifact (the source, each checkpoint, each engine), with
+the parameters each stage's key holds and where every value came from (for `explain`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from pydantic import BaseModel
+
+from trtbuild import toolchain, trtllm
+from trtbuild.plan import CHECKPOINT, ENGINE, HF_CHECKPOINT, Plan
+from trtbuild.stages.base import Stage
+from trtbuild.stages.registry import NOT_YET, STAGES
+
+SOURCE = "source"
+STAGE_ORDER = {"source": 0, "checkpoint": 1, "hf-checkpoint": 1, "engine": 2, "reference": 3, "validate": 3}
+
+
+@dataclass(frozen=True)
+class Param:
+    value: Any
+    origin: str  # "recipe: variants.fp8.quant", "default: limits.max_batch_size", "model config", ...
+
+
+@dataclass
+class Node:
+    id: str  # the target name (or "source"): unique in a graph, names the ref
+    kind: str  # source | checkpoint | hf-checkpoint | engine | ...
+    stage: Optional[Stage]
+    inputs: dict[str, str] = field(default_factory=dict)  # role -> node id
+    params: dict[str, Param] = field(default_factory=dict)
+    platform: dict[str, Any] = field(default_factory=dict)
+    runtime: dict[str, Any] = field(default_factory=dict)  # never in the key
+    impossible: Optional[str] = None  # from the plan
+    unavailable: Optional[str] = None  # no stage for this kind yet
+    requires: Optional[Callable[[], Optional[str]]] = None  # why this host cannot build it
+    is_target: bool = True
+
+    def param_values(self) -> dict[str, Any]:
+        return {k: p.value for k, p in self.params.items()}
+
+
+@dataclass
+class Graph:
+    recipe: str
+    nodes: list[Node]  # topological order
+
+    def node(self, node_id: str) -> Node:
+        return next(n for n in self.nodes if n.id == node_id)
+
+    def dependents(self, node_id: str) -> list[Node]:
+        return [n for n in self.nodes if node_id in n.inputs.values()]
+
+    def closure(self, ids: set[str]) -> "Graph":
+        """The nodes named and everything they depend on, in order."""
+        keep = set(ids)
+        for node in reversed(self.nodes):
+            if node.id in keep:
+                keep |= set(node.inputs.values())
+        return Graph(self.recipe, [n for n in self.nodes if n.id in keep])
+
+
+def field_param(model: BaseModel, name: str, path: str, value: Any = None) -> Param:
+    """A recipe field with its origin: set in the recipe, or the schema's default."""
+    origin = "recipe" if name in model.model_fields_set else "default"
+    return Param(getattr(model, name) if value is None else value, f"{origin}: {path}")
+
+
+def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = None) -> Graph:
+    registry = STAGES if registry is None else registry
+    recipe, loaded = plan.recipe, plan.loaded
+    source = recipe.source
+
+    def stage_for(kind: str) -> tuple[Optional[Stage], Optional[str]]:
+        stage = registry.get(kind)
+        label = kind.replace(":", " ")
+        return stage, None if stage else NOT_YET.format(kind=label)
+
+    kind = f"source:{source.kind}"
+    stage, missing = stage_for(kind)
+    src = Node(SOURCE, "source", stage, unavailable=missing)
+    src.params["kind"] = Param(source.kind, f"recipe: source.{source.kind}")
+    if source.kind == "gguf":
+        src.params["dtype"] = Param(plan.dtype, "recipe: dtype" if recipe.dtype else "model config (or float16)")
+    src.runtime = {"kind": source.kind, "location": source.location, "base_dir": str(loaded.base_dir)}
+    if source.kind == "path":
+        src.runtime["folder"] = str(loaded.resolve_path(source.path))
+    nodes = [src]
+
+    for target in plan.targets:
+        variant = recipe.variants[target.variant]
+        vpath = f"variants.{target.variant}"
+        if target.kind in (CHECKPOINT, HF_CHECKPOINT):
+            stage, missing = stage_for(target.kind)
+            node = Node(target.name, target.kind, stage, inputs={"source": SOURCE},
+                        impossible=target.reason, unavailable=missing)
+            node.params["dtype"] = Param(plan.dtype, "recipe: dtype" if recipe.dtype else "model config (or float16)")
+            node.params["quant"] = field_param(variant, "quant", f"{vpath}.quant")
+            node.params["kv_cache"] = field_param(variant, "kv_cache", f"{vpath}.kv_cache")
+            if variant.effective_group_size:
+                node.params["group_size"] = field_param(variant, "group_size", f"{vpath}.group_size", variant.effective_group_size)
+            if variant.needs_calibration:
+                calibration = recipe.calibration_for(target.variant)
+                for name in ("text", "samples", "seq_len", "seed"):
+                    override = variant.calibration is not None and name in variant.calibration.model_fields_set
+                    origin = f"recipe: {vpath}.calibration.{name}" if override else field_param(recipe.calibration, name, f"calibration.{name}").origin
+                    node.params[f"calibration.{name}"] = Param(getattr(calibration, name), origin)
+                node.platform["device"] = calibration.device
+            if target.kind == CHECKPOINT:
+                node.params["tp"] = Param(target.tp, "recipe: parallelism")
+                node.params["pp"] = Param(target.pp, "recipe: parallelism")
+            nodes.append(node)
+        elif target.kind == ENGINE:
+            stage, missing = stage_for(ENGINE)
+            node = Node(target.name, ENGINE, stage, inputs={"checkpoint": target.depends_on[0]},
+                        impossible=target.reason, unavailable=missing)
+            limits = recipe.limits
+            for name in ("max_batch_size", "max_input_len", "max_num_tokens", "max_beam_width"):
+                node.params[name] = field_param(limits, name, f"limits.{name}")
+            node.params["max_seq_len"] = Param(plan.max_seq_len, "recipe: limits.max_seq_len" if limits.max_seq_len
+                                               else "model config (max_position_embeddings x rope factor)")
+            node.params["flags"] = Param(trtllm.canonical_flags(recipe.engine.flags), "recipe: engine.flags"
+                                         if recipe.engine.flags else "default: engine.flags")
+            node.platform["sm"] = target.gpu
+            node.requires = (lambda sm=target.gpu, v=recipe.toolchain.tensorrt_llm: toolchain.engine_host_problem(sm, v))
+            nodes.append(node)
+    return Graph(recipe.name, nodes)

@@ -1,0 +1,94 @@
+"""`trtbuild build`: recipe -> plan -> stage graph -> run against the store -> refs and lock file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from trtbuild import graph as graphs
+from trtbuild import hardware, lockfile, toolchain
+from trtbuild.errors import InvalidInput
+from trtbuild.plan import plan_recipe, select
+from trtbuild.recipe import LoadedRecipe
+from trtbuild.runner import FAILED, IMPOSSIBLE, NodeResult, RunOptions, run_graph
+from trtbuild.store.local import LocalStore
+
+
+@dataclass
+class BuildRequest:
+    targets: list[str] = field(default_factory=list)  # globs
+    until: Optional[str] = None
+    gpu: str = "all"  # all | auto | an SM or product
+    require_all: bool = False
+    locked: bool = False
+    materialize: bool = False
+    embedded: bool = False  # the recipe is the package's default
+
+
+@dataclass
+class BuildOutcome:
+    recipe: str
+    results: list[NodeResult]
+    lock_path: Optional[Path]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if any(r.status == FAILED for r in self.results) else 0
+
+    def as_json(self) -> dict:
+        return {"recipe": self.recipe, "lock": str(self.lock_path) if self.lock_path else None,
+                "targets": [r.as_json() for r in self.results]}
+
+
+def gpu_filter(loaded: LoadedRecipe, choice: str) -> Optional[set[str]]:
+    if choice == "all":
+        return None
+    if choice == "auto":  # this host's GPUs that the recipe targets (none: no engines here)
+        recipe_sms = {g.sm for g in loaded.recipe.gpu_choices()}
+        return {g.sm for g in hardware.detect_gpus()} & recipe_sms
+    try:
+        return {hardware.resolve_gpu(choice).sm}
+    except ValueError as exc:
+        raise InvalidInput(f"--gpu: {exc}") from None
+
+
+def build_graph_for(loaded: LoadedRecipe, request: BuildRequest, registry=None) -> graphs.Graph:
+    plan = plan_recipe(loaded, gpu_filter=gpu_filter(loaded, request.gpu))
+    plan = select(plan, request.targets)
+    graph = graphs.build_graph(plan, registry)
+    if request.targets:
+        graph = graph.closure({t.name for t in plan.targets})
+    return graph
+
+
+def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, reporter=None, registry=None) -> BuildOutcome:
+    if request.until is not None and request.until not in graphs.STAGE_ORDER:
+        raise InvalidInput(f"--until {request.until}: not a stage ({', '.join(graphs.STAGE_ORDER)})")
+    lock_path = lockfile.lock_path_for(loaded, store.root, request.embedded)
+    locked = lockfile.check_locked(lock_path, loaded) if request.locked else None
+    graph = build_graph_for(loaded, request, registry)
+    expected = (locked or {}).get("source") or {}
+    options = RunOptions(until=request.until, require_all=request.require_all, materialize=request.materialize,
+                         expected_source=expected.get("digest"), lock_name=str(lock_path))
+    results, resolutions = run_graph(graph, store, options, reporter)
+    if request.require_all:
+        for r in results:
+            if r.status in (IMPOSSIBLE, "skipped"):
+                r.reason = f"--require-all: {r.reason}"
+                r.status = FAILED
+    source = resolutions["source"].lock if "source" in resolutions else None
+    toolchains = {n.id: toolchain.fingerprint(n.stage.toolchain) for n in graph.nodes if n.stage and n.stage.toolchain}
+    if any(r.digest for r in results):
+        lockfile.write(lock_path, loaded, source, results, _by_stage(graph, toolchains))
+        store.register_lockfile(lock_path)
+    return BuildOutcome(loaded.recipe.name, results, lock_path)
+
+
+def _by_stage(graph: graphs.Graph, per_node: dict[str, dict]) -> dict[str, dict]:
+    """The lock records the toolchain once per stage, not per node."""
+    out: dict[str, dict] = {}
+    for node in graph.nodes:
+        if node.id in per_node:
+            out.setdefault(node.stage.name, per_node[node.id])
+    return out

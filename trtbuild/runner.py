@@ -1,0 +1,303 @@
+"""Walk a stage graph against a store: key hit -> done; miss -> run the stage in a fresh folder ->
+ingest -> record. Two processes that want one key build it once (per-key lock, then re-check)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from trtbuild import hardware, keys, toolchain
+from trtbuild.errors import InvalidInput, TrtbuildError
+from trtbuild.graph import STAGE_ORDER, Graph, Node
+from trtbuild.stages import source as source_stage
+from trtbuild.stages.base import StageContext
+from trtbuild.stages.worker import ERROR_PREFIX, load_entry
+from trtbuild.store.checkout import materialize
+from trtbuild.store.local import CorruptStore, LocalStore
+
+BUILT, CACHED, FAILED, IMPOSSIBLE, SKIPPED = "built", "cached", "failed", "impossible", "skipped"
+
+
+@dataclass
+class NodeResult:
+    id: str
+    kind: str
+    stage: Optional[str]
+    status: str
+    key: Optional[str] = None
+    digest: Optional[str] = None
+    seconds: float = 0.0
+    reason: Optional[str] = None
+    path: Optional[str] = None
+    is_target: bool = True
+    summary: dict = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.status in (BUILT, CACHED)
+
+    def as_json(self) -> dict:
+        return {"name": self.id, "stage": self.stage or self.kind, "status": self.status, "key": self.key,
+                "digest": self.digest, "seconds": round(self.seconds, 3), "reason": self.reason, "path": self.path}
+
+
+@dataclass
+class RunOptions:
+    until: Optional[str] = None
+    require_all: bool = False
+    materialize: bool = False  # give every built or cached artifact a read-only `path`
+    recipe_name: Optional[str] = None
+    expected_source: Optional[str] = None  # --locked: the source digest the lock file pins
+    lock_name: Optional[str] = None
+
+
+@dataclass
+class Resolution:
+    """A source node's external input: its digest (in the key) and what the lock file records."""
+
+    role: str
+    digest: str
+    lock: dict
+
+
+class StageFailed(TrtbuildError):
+    pass
+
+
+class LockMismatch(InvalidInput):
+    pass
+
+
+class Silent:
+    """Progress reporting that says nothing (library use, tests)."""
+
+    def started(self, node: Node, what: str) -> "Silent":
+        return self
+
+    def advance(self, nbytes: int) -> None:
+        pass
+
+    def finished(self, result: NodeResult) -> None:
+        pass
+
+
+# ---- keys ----------------------------------------------------------------------------------------
+
+def resolved_platform(node: Node) -> dict[str, Any]:
+    platform = dict(node.platform)
+    if platform.get("device") == "auto":  # the device calibrates differently: the key holds the real one
+        platform["device"] = "cuda" if hardware.detect_gpus() else "cpu"
+    return platform
+
+
+def resolve_source(node: Node, store: LocalStore, progress=None) -> Resolution:
+    """Hash what a source node reads (stat cache first): nothing is copied or converted."""
+    runtime = node.runtime
+    if runtime["kind"] == "path":
+        found = source_stage.resolve_path(Path(runtime["folder"]), store.state, progress)
+        role = "tree"
+    elif runtime["kind"] == "gguf":
+        path = source_stage.locate_gguf(runtime["location"], Path(runtime["base_dir"]))
+        runtime["file"] = str(path)
+        found = source_stage.resolve_gguf(path, store.state, progress)
+        role = "gguf"
+    else:
+        raise StageFailed(f"source kind {runtime['kind']!r} cannot be resolved by this version")
+    # The lock names the source as the recipe does (a relative path stays relative), not this host's path.
+    return Resolution(role, found.digest, {**found.lock, "location": runtime["location"]})
+
+
+def key_fields(node: Node, input_digests: dict[str, str]) -> dict[str, Any]:
+    stage = node.stage
+    return {
+        "stage": stage.name,
+        "stage_version": stage.version,
+        "inputs": input_digests,
+        "params": node.param_values(),
+        "toolchain": toolchain.fingerprint(stage.toolchain),
+        "platform": resolved_platform(node),
+    }
+
+
+# ---- running one stage ---------------------------------------------------------------------------
+
+def _failure_reason(log: Path, returncode: int) -> str:
+    if returncode < 0:
+        import signal
+
+        name = signal.Signals(-returncode).name
+        hint = " (out of memory?)" if name == "SIGKILL" else ""
+        return f"stage process killed by {name}{hint}"
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for line in reversed(lines):
+        if line.startswith(ERROR_PREFIX):
+            return line[len(ERROR_PREFIX):]
+    return f"stage process exited with status {returncode}"
+
+
+def execute(node: Node, store: LocalStore, key: str, inputs: dict[str, Path], reporter) -> tuple[Any, dict, float]:
+    """Run the node's stage into a fresh folder under the store's tmp/ and ingest the result."""
+    stage = node.stage
+    work = store.tmpdir(f"{node.kind}-{key[:12]}")
+    out = work / "out"
+    out.mkdir()
+    started = time.monotonic()
+    try:
+        if stage.isolated:
+            (out / "logs").mkdir()
+            log = out / "logs" / f"{stage.name}.log"
+            spec = {"entry": stage.entry, "out": str(out), "inputs": {k: str(v) for k, v in inputs.items()},
+                    "params": node.param_values(), "runtime": node.runtime}
+            (work / "spec.json").write_text(json.dumps(spec))
+            with open(log, "wb") as handle:
+                proc = subprocess.run([sys.executable, "-m", "trtbuild.stages.worker", str(work / "spec.json")],
+                                      stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False,
+                                      preexec_fn=_die_with_parent)
+            if proc.returncode != 0:
+                raise StageFailed(f"{_failure_reason(log, proc.returncode)} (log: {_keep_failure(store, work, key)})")
+            manifest = store.ingest(out, progress=reporter.advance)
+        else:
+            ctx = StageContext(out=out, inputs=inputs, params=node.param_values(), runtime=node.runtime)
+            try:
+                load_entry(stage.entry)(ctx)
+            except TrtbuildError:
+                raise
+            except Exception as exc:
+                raise StageFailed(" ".join(f"{type(exc).__name__}: {exc}".split())) from exc
+            if ctx.adopted is not None:
+                folder, include = ctx.adopted
+                manifest = store.ingest(folder, progress=reporter.advance, include=include)
+            else:
+                manifest = store.ingest(out, progress=reporter.advance)
+        summary = {}
+        report = out / "report.json"
+        if report.exists():
+            summary = json.loads(report.read_text())
+        return manifest, summary, time.monotonic() - started
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _die_with_parent() -> None:
+    """In the stage process: get SIGKILL if the runner dies, so no orphan keeps writing."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _keep_failure(store: LocalStore, work: Path, key: str) -> Path:
+    """Keep a failed run's folder (its logs) for inspection: failed/<key>/ holds the latest."""
+    dest = store.root / "failed" / key
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(work / "out", dest, symlinks=True)
+    return dest / "logs"
+
+
+# ---- the walk ------------------------------------------------------------------------------------
+
+def run_graph(graph: Graph, store: LocalStore, options: Optional[RunOptions] = None, reporter=None) -> tuple[list[NodeResult], dict[str, Resolution]]:
+    options = options or RunOptions()
+    reporter = reporter or Silent()
+    results: dict[str, NodeResult] = {}
+    resolutions: dict[str, Resolution] = {}
+    with store.using():
+        for node in graph.nodes:
+            result = _run_node(graph, node, store, options, results, resolutions, reporter)
+            results[node.id] = result
+            reporter.finished(result)
+    return [results[n.id] for n in graph.nodes], resolutions
+
+
+def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, results: dict[str, NodeResult],
+              resolutions: dict[str, Resolution], reporter) -> NodeResult:
+    result = NodeResult(node.id, node.kind, node.stage.name if node.stage else node.kind, SKIPPED, is_target=node.is_target)
+    if node.impossible:
+        result.status, result.reason = IMPOSSIBLE, node.impossible
+        return result
+    for dep in node.inputs.values():
+        upstream = results[dep]
+        if upstream.status == FAILED:
+            result.status, result.reason = FAILED, f"needs {dep}, which failed"
+            return result
+        if not upstream.done:
+            result.reason = f"needs {dep}, which was {upstream.status}"
+            return result
+    if options.until and STAGE_ORDER.get(node.kind, 99) > STAGE_ORDER[options.until]:
+        result.reason = f"after --until {options.until}"
+        return result
+    if node.stage is None:  # a host that could not run the stage anyway says so first
+        result.status = FAILED if options.require_all else SKIPPED
+        result.reason = (node.requires() if node.requires else None) or node.unavailable
+        return result
+
+    started = time.monotonic()
+    try:
+        inputs = {role: results[dep].digest for role, dep in node.inputs.items()}
+        if node.kind == "source":
+            resolution = resolve_source(node, store, reporter.started(node, "hashing").advance)
+            if options.expected_source and resolution.digest != options.expected_source:
+                raise LockMismatch(f"--locked: the source resolves to {resolution.digest[:16]}..., but "
+                                   f"{options.lock_name} pins {options.expected_source[:16]}...; rebuild without --locked")
+            resolutions[node.id] = resolution
+            inputs[resolution.role] = resolution.digest
+        fields = key_fields(node, inputs)
+        key = keys.action_key(fields)
+        result.key = key
+        record = _hit(store, key)
+        if record is None:
+            problem = (node.requires() if node.requires else None) or node.stage.unavailable(fields["platform"])
+            if problem:
+                result.status = FAILED if options.require_all else SKIPPED
+                result.reason = problem
+                return result
+            with store.key_lock(key):
+                record = _hit(store, key)  # another process may have built it while we waited
+                if record is None:
+                    reporter.started(node, "building")
+                    input_paths = {role: materialize(store, results[dep].digest) for role, dep in node.inputs.items()}
+                    manifest, summary, seconds = execute(node, store, key, input_paths, reporter)
+                    record = store.put_record({
+                        "key": key, "digest": manifest.digest, "stage": node.stage.name,
+                        "stage_version": node.stage.version, "target": node.id, "recipe": options.recipe_name or graph.recipe,
+                        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        "toolchain": fields["toolchain"], "seconds": round(seconds, 3), "summary": summary,
+                        "size": manifest.size, "fields": fields,
+                    })
+                    result.status = BUILT
+        if result.status != BUILT:
+            result.status = CACHED
+        result.digest = record["digest"]
+        result.summary = record.get("summary", {})
+        store.update_ref(graph.recipe, node.id, result.digest, key)
+        if options.materialize:
+            result.path = str(materialize(store, result.digest))
+    except InvalidInput:  # a source that is not there, a lock that does not match: stop the run
+        raise
+    except (StageFailed, CorruptStore) as exc:
+        result.status, result.reason = FAILED, str(exc)
+    except TrtbuildError as exc:  # e.g. a source that cannot be read
+        result.status, result.reason = FAILED, str(exc)
+    finally:
+        result.seconds = time.monotonic() - started
+    return result
+
+
+def _hit(store: LocalStore, key: str) -> Optional[dict]:
+    record = store.get_record(key)
+    if record is not None and store.has_manifest(record["digest"]):
+        return record
+    return None

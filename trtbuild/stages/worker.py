@@ -1,0 +1,47 @@
+"""Runs one stage in a subprocess: `python -m trtbuild.stages.worker SPEC.json`.
+
+The runner sends stdout and stderr to the artifact's logs/; the last line of a failure is
+`TRTBUILD-ERROR: <one line>`, which the runner shows as the reason.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import traceback
+from pathlib import Path
+
+from trtbuild.stages.base import StageContext
+
+ERROR_PREFIX = "TRTBUILD-ERROR: "
+
+
+def load_entry(entry: str):
+    module, _, name = entry.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def main(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    ctx = StageContext(
+        out=Path(spec["out"]),
+        inputs={k: Path(v) for k, v in spec["inputs"].items()},
+        params=spec["params"],
+        runtime=spec["runtime"],
+    )
+    try:
+        load_entry(spec["entry"])(ctx)
+    except BaseException as exc:  # the parent needs one line, the log keeps the traceback
+        traceback.print_exc()
+        message = " ".join(f"{type(exc).__name__}: {exc}".split())
+        print(f"{ERROR_PREFIX}{message}", file=sys.stderr, flush=True)
+        return 1
+    if ctx.adopted is not None:
+        print(f"{ERROR_PREFIX}an isolated stage cannot adopt a folder", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,77 @@
+"""File digests: sha256 in large chunks (hashlib releases the GIL, so threads hash in parallel)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Callable, Optional
+
+CHUNK = 4 * 1024 * 1024
+Progress = Optional[Callable[[int], None]]  # called with the number of bytes just processed
+
+
+def file_sha256(path: str | os.PathLike, progress: Progress = None) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        buffer = bytearray(CHUNK)
+        view = memoryview(buffer)
+        while True:
+            n = f.readinto(buffer)
+            if not n:
+                break
+            digest.update(view[:n])
+            if progress:
+                progress(n)
+    return digest.hexdigest()
+
+
+def copy_with_sha256(src: str | os.PathLike, dst: str | os.PathLike, progress: Progress = None) -> str:
+    """Copy src to dst (fsynced) and return the sha256 of what was written: one read, not two."""
+    digest = hashlib.sha256()
+    with open(src, "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:
+        buffer = bytearray(CHUNK)
+        view = memoryview(buffer)
+        while True:
+            n = fin.readinto(buffer)
+            if not n:
+                break
+            digest.update(view[:n])
+            fout.write(view[:n])
+            if progress:
+                progress(n)
+        os.fsync(fout.fileno())
+    return digest.hexdigest()
+
+
+def bytes_sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def is_digest(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write to a temp file beside `path`, fsync, rename, fsync the folder: all or nothing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)

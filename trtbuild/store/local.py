@@ -1,0 +1,285 @@
+"""The store on a local folder: cas/ blobs, manifests/, ac/ action records, refs/, index.db, tmp/, locks/.
+
+Every write is a temp file, fsync, rename; blobs go in before the manifest that names them, the
+manifest before the action record, the record before the ref, so a crash at any point leaves only
+unreferenced leftovers (which `cache gc` removes), never a record pointing at missing bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+from filelock import FileLock
+
+from trtbuild.errors import InvalidInput, TrtbuildError
+from trtbuild.keys import canonical_json
+from trtbuild.store.hash import Progress, atomic_write, bytes_sha256, copy_with_sha256, fsync_dir, is_digest
+from trtbuild.store.state import StatCache
+from trtbuild.store.tree import BadTree, Manifest, build_manifest
+
+DEFAULT_ROOT = "cache"
+
+
+class CorruptStore(TrtbuildError):
+    """Bytes in the store do not match their digest."""
+
+
+def open_store(url: Optional[str] = None) -> "LocalStore":
+    """--store URL, else $TRTBUILD_CACHE, else ./cache."""
+    url = url or os.environ.get("TRTBUILD_CACHE") or DEFAULT_ROOT
+    if url.startswith("file://"):
+        url = url[len("file://"):]
+    if "://" in url:
+        raise InvalidInput(f"--store {url}: only local folders are stores in this version")
+    return LocalStore(Path(url))
+
+
+class LocalStore:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(os.path.abspath(root))
+        if self.root.exists() and not self.root.is_dir():
+            raise InvalidInput(f"store {self.root}: not a folder")
+        for sub in ("cas/sha256", "manifests", "ac", "refs", "tmp", "locks", "checkouts"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.state = StatCache(self.root / "index.db")
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.root})"
+
+    # ---- paths -----------------------------------------------------------------------------------
+    def blob_path(self, digest: str) -> Path:
+        return self.root / "cas" / "sha256" / digest[:2] / digest
+
+    def manifest_path(self, digest: str) -> Path:
+        return self.root / "manifests" / f"{digest}.json"
+
+    def record_path(self, key: str) -> Path:
+        return self.root / "ac" / f"{key}.json"
+
+    def ref_path(self, recipe: str, target: str) -> Path:
+        return self.root / "refs" / recipe / target
+
+    def checkout_path(self, digest: str) -> Path:
+        return self.root / "checkouts" / digest
+
+    def tmpdir(self, prefix: str) -> Path:
+        return Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=self.root / "tmp"))
+
+    # ---- locks -----------------------------------------------------------------------------------
+    def key_lock(self, key: str) -> FileLock:
+        """Held while a key is built: a second process wanting the same key waits, then hits."""
+        return FileLock(str(self.root / "locks" / f"{key}.lock"))
+
+    @contextlib.contextmanager
+    def using(self, exclusive: bool = False, wait: bool = True) -> Iterator[None]:
+        """Builds hold the store shared; `cache gc` holds it exclusive, so it never deletes bytes a
+        running build has written but not yet recorded."""
+        with open(self.root / "locks" / "store.lock", "a+") as handle:
+            flags = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+            try:
+                fcntl.flock(handle, flags | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                raise TrtbuildError(f"store {self.root} is in use by a running build; try again when it ends") from None
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    # ---- blobs -----------------------------------------------------------------------------------
+    def has_blob(self, digest: str) -> bool:
+        return self.blob_path(digest).exists()
+
+    def _add_blob(self, source: Path, digest: str, owned: bool) -> None:
+        """Put `source` (whose sha256 is `digest`) into cas/. Files the store owns (stage outputs in
+        tmp/) are hard-linked, so ingest moves no bytes; anything else is copied and re-verified."""
+        blob = self.blob_path(digest)
+        if blob.exists():
+            return
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / "tmp" / f"blob-{digest[:16]}-{os.getpid()}-{os.urandom(4).hex()}"
+        try:
+            linked = False
+            if owned:
+                try:
+                    os.link(source, tmp)
+                    with open(tmp, "rb") as f:
+                        os.fsync(f.fileno())
+                    linked = True
+                except OSError:
+                    linked = False
+            if not linked:
+                copied = copy_with_sha256(source, tmp)
+                if copied != digest:
+                    raise CorruptStore(f"{source}: changed while it was stored (sha256 {copied}, expected {digest})")
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, blob)
+        finally:
+            tmp.unlink(missing_ok=True)
+        fsync_dir(blob.parent)
+        self.state.put(blob, blob.stat(), digest)
+
+    def verify_blob(self, digest: str, use_state: bool = True) -> None:
+        """Raise CorruptStore unless the blob exists and hashes to its name."""
+        blob = self.blob_path(digest)
+        if not blob.exists():
+            raise CorruptStore(f"blob {digest} is missing from {self.root / 'cas'}")
+        if use_state:
+            actual = self.state.sha256(blob)
+        else:
+            from trtbuild.store.hash import file_sha256
+
+            actual = file_sha256(blob)
+        if actual != digest:
+            raise CorruptStore(f"blob {blob} is corrupt: its sha256 is {actual}; run `trtbuild cache verify`")
+
+    # ---- manifests -------------------------------------------------------------------------------
+    def ingest(self, folder: Path, progress: Progress = None, include=None) -> Manifest:
+        """Store the files of `folder` (those `include` accepts) and their manifest; returns the
+        manifest (its digest names the artifact). Files under tmp/ are the store's own and are
+        linked in place; anything else is copied, hashing while copying."""
+        folder = Path(os.path.abspath(folder))
+        owned = folder.is_relative_to(self.root / "tmp")
+        manifest, sources = build_manifest(folder, self.state, include=include, progress=progress)
+        for entry in manifest.entries:
+            self._add_blob(sources[entry.path], entry.sha256, owned)
+        self.put_manifest(manifest)
+        return manifest
+
+    def put_manifest(self, manifest: Manifest) -> str:
+        digest = manifest.digest
+        path = self.manifest_path(digest)
+        if not path.exists():
+            missing = [e.path for e in manifest.entries if not self.has_blob(e.sha256)]
+            if missing:
+                raise CorruptStore(f"manifest {digest} names blobs the store lacks: {', '.join(missing[:3])}")
+            atomic_write(path, manifest.to_bytes(), 0o444)
+        return digest
+
+    def has_manifest(self, digest: str) -> bool:
+        return self.manifest_path(digest).exists()
+
+    def get_manifest(self, digest: str) -> Manifest:
+        path = self.manifest_path(digest)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise CorruptStore(f"manifest {digest} is missing from {self.root / 'manifests'}") from None
+        if bytes_sha256(data) != digest:
+            raise CorruptStore(f"manifest {path} is corrupt or tampered: its content does not hash to its name")
+        try:
+            return Manifest.from_bytes(data, str(path))
+        except BadTree as exc:
+            raise CorruptStore(str(exc)) from None
+
+    def manifest_digests(self) -> list[str]:
+        return sorted(p.stem for p in (self.root / "manifests").glob("*.json") if is_digest(p.stem))
+
+    # ---- action records --------------------------------------------------------------------------
+    def get_record(self, key: str) -> Optional[dict]:
+        path = self.record_path(key)
+        try:
+            record = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (ValueError, UnicodeDecodeError):
+            raise CorruptStore(f"action record {path} is not valid JSON; run `trtbuild cache verify`") from None
+        if not isinstance(record, dict) or record.get("key") != key or not is_digest(str(record.get("digest"))):
+            raise CorruptStore(f"action record {path} is malformed or names another key")
+        return record
+
+    def put_record(self, record: dict) -> dict:
+        """Record key -> artifact. The first artifact stored under a key stays; a later, different
+        one is kept as a divergence beside it, never written over it (design.md s.4)."""
+        key = record["key"]
+        existing = self.get_record(key)
+        if existing is None:
+            atomic_write(self.record_path(key), canonical_json(record) + b"\n")
+            return record
+        if existing["digest"] != record["digest"]:
+            path = self.root / "ac" / f"{key}.divergent.json"
+            seen = json.loads(path.read_text()) if path.exists() else []
+            if record["digest"] not in {d["digest"] for d in seen}:
+                seen.append({"digest": record["digest"], "created": record.get("created")})
+                atomic_write(path, canonical_json(seen) + b"\n")
+        return existing
+
+    def records(self) -> list[dict]:
+        out = []
+        for path in sorted((self.root / "ac").glob("*.json")):
+            if path.name.endswith(".divergent.json"):
+                continue
+            try:
+                out.append(json.loads(path.read_bytes()))
+            except (ValueError, UnicodeDecodeError):
+                continue  # `cache verify` names it
+        return out
+
+    def delete_record(self, key: str) -> None:
+        self.record_path(key).unlink(missing_ok=True)
+        (self.root / "ac" / f"{key}.divergent.json").unlink(missing_ok=True)
+
+    # ---- refs ------------------------------------------------------------------------------------
+    def read_ref(self, recipe: str, target: str) -> Optional[dict]:
+        path = self.ref_path(recipe, target)
+        try:
+            return json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (ValueError, UnicodeDecodeError):
+            raise CorruptStore(f"ref {path} is not valid JSON") from None
+
+    def update_ref(self, recipe: str, target: str, digest: str, key: str) -> None:
+        """Point refs/<recipe>/<target> at `digest`, appending to its history."""
+        path = self.ref_path(recipe, target)
+        with FileLock(str(self.root / "locks" / f"ref-{bytes_sha256(f'{recipe}/{target}'.encode())[:32]}.lock")):
+            ref = self.read_ref(recipe, target) or {"history": []}
+            if ref.get("digest") == digest and ref.get("key") == key:
+                return
+            ref["history"].append({"digest": digest, "key": key, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            ref.update(digest=digest, key=key)
+            atomic_write(path, canonical_json(ref) + b"\n")
+
+    def refs(self) -> Iterator[tuple[str, str, dict]]:
+        for path in sorted((self.root / "refs").glob("*/*")):
+            try:
+                yield path.parent.name, path.name, json.loads(path.read_bytes())
+            except (ValueError, UnicodeDecodeError):
+                continue
+
+    # ---- lock files that pin artifacts (gc roots) ------------------------------------------------
+    def register_lockfile(self, lock_path: Path) -> None:
+        """Remember a lock file written against this store: gc keeps what it names while it exists."""
+        lock_path = Path(os.path.abspath(lock_path))
+        root = self.root / "roots" / f"{bytes_sha256(str(lock_path).encode())[:32]}.json"
+        if not root.exists():
+            atomic_write(root, canonical_json({"lockfile": str(lock_path)}) + b"\n")
+
+    def registered_lockfiles(self) -> list[Path]:
+        found = []
+        for path in sorted((self.root / "roots").glob("*.json")) if (self.root / "roots").exists() else []:
+            try:
+                found.append(Path(json.loads(path.read_text())["lockfile"]))
+            except (ValueError, KeyError):
+                continue
+        return found
+
+    # ---- housekeeping ----------------------------------------------------------------------------
+    def clean_tmp(self, older_than_s: float = 24 * 3600) -> int:
+        removed = 0
+        now = time.time()
+        for path in (self.root / "tmp").iterdir():
+            try:
+                if now - path.lstat().st_mtime > older_than_s:
+                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+                    removed += 1
+            except FileNotFoundError:
+                continue
+        return removed
