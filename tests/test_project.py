@@ -29,7 +29,7 @@ def test_ci_runs_exactly_the_readme_test_command():
 
 def test_readme_main_command_installs_and_runs_the_default():
     main = fenced_commands(README)[0]
-    assert main.startswith("python3 -m pip install") and main.endswith("&& trtbuild plan")
+    assert main.startswith("python3 -m pip install") and main.endswith("&& trtbuild build")
 
 
 def test_dependencies_and_extras():

@@ -1,0 +1,123 @@
+"""How fast the store hashes a checkpoint, and how fast a no-op build is.
+
+    python benchmarks/store_speed.py [--gib 2] [--files 8] [--repeat 3]
+
+1. Writes a checkpoint of --files files totalling --gib GiB (random bytes) into a temp folder.
+2. Times `sha256sum` over the files (one process, one file after another: the usual baseline),
+   then trtbuild's tree digest with an empty stat cache ("cold": every byte read and hashed, in
+   parallel across files), then again with the stat cache filled ("warm"). Both read from the page
+   cache: the files were just written and fit in memory, so this measures hashing, not the disk.
+3. Times a no-op `trtbuild build` of the embedded demo recipe (after one build has filled the
+   store), against `python -c pass`.
+
+Goals (issue #3): cold >= 1.7x sha256sum on 2 cores, warm >= 50x, no-op build < 1 s beyond
+interpreter start. Exits 1 when one is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from trtbuild.store.state import StatCache  # noqa: E402
+from trtbuild.store.tree import build_manifest  # noqa: E402
+
+
+def timed(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def write_checkpoint(folder: Path, gib: float, files: int) -> None:
+    size = int(gib * 1024**3 / files)
+    block = os.urandom(16 * 1024 * 1024)
+    for i in range(files):
+        with open(folder / f"model-{i + 1:05d}-of-{files:05d}.safetensors", "wb") as f:
+            left = size
+            while left > 0:
+                f.write(block[: min(left, len(block))])
+                left -= len(block)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gib", type=float, default=2.0)
+    parser.add_argument("--files", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--skip-build", action="store_true", help="skip the no-op build timing")
+    args = parser.parse_args()
+    ok = True
+
+    with tempfile.TemporaryDirectory(prefix="trtbuild-bench-") as tmp:
+        folder = Path(tmp) / "ckpt"
+        folder.mkdir()
+        write_checkpoint(folder, args.gib, args.files)
+        files = sorted(str(p) for p in folder.iterdir())
+        print(f"checkpoint: {args.files} files, {args.gib:g} GiB, cores: {os.cpu_count()}")
+
+        def sha256sum() -> None:
+            subprocess.run(["sha256sum", *files], check=True, stdout=subprocess.DEVNULL)
+
+        def cold() -> None:
+            build_manifest(folder, StatCache(None))
+
+        def cold_one_thread() -> None:
+            build_manifest(folder, StatCache(None), workers=1)
+
+        db = Path(tmp) / "index.db"
+        warm_state = StatCache(db)
+        # mtimes must be older than the racy window before the stat cache may keep them
+        for f in files:
+            st = os.stat(f)
+            os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns - 10**9))
+        build_manifest(folder, warm_state)
+
+        def warm() -> None:
+            build_manifest(folder, warm_state)
+
+        sha256sum()  # the page cache now holds every file for everybody
+        t_sum = timed(sha256sum, args.repeat)
+        t_cold = timed(cold, args.repeat)
+        t_one = timed(cold_one_thread, args.repeat)
+        t_warm = timed(warm, max(args.repeat, 5))
+        assert build_manifest(folder, StatCache(None))[0].digest == build_manifest(folder, warm_state)[0].digest
+        gib_s = args.gib / t_cold
+        print(f"sha256sum (sequential)     {t_sum:8.3f} s")
+        print(f"tree digest, cold          {t_cold:8.3f} s   {t_sum / t_cold:5.2f}x sha256sum  ({gib_s:.2f} GiB/s)  goal >= 1.7x")
+        print(f"tree digest, cold, 1 thread {t_one:7.3f} s   {t_sum / t_one:5.2f}x sha256sum  (threads add {t_one / t_cold:.2f}x)")
+        print(f"tree digest, warm (stat)   {t_warm:8.4f} s   {t_sum / t_warm:7.0f}x sha256sum                  goal >= 50x")
+        ok &= t_sum / t_cold >= 1.7 and t_sum / t_warm >= 50
+
+    if not args.skip_build:
+        with tempfile.TemporaryDirectory(prefix="trtbuild-bench-store-") as store:
+            env = {**os.environ, "TRTBUILD_CACHE": store}
+            build = [sys.executable, "-m", "trtbuild", "build"]
+            first = subprocess.run(build, env=env, capture_output=True, text=True)
+            if first.returncode != 0:
+                print(first.stderr)
+                return 1
+            t_start = timed(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True), 7)
+            t_noop = timed(lambda: subprocess.run(build, env=env, check=True, capture_output=True), 7)
+            print(f"python -c pass             {t_start:8.3f} s")
+            print(f"no-op trtbuild build       {t_noop:8.3f} s   {t_noop - t_start:.3f} s beyond interpreter start  goal < 1 s")
+            ok &= t_noop - t_start < 1.0
+    print("OK: every goal met" if ok else "MISSED a goal")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
