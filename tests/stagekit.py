@@ -100,3 +100,18 @@ def counts(runs: Path) -> dict[str, int]:
             name = line.split()[0]
             found[name] = found.get(name, 0) + 1
     return found
+
+
+def record_params(ctx: StageContext) -> None:
+    """A stand-in for a checkpoint or engine stage: its output is its parameters and its inputs'
+    file lists, so it changes exactly when something its key names changes."""
+    import json
+
+    _count(ctx)
+    seen = {role: sorted(p.name for p in path.iterdir()) for role, path in ctx.inputs.items()}
+    (ctx.out / "made.json").write_text(json.dumps({"params": ctx.params, "inputs": seen}, sort_keys=True))
+
+
+RECORD_CHECKPOINT = Stage("checkpoint", 1, "stagekit:record_params")
+RECORD_HF = Stage("hf-checkpoint", 1, "stagekit:record_params")
+RECORD_ENGINE = Stage("engine", 1, "stagekit:record_params")

@@ -197,3 +197,46 @@ def test_a_runner_killed_mid_write_leaves_a_valid_store_and_the_next_run_complet
         for record in store.records():
             materialize(store, record["digest"])  # every recorded artifact is whole
     assert caught_mid_ingest, "the kill did not land between the first blob and the record"
+
+
+def test_recipe_graph_rebuilds_only_the_changed_variants_subtree(store, tmp_path):
+    """A recipe's own graph, with simple real stages standing in for checkpoint and engine."""
+    from conftest import TINY_LLAMA
+    from trtbuild.graph import build_graph
+    from trtbuild.plan import plan_recipe
+    from trtbuild.recipe import load_recipe
+    from trtbuild.stages.registry import STAGES
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TINY_LLAMA))
+    (model / "model.safetensors").write_bytes(b"\0" * 64)
+    runs = tmp_path / "runs.log"
+    registry = {**STAGES, "checkpoint": stagekit.RECORD_CHECKPOINT, "hf-checkpoint": stagekit.RECORD_HF,
+                "engine": stagekit.RECORD_ENGINE}
+
+    def build(kv: str) -> dict[str, str]:
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text(f"""
+schema: 1
+name: r
+source: {{path: model}}
+variants: {{bf16: {{}}, fp8: {{quant: fp8, kv_cache: {kv}}}}}
+parallelism: [{{tp: 1}}, {{tp: 2}}]
+gpus: [sm89, sm90]
+backends: [engine, hf-checkpoint]
+""")
+        graph = build_graph(plan_recipe(load_recipe(recipe)), registry)
+        for node in graph.nodes:
+            node.requires = None  # the stand-in engine needs no GPU
+            node.runtime.update(runs=str(runs), node=node.id)
+        results, _ = run_graph(graph, store)
+        return statuses(results)
+
+    first = build("fp8")
+    assert set(first.values()) == {"built"} and len(first) == 1 + 2 * (2 + 4 + 1)
+    second = build("int8")
+    rebuilt = {name for name, status in second.items() if status == "built"}
+    assert rebuilt == {"fp8-tp1", "fp8-tp2", "fp8-tp1-sm89", "fp8-tp1-sm90", "fp8-tp2-sm89", "fp8-tp2-sm90", "fp8-hf"}
+    assert {name for name, status in second.items() if status == "cached"} == set(first) - rebuilt
+    assert counts(runs)["bf16-tp1-sm90"] == 1 and counts(runs)["fp8-tp1-sm90"] == 2
