@@ -35,7 +35,6 @@ class Node:
     impossible: Optional[str] = None  # from the plan
     unavailable: Optional[str] = None  # no stage for this kind yet
     requires: Optional[Callable[[], Optional[str]]] = None  # why this host cannot build it
-    is_target: bool = True
 
     def param_values(self) -> dict[str, Any]:
         return {k: p.value for k, p in self.params.items()}

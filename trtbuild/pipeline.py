@@ -72,9 +72,9 @@ def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, report
     options = RunOptions(until=request.until, require_all=request.require_all, materialize=request.materialize,
                          expected_source=expected.get("digest"), lock_name=str(lock_path))
     results, resolutions = run_graph(graph, store, options, reporter)
-    if request.require_all:
+    if request.require_all:  # (the runner already fails what this host cannot build)
         for r in results:
-            if r.status in (IMPOSSIBLE, "skipped"):
+            if r.status == IMPOSSIBLE:
                 r.reason = f"--require-all: {r.reason}"
                 r.status = FAILED
     source = resolutions["source"].lock if "source" in resolutions else None

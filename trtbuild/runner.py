@@ -35,7 +35,6 @@ class NodeResult:
     seconds: float = 0.0
     reason: Optional[str] = None
     path: Optional[str] = None
-    is_target: bool = True
     summary: dict = field(default_factory=dict)
 
     @property
@@ -199,11 +198,12 @@ def _die_with_parent() -> None:
 
 
 def _keep_failure(store: LocalStore, work: Path, key: str) -> Path:
-    """Keep a failed run's folder (its logs) for inspection: failed/<key>/ holds the latest."""
+    """Keep a failed run's logs for inspection (not its partial output, which can be large):
+    failed/<key>/ holds the latest failure of a key until `cache gc` sees the key built."""
     dest = store.root / "failed" / key
     shutil.rmtree(dest, ignore_errors=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(work / "out", dest, symlinks=True)
+    shutil.copytree(work / "out" / "logs", dest / "logs")
     return dest / "logs"
 
 
@@ -224,7 +224,7 @@ def run_graph(graph: Graph, store: LocalStore, options: Optional[RunOptions] = N
 
 def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, results: dict[str, NodeResult],
               resolutions: dict[str, Resolution], reporter) -> NodeResult:
-    result = NodeResult(node.id, node.kind, node.stage.name if node.stage else node.kind, SKIPPED, is_target=node.is_target)
+    result = NodeResult(node.id, node.kind, node.stage.name if node.stage else node.kind, SKIPPED)
     if node.impossible:
         result.status, result.reason = IMPOSSIBLE, node.impossible
         return result

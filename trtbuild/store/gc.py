@@ -95,5 +95,8 @@ def gc(store: LocalStore, pinned: set[str], keep_last: Optional[int] = None, max
         if not dry_run:
             # No build is running (we hold the store exclusively): everything in tmp/ is a leftover.
             report.tmp = store.clean_tmp(older_than_s=0)
+            for failure in (store.root / "failed").glob("*") if (store.root / "failed").exists() else ():
+                if store.record_path(failure.name).exists():  # the key has been built since
+                    shutil.rmtree(failure, ignore_errors=True)
         report.size_after = size_of(live)
     return report
