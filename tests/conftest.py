@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -10,6 +11,13 @@ import pytest
 from click.testing import CliRunner
 
 from trtbuild.cli import cli
+
+# Tests never reach a real hub: offline by default, and an endpoint on loopback where nothing
+# listens. Tests that need a hub start tests/hubserver.py and point the client at it.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+os.environ["AWS_EC2_METADATA_DISABLED"] = "true"  # boto3 must never probe 169.254.169.254
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"

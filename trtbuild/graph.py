@@ -76,13 +76,17 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
         label = kind.replace(":", " ")
         return stage, None if stage else NOT_YET.format(kind=label)
 
-    kind = f"source:{source.kind}"
-    stage, missing = stage_for(kind)
+    # a .nemo object named by `s3:` is a NeMo source like any other
+    kind = "nemo" if source.kind == "s3" and source.location.rstrip("/").endswith(".nemo") else source.kind
+    stage, missing = stage_for(f"source:{kind}")
     src = Node(SOURCE, "source", stage, unavailable=missing)
-    src.params["kind"] = Param(source.kind, f"recipe: source.{source.kind}")
+    src.params["kind"] = Param(kind, f"recipe: source.{source.kind}")
     if source.kind == "gguf":
         src.params["dtype"] = Param(plan.dtype, "recipe: dtype" if recipe.dtype else "model config (or float16)")
-    src.runtime = {"kind": source.kind, "location": source.location, "base_dir": str(loaded.base_dir)}
+    src.runtime = {"kind": kind, "location": source.location, "base_dir": str(loaded.base_dir),
+                   "trust_remote_code": source.trust_remote_code}
+    if source.kind == "hf":
+        src.runtime["revision"] = source.revision or "main"
     if source.kind == "path":
         src.runtime["folder"] = str(loaded.resolve_path(source.path))
     nodes = [src]

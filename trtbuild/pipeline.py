@@ -69,8 +69,10 @@ def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, report
     locked = lockfile.check_locked(lock_path, loaded) if request.locked else None
     graph = build_graph_for(loaded, request, registry)
     expected = (locked or {}).get("source") or {}
+    previous = lockfile.read(lock_path) if lock_path.exists() else None
     options = RunOptions(until=request.until, require_all=request.require_all, materialize=request.materialize,
-                         expected_source=expected.get("digest"), lock_name=str(lock_path))
+                         expected_source=expected.get("digest"), lock_name=str(lock_path),
+                         locked_source=(previous or {}).get("source"))
     results, resolutions = run_graph(graph, store, options, reporter)
     if request.require_all:  # (the runner already fails what this host cannot build)
         for r in results:

@@ -103,21 +103,15 @@ def find_model_config(loaded: LoadedRecipe) -> Path:
             return path
         raise InvalidInput(f"{loaded.where(('source', 'path'))}: source.path: {path}: no such file")
     if source.hf is not None:
-        cached = _hf_cached_config(source.hf, source.revision or "main")
-        if cached is not None:
-            return cached
+        from trtbuild import hub
+
+        found = hub.config_json(source.hf, source.revision or "main")
+        if found is not None:
+            return found
     raise InvalidInput(
         f"{loaded.where(('source',))}: source: no local config.json for {source.describe()}; "
         "set source.config to a copy of the model's config.json"
     )
-
-
-def _hf_cached_config(repo: str, revision: str) -> Optional[Path]:
-    """config.json from the user's Hugging Face cache, if it is there (never touches the network)."""
-    from huggingface_hub import try_to_load_from_cache
-
-    found = try_to_load_from_cache(repo, "config.json", revision=revision)
-    return Path(found) if isinstance(found, str) else None
 
 
 # ---- expansion and rules -------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from typing import Any, Optional
 from trtbuild import hardware, keys, toolchain
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.graph import STAGE_ORDER, Graph, Node
-from trtbuild.stages import source as source_stage
+from trtbuild.stages import source as sources
+from trtbuild.stages.source import Resolved, SourceContext
 from trtbuild.stages.base import StageContext
 from trtbuild.stages.worker import ERROR_PREFIX, load_entry
 from trtbuild.store.checkout import materialize
@@ -54,15 +55,7 @@ class RunOptions:
     recipe_name: Optional[str] = None
     expected_source: Optional[str] = None  # --locked: the source digest the lock file pins
     lock_name: Optional[str] = None
-
-
-@dataclass
-class Resolution:
-    """A source node's external input: its digest (in the key) and what the lock file records."""
-
-    role: str
-    digest: str
-    lock: dict
+    locked_source: Optional[dict] = None  # the lock file's source entry (offline hub builds use it)
 
 
 class StageFailed(TrtbuildError):
@@ -95,21 +88,16 @@ def resolved_platform(node: Node) -> dict[str, Any]:
     return platform
 
 
-def resolve_source(node: Node, store: LocalStore, progress=None) -> Resolution:
-    """Hash what a source node reads (stat cache first): nothing is copied or converted."""
-    runtime = node.runtime
-    if runtime["kind"] == "path":
-        found = source_stage.resolve_path(Path(runtime["folder"]), store.state, progress)
-        role = "tree"
-    elif runtime["kind"] == "gguf":
-        path = source_stage.locate_gguf(runtime["location"], Path(runtime["base_dir"]))
-        runtime["file"] = str(path)
-        found = source_stage.resolve_gguf(path, store.state, progress)
-        role = "gguf"
-    else:
-        raise StageFailed(f"source kind {runtime['kind']!r} cannot be resolved by this version")
-    # The lock names the source as the recipe does (a relative path stays relative), not this host's path.
-    return Resolution(role, found.digest, {**found.lock, "location": runtime["location"]})
+def resolve_source(node: Node, store: LocalStore, progress=None, locked: Optional[dict] = None) -> Resolved:
+    """Identify what a source node reads (hashes through the stat cache, hub or bucket metadata):
+    nothing is copied or converted. The lock entry names the source as the recipe does."""
+    node.runtime.update(downloads=str(store.root / "downloads"), state_db=str(store.root / "index.db"))
+    ctx = SourceContext(runtime=node.runtime, state=store.state, downloads=store.root / "downloads",
+                        locked=locked, progress=progress)
+    found = sources.resolve(ctx)
+    node.runtime.update(found.runtime)
+    lock = {"kind": node.runtime["kind"], "location": node.runtime["location"], "digest": found.digest, **found.lock}
+    return Resolved(found.role, found.digest, lock, found.runtime, found.origin)
 
 
 def key_fields(node: Node, input_digests: dict[str, str]) -> dict[str, Any]:
@@ -165,7 +153,7 @@ def execute(node: Node, store: LocalStore, key: str, inputs: dict[str, Path], re
                 raise StageFailed(f"{_failure_reason(log, proc.returncode)} (log: {_keep_failure(store, work, key)})")
             manifest = store.ingest(out, progress=reporter.advance)
         else:
-            ctx = StageContext(out=out, inputs=inputs, params=node.param_values(), runtime=node.runtime)
+            ctx = StageContext(out=out, inputs=inputs, params=node.param_values(), runtime=node.runtime, state=store.state)
             try:
                 load_entry(stage.entry)(ctx)
             except TrtbuildError:
@@ -173,8 +161,8 @@ def execute(node: Node, store: LocalStore, key: str, inputs: dict[str, Path], re
             except Exception as exc:
                 raise StageFailed(" ".join(f"{type(exc).__name__}: {exc}".split())) from exc
             if ctx.adopted is not None:
-                folder, include = ctx.adopted
-                manifest = store.ingest(folder, progress=reporter.advance, include=include)
+                manifest = store.ingest(ctx.adopted["folder"], progress=reporter.advance, include=ctx.adopted["include"],
+                                        links_within=ctx.adopted["links_within"], link=ctx.adopted["link"])
             else:
                 manifest = store.ingest(out, progress=reporter.advance)
         summary = {}
@@ -209,11 +197,11 @@ def _keep_failure(store: LocalStore, work: Path, key: str) -> Path:
 
 # ---- the walk ------------------------------------------------------------------------------------
 
-def run_graph(graph: Graph, store: LocalStore, options: Optional[RunOptions] = None, reporter=None) -> tuple[list[NodeResult], dict[str, Resolution]]:
+def run_graph(graph: Graph, store: LocalStore, options: Optional[RunOptions] = None, reporter=None) -> tuple[list[NodeResult], dict[str, Resolved]]:
     options = options or RunOptions()
     reporter = reporter or Silent()
     results: dict[str, NodeResult] = {}
-    resolutions: dict[str, Resolution] = {}
+    resolutions: dict[str, Resolved] = {}
     with store.using():
         for node in graph.nodes:
             result = _run_node(graph, node, store, options, results, resolutions, reporter)
@@ -223,7 +211,7 @@ def run_graph(graph: Graph, store: LocalStore, options: Optional[RunOptions] = N
 
 
 def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, results: dict[str, NodeResult],
-              resolutions: dict[str, Resolution], reporter) -> NodeResult:
+              resolutions: dict[str, Resolved], reporter) -> NodeResult:
     result = NodeResult(node.id, node.kind, node.stage.name if node.stage else node.kind, SKIPPED)
     if node.impossible:
         result.status, result.reason = IMPOSSIBLE, node.impossible
@@ -248,7 +236,7 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
     try:
         inputs = {role: results[dep].digest for role, dep in node.inputs.items()}
         if node.kind == "source":
-            resolution = resolve_source(node, store, reporter.started(node, "hashing").advance)
+            resolution = resolve_source(node, store, reporter.started(node, "resolving").advance, options.locked_source)
             if options.expected_source and resolution.digest != options.expected_source:
                 raise LockMismatch(f"--locked: the source resolves to {resolution.digest[:16]}..., but "
                                    f"{options.lock_name} pins {options.expected_source[:16]}...; rebuild without --locked")

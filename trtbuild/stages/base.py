@@ -32,11 +32,15 @@ class StageContext:
     inputs: dict[str, Path]  # role -> materialized input artifact (read-only)
     params: dict[str, Any]  # exactly what the key holds
     runtime: dict[str, Any] = field(default_factory=dict)  # local paths etc.: never in the key
-    adopted: Optional[tuple[Path, Any]] = None  # (folder, include filter) to ingest instead of `out`
+    state: Any = None  # the store's stat cache, for stages that run in the runner's process
+    adopted: Optional[dict] = None  # what to ingest instead of `out` (see adopt)
 
-    def adopt(self, folder: Path, include=None) -> None:
-        """Make `folder` (filtered) the artifact without copying it into `out` first."""
-        self.adopted = (folder, include)
+    def adopt(self, folder: Path, include=None, links_within: Optional[Path] = None, link: bool = False) -> None:
+        """Make `folder` (filtered by `include`) the artifact without copying it into `out` first.
+        `links_within`: symlinks may point anywhere inside that folder (a Hugging Face snapshot
+        links into its repository's blobs/). `link`: hard-link the files into the store instead of
+        copying them, for files nobody edits in place (a download cache's blobs)."""
+        self.adopted = {"folder": folder, "include": include, "links_within": links_within, "link": link}
 
     def report(self, summary: dict) -> None:
         """A short summary that goes into the action record (and `cache ls`)."""

@@ -7,13 +7,14 @@ from typing import Optional
 from trtbuild.stages.base import Stage
 
 STAGES: dict[str, Optional[Stage]] = {
-    "source:path": Stage("source", 1, "trtbuild.stages.source:adopt_folder", isolated=False),
-    "source:gguf": Stage("source", 1, "trtbuild.stages.source:convert_gguf",
+    "source:path": Stage("source", 1, "trtbuild.stages.source.local:adopt_folder", isolated=False),
+    "source:gguf": Stage("source", 1, "trtbuild.stages.source.gguf:convert_gguf",
                          toolchain=("torch", "transformers", "gguf"), needs=("torch", "transformers", "gguf", "accelerate")),
     # Later stages land with their issues; until then their nodes are skipped with this reason.
-    "source:hf": None,
-    "source:nemo": None,
-    "source:s3": None,
+    "source:hf": Stage("source", 1, "trtbuild.stages.source.hf:download", isolated=False),
+    "source:nemo": Stage("source", 1, "trtbuild.stages.source.nemo:convert_nemo",
+                         toolchain=("torch", "safetensors"), needs=("torch", "safetensors")),
+    "source:s3": Stage("source", 1, "trtbuild.stages.source.s3:fetch_folder", isolated=False),
     "checkpoint": None,
     "hf-checkpoint": None,
     "engine": None,

@@ -141,13 +141,16 @@ class LocalStore:
             raise CorruptStore(f"blob {blob} is corrupt: its sha256 is {actual}; run `trtbuild cache verify`")
 
     # ---- manifests -------------------------------------------------------------------------------
-    def ingest(self, folder: Path, progress: Progress = None, include=None) -> Manifest:
+    def ingest(self, folder: Path, progress: Progress = None, include=None, links_within: Optional[Path] = None,
+               link: bool = False) -> Manifest:
         """Store the files of `folder` (those `include` accepts) and their manifest; returns the
         manifest (its digest names the artifact). Files under tmp/ are the store's own and are
-        linked in place; anything else is copied, hashing while copying."""
+        linked in place, and so are files of a download cache (`link`); anything else, such as a
+        user's model folder, is copied, hashing while copying."""
         folder = Path(os.path.abspath(folder))
-        owned = folder.is_relative_to(self.root / "tmp")
-        manifest, sources = build_manifest(folder, self.state, include=include, progress=progress)
+        owned = link or folder.is_relative_to(self.root / "tmp")
+        manifest, sources = build_manifest(folder, self.state, include=include, progress=progress,
+                                           links_within=links_within)
         for entry in manifest.entries:
             self._add_blob(sources[entry.path], entry.sha256, owned)
         self.put_manifest(manifest)

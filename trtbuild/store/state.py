@@ -27,6 +27,8 @@ class StatCache:
                     "CREATE TABLE IF NOT EXISTS stat (path TEXT PRIMARY KEY, dev INTEGER, ino INTEGER, "
                     "size INTEGER, mtime_ns INTEGER, sha256 TEXT)"
                 )
+                # Remote objects hashed once: an S3 object is the same bytes while its ETag and size are.
+                db.execute("CREATE TABLE IF NOT EXISTS remote (url TEXT PRIMARY KEY, etag TEXT, size INTEGER, sha256 TEXT)")
 
     def _connect(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -78,3 +80,13 @@ class StatCache:
     def forget(self, path: Path) -> None:
         if self.db_path is not None:
             self._connect().execute("DELETE FROM stat WHERE path = ?", (str(Path(os.path.abspath(path))),))
+
+    def remote_sha256(self, url: str, etag: str, size: int) -> Optional[str]:
+        if self.db_path is None:
+            return None
+        row = self._connect().execute("SELECT etag, size, sha256 FROM remote WHERE url = ?", (url,)).fetchone()
+        return row[2] if row and (row[0], row[1]) == (etag, size) else None
+
+    def put_remote(self, url: str, etag: str, size: int, sha256: str) -> None:
+        if self.db_path is not None:
+            self._connect().execute("INSERT OR REPLACE INTO remote VALUES (?, ?, ?, ?)", (url, etag, size, sha256))

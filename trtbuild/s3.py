@@ -1,0 +1,86 @@
+"""S3 access shared by S3 sources (and the S3 store): URLs, listing, checksums, parallel downloads,
+and one-line errors. Credentials and endpoints come from the standard AWS variables
+(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE, AWS_ENDPOINT_URL, AWS_DEFAULT_REGION)."""
+
+from __future__ import annotations
+
+import base64
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from trtbuild.errors import InvalidInput, TrtbuildError
+
+
+@dataclass(frozen=True)
+class S3Object:
+    key: str
+    size: int
+    etag: str
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """`s3://bucket/some/prefix` -> ("bucket", "some/prefix")."""
+    if not url.startswith("s3://") or len(url) <= 5:
+        raise InvalidInput(f"{url}: not an s3://BUCKET/PREFIX URL")
+    bucket, _, prefix = url[5:].partition("/")
+    return bucket, prefix
+
+
+def client():
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", config=Config(retries={"max_attempts": 5, "mode": "standard"}))
+
+
+def error(url: str, exc: Exception) -> TrtbuildError:
+    """One line naming the object: input problems (exit 2) vs. the service being unreachable (exit 1)."""
+    from botocore import exceptions as bex
+
+    if isinstance(exc, (bex.NoCredentialsError, bex.PartialCredentialsError)):
+        return InvalidInput(f"{url}: no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)")
+    if isinstance(exc, bex.ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code in ("NoSuchBucket",):
+            return InvalidInput(f"{url}: bucket does not exist")
+        if code in ("NoSuchKey", "404", "NotFound"):
+            return InvalidInput(f"{url}: no such object")
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "AllAccessDisabled") or status == 403:
+            return InvalidInput(f"{url}: access denied ({code}): check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY and the bucket policy")
+        return TrtbuildError(f"{url}: S3 error {code or status}: {exc.response.get('Error', {}).get('Message', '')}")
+    if isinstance(exc, (bex.EndpointConnectionError, bex.ConnectTimeoutError, bex.ReadTimeoutError)):
+        endpoint = os.environ.get("AWS_ENDPOINT_URL", "the S3 endpoint")
+        return TrtbuildError(f"{url}: cannot reach {endpoint} ({type(exc).__name__})")
+    return TrtbuildError(f"{url}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+
+
+def list_objects(s3, bucket: str, prefix: str, page_size: Optional[int] = None) -> list[S3Object]:
+    """Every object under prefix (all pages)."""
+    found = []
+    pages = {"PageSize": page_size} if page_size else {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, PaginationConfig=pages):
+        for item in page.get("Contents", []):
+            found.append(S3Object(item["Key"], item["Size"], item["ETag"].strip('"')))
+    return found
+
+
+def head(s3, bucket: str, key: str) -> tuple[S3Object, Optional[str]]:
+    """The object and its full-object sha256 (hex) when the bucket keeps one; composite (multipart)
+    checksums are not a hash of the content and do not count."""
+    response = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+    obj = S3Object(key, response["ContentLength"], response["ETag"].strip('"'))
+    checksum = response.get("ChecksumSHA256")
+    if not checksum or "-" in checksum or response.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
+        return obj, None
+    return obj, base64.b64decode(checksum).hex()
+
+
+def download(s3, bucket: str, key: str, dest: Path) -> None:
+    """Parallel ranged download with boto3's transfer manager (it writes a temp file, then renames)."""
+    from boto3.s3.transfer import TransferConfig
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    s3.download_file(bucket, key, str(dest), Config=TransferConfig(max_concurrency=8, multipart_chunksize=64 * 1024 * 1024))

@@ -1,0 +1,63 @@
+"""`gguf:` sources (llama.cpp's format): keyed by the file's sha256, dequantized by transformers into
+a Hugging Face folder in the recipe's dtype."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from trtbuild.errors import InvalidInput
+from trtbuild.stages.base import StageContext
+from trtbuild.stages.source.common import Resolved, SourceContext
+
+
+def locate_gguf(location: str, base_dir: Path) -> Path:
+    """A GGUF path, relative to the recipe, or `pkg:MODULE/FILE` inside an installed package."""
+    if location.startswith("pkg:"):
+        module, _, name = location[len("pkg:"):].partition("/")
+        spec = importlib.util.find_spec(module)  # locates without importing the package
+        if spec is None or not spec.submodule_search_locations:
+            raise InvalidInput(f"source.gguf: {location}: Python package {module!r} is not installed")
+        path = Path(list(spec.submodule_search_locations)[0]) / name
+    else:
+        path = Path(location).expanduser()
+        path = path if path.is_absolute() else base_dir / path
+    if not path.is_file():
+        raise InvalidInput(f"source.gguf: {path}: no such file")
+    return path
+
+
+def resolve(ctx: SourceContext) -> Resolved:
+    path = locate_gguf(ctx.runtime["location"], Path(ctx.runtime["base_dir"]))
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise InvalidInput(f"source.gguf: {path}: not a GGUF file (no GGUF magic)")
+    digest = ctx.state.sha256(path, ctx.progress)
+    return Resolved("gguf", digest, {"files": {path.name: digest}}, runtime={"file": str(path)}, origin=f"sha256 of {path}")
+
+
+def convert_gguf(ctx: StageContext) -> None:
+    """`gguf:` sources: dequantize with transformers' GGUF loader into a Hugging Face folder in the
+    recipe's dtype. transformers refuses save_pretrained on a GGUF-loaded model, so the weights are
+    moved into a model built from the same config (reference/test-assets.md)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = Path(ctx.runtime["file"])
+    dtype = getattr(torch, ctx.params["dtype"])
+    print(f"loading {gguf} (dequantizing to float32)", flush=True)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    result = model.load_state_dict(loaded.state_dict(), strict=True)
+    print(f"weights moved: missing={list(result.missing_keys)} unexpected={list(result.unexpected_keys)}", flush=True)
+    model.save_pretrained(ctx.out, safe_serialization=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer.save_pretrained(ctx.out)
+    params = sum(p.numel() for p in model.parameters())
+    ctx.report({"architecture": config.architectures[0] if config.architectures else None,
+                "parameters": params, "dtype": ctx.params["dtype"]})
