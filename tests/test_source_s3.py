@@ -143,3 +143,24 @@ def test_unsafe_keys_are_refused(tmp_path):
 
     with pytest.raises(InvalidInput, match="unsafe object key"):
         local_path(tmp_path, "b", "../../etc/passwd")
+
+
+NEMO = ROOT.parent / "shared" / "data" / "nemo" / "nemo1_tiny_llama_gqa_fp32_torch_dist.nemo"
+
+
+@pytest.mark.skipif(not NEMO.exists(), reason="shared/data/nemo is not beside this checkout")
+@pytest.mark.parametrize("key", ["nemo", "s3"])
+def test_a_nemo_object_on_s3_builds_into_its_twin(server, bucket, tmp_path, key):
+    import torch
+    from safetensors.torch import load_file
+
+    server.client().put_object(Bucket=bucket, Key="ckpt/tiny.nemo", Body=NEMO.read_bytes(), ChecksumAlgorithm="SHA256")
+    twin = NEMO.parent / "hf_tiny_llama_gqa_fp32"
+    recipe = tmp_path / "r.yaml"
+    shutil.copyfile(twin / "config.json", tmp_path / "config.json")
+    recipe.write_text(f"schema: 1\nname: s3-nemo\nsource: {{{key}: 's3://{bucket}/ckpt/tiny.nemo', config: config.json}}\n"
+                      "gpus: [sm90]\nlimits: {max_input_len: 128, max_seq_len: 256}\n")
+    source = source_of(build(recipe, env_for(server, tmp_path / "store")))
+    assert source["status"] == "built"
+    ours, theirs = load_file(Path(source["path"]) / "model.safetensors"), load_file(twin / "model.safetensors")
+    assert set(ours) == set(theirs) and all(torch.equal(ours[n], theirs[n]) for n in theirs)

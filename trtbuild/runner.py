@@ -18,7 +18,7 @@ from trtbuild.graph import STAGE_ORDER, Graph, Node
 from trtbuild.stages import source as sources
 from trtbuild.stages.source import Resolved, SourceContext
 from trtbuild.stages.base import StageContext
-from trtbuild.stages.worker import ERROR_PREFIX, load_entry
+from trtbuild.stages.worker import ERROR_PREFIX, INPUT_ERROR_PREFIX, load_entry
 from trtbuild.store.checkout import materialize
 from trtbuild.store.local import CorruptStore, LocalStore
 
@@ -126,6 +126,8 @@ def _failure_reason(log: Path, returncode: int) -> str:
     except OSError:
         lines = []
     for line in reversed(lines):
+        if line.startswith(INPUT_ERROR_PREFIX):
+            raise InvalidInput(line[len(INPUT_ERROR_PREFIX):])
         if line.startswith(ERROR_PREFIX):
             return line[len(ERROR_PREFIX):]
     return f"stage process exited with status {returncode}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import posixpath
 import tarfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,22 +117,29 @@ def extract(path: Path, dest: Path, limits: Limits | None = None) -> bool:
     """Extract `path` into `dest` after vetting all members; returns whether it was gzipped."""
     limits = limits or Limits()
     tar, compressed = _open_tar(path)
-    with tar:
-        members = _check_members(path, tar, limits)
-        has_filter = hasattr(tarfile, "data_filter")  # Python >= 3.11.4 / 3.12 (PEP 706)
-        for m in members:
-            name = _safe_name(m.name)
-            if name == ".":
-                continue
-            # Re-check against the disk as it is now: an earlier symlink member could redirect a path.
-            if not _inside(dest, dest / name):
-                raise InvalidInput(f"{path}: member '{m.name}' resolves outside the destination")
-            if has_filter:
-                try:
-                    tar.extract(m, dest, filter="data")
-                except tarfile.FilterError as e:
-                    raise InvalidInput(f"{path}: member '{m.name}' rejected: {e}") from None
-            else:  # our own checks above are the guard; drop special bits, keep it removable by us
-                m.mode = (m.mode & 0o755) | (0o700 if m.isdir() else 0o600)
-                tar.extract(m, dest, set_attrs=False)
+    try:
+        with tar:
+            _extract_members(path, tar, dest, limits)
+    except (tarfile.TarError, EOFError, zlib.error) as exc:  # truncated or corrupt after a good header
+        raise InvalidInput(f"{path}: malformed .nemo archive ({type(exc).__name__}: {exc})") from None
     return compressed
+
+
+def _extract_members(path: Path, tar: tarfile.TarFile, dest: Path, limits: Limits) -> None:
+    members = _check_members(path, tar, limits)
+    has_filter = hasattr(tarfile, "data_filter")  # Python >= 3.11.4 / 3.12 (PEP 706)
+    for m in members:
+        name = _safe_name(m.name)
+        if name == ".":
+            continue
+        # Re-check against the disk as it is now: an earlier symlink member could redirect a path.
+        if not _inside(dest, dest / name):
+            raise InvalidInput(f"{path}: member '{m.name}' resolves outside the destination")
+        if has_filter:
+            try:
+                tar.extract(m, dest, filter="data")
+            except tarfile.FilterError as e:
+                raise InvalidInput(f"{path}: member '{m.name}' rejected: {e}") from None
+        else:  # our own checks above are the guard; drop special bits, keep it removable by us
+            m.mode = (m.mode & 0o755) | (0o700 if m.isdir() else 0o600)
+            tar.extract(m, dest, set_attrs=False)

@@ -12,9 +12,11 @@ import sys
 import traceback
 from pathlib import Path
 
+from trtbuild.errors import InvalidInput
 from trtbuild.stages.base import StageContext
 
 ERROR_PREFIX = "TRTBUILD-ERROR: "
+INPUT_ERROR_PREFIX = "TRTBUILD-INPUT-ERROR: "  # the stage's input is wrong: exit 2, like any input error
 
 
 def load_entry(entry: str):
@@ -32,6 +34,9 @@ def main(spec_path: str) -> int:
     )
     try:
         load_entry(spec["entry"])(ctx)
+    except InvalidInput as exc:
+        print(f"{INPUT_ERROR_PREFIX}{' '.join(str(exc).split())}", file=sys.stderr, flush=True)
+        return 1
     except BaseException as exc:  # the parent needs one line, the log keeps the traceback
         traceback.print_exc()
         message = " ".join(f"{type(exc).__name__}: {exc}".split())
