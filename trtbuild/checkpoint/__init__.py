@@ -1,0 +1,1 @@
+"""TensorRT-LLM checkpoints: a streaming Hugging Face converter and a checkpoint verifier."""

@@ -1,0 +1,421 @@
+"""Check a TensorRT-LLM checkpoint folder (config.json + rank{N}.safetensors) of a LLaMA-family
+model against its Hugging Face config, before spending GPU time on trtllm-build; and patch the
+config.json fields ModelOpt's CPU export gets wrong.
+
+Only headers are read (names, shapes, dtypes), never tensor data, and torch is not imported.
+
+Tensor names, shapes and dtypes per quantization are the ones ModelOpt 0.47 exports on CPU
+(reference/modelopt.md section 3, re-measured on a tiny LLaMA at TP2):
+- None: weights in the model dtype.
+- FP8: weight F8_E4M3; weights_scaling_factor [1] F32, activation_scaling_factor [1] F32.
+- FP8_PER_CHANNEL_PER_TOKEN: weight F8_E4M3; per_channel_scale [out] F32.
+- W8A8_SQ_PER_CHANNEL: weight I8; weights_scaling_factor [out] F32, activation_scaling_factor [1]
+  F32, prequant_scaling_factor [in] in the model dtype (doc says fp16: that was the export dtype).
+- W8A16: weight I8; weights_scaling_factor [out] F32.
+- W4A16_AWQ: weight I8 [out/2, in] (two int4 per byte); weights_scaling_factor [out, in/group]
+  F32; prequant_scaling_factor [in] (model dtype) when the config says pre_quant_scale.
+- W4A8_AWQ: as W4A16_AWQ plus weights_scaling_factor_2 [1] and activation_scaling_factor [1], F32.
+- W4A16: not produced by ModelOpt 0.47 (no config maps to it); checked by analogy with W8A16 and
+  the int4 packing: weight I8 [out/2, in], weights_scaling_factor [out] F32.
+- kv_cache_quant_algo set: attention.kv_cache_scaling_factor [1] F32 is required; ModelOpt 0.47 also
+  writes k_cache_scaling_factor and v_cache_scaling_factor [1] F32, which are allowed.
+lm_head (and anything else matched by quantization.exclude_modules) stays unquantized. Quantized
+Mixtral experts are only partly modelled: expert weights are checked, their scale tensors are
+allowed but not shape-checked (no quantized MoE export was available to measure).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from trtbuild.checkpoint.trtllm_convert import (
+    DTYPES,
+    HFLayout,
+    check_parallel,
+    hf_layout,
+    load_json,
+    read_safetensors_header,
+)
+from trtbuild.errors import InvalidInput, TrtbuildError
+from trtbuild.modelconfig import padded_vocab
+from trtbuild.trtllm import ENGINE_ARCHITECTURES
+
+QUANT_ALGOS = (None, "FP8", "FP8_PER_CHANNEL_PER_TOKEN", "W8A8_SQ_PER_CHANNEL", "W4A16_AWQ", "W4A8_AWQ",
+               "W8A16", "W4A16")
+KV_CACHE_ALGOS = (None, "FP8", "INT8")
+_AWQ = ("W4A16_AWQ", "W4A8_AWQ")
+_ST_OF = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
+_RANK_FILE = re.compile(r"^rank(\d+)\.safetensors$")
+_MAX_LINES = 20
+
+
+@dataclass(frozen=True)
+class _Expect:
+    shape: Optional[tuple[int, ...]]  # None: not checked
+    dtype: Optional[str]  # safetensors code; None: not checked
+    required: bool = True
+
+
+def _fmt(shape) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _norm_scaling(scaling: Any) -> Optional[dict]:
+    if not isinstance(scaling, dict) or not scaling:
+        return None
+    out = {k: v for k, v in scaling.items() if k != "type"}
+    out["rope_type"] = scaling.get("rope_type", scaling.get("type"))
+    return {k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v) for k, v in out.items()}
+
+
+def _excluded(module: str, patterns: list) -> bool:
+    """TRT-LLM's exclude_modules: fnmatch (or `re:` regex) against the module and its ancestors."""
+    parts = module.split(".")
+    names = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+    for pattern in patterns or []:
+        if not isinstance(pattern, str):
+            continue
+        if pattern.startswith("re:"):
+            rx = re.compile(pattern[3:])
+            if any(rx.fullmatch(n) for n in names):
+                return True
+        elif any(fnmatch.fnmatchcase(n, pattern) for n in names) or (
+                pattern.endswith(".*") and fnmatch.fnmatchcase(module, pattern[:-2])):
+            return True
+    return False
+
+
+class _Expected:
+    """The tensors TensorRT-LLM expects in one rank file."""
+
+    def __init__(self, layout: HFLayout, config: dict, tp: int, pp: int) -> None:
+        self.L, self.tp, self.pp = layout, tp, pp
+        self.D = _ST_OF[config["dtype"]]
+        quant = config.get("quantization") or {}
+        self.algo = quant.get("quant_algo")
+        self.kv_algo = quant.get("kv_cache_quant_algo")
+        self.group = int(quant.get("group_size") or 128)
+        self.pre_quant_scale = bool(quant.get("pre_quant_scale", self.algo in _AWQ))
+        self.exclude = quant.get("exclude_modules") or []
+        self.vocab = int(config.get("vocab_size") or layout.vocab)
+        self.parallel_embedding = bool(config.get("use_parallel_embedding", False))
+        self.sharding_dim = int(config.get("embedding_sharding_dim", 0) or 0)
+        self.shared_embedding = bool(config.get("share_embedding_table", False))
+
+    def linear(self, out: dict, module: str, n_out: int, n_in: int, bias: bool) -> None:
+        algo = None if _excluded(module, self.exclude) else self.algo
+        w, D = module + ".weight", self.D
+        if bias:
+            out[module + ".bias"] = _Expect((n_out,), D)
+        if algo is None:
+            out[w] = _Expect((n_out, n_in), D)
+        elif algo == "FP8":
+            out[w] = _Expect((n_out, n_in), "F8_E4M3")
+            out[module + ".weights_scaling_factor"] = _Expect((1,), "F32")
+            out[module + ".activation_scaling_factor"] = _Expect((1,), "F32")
+        elif algo == "FP8_PER_CHANNEL_PER_TOKEN":
+            out[w] = _Expect((n_out, n_in), "F8_E4M3")
+            out[module + ".per_channel_scale"] = _Expect((n_out,), "F32")
+        elif algo == "W8A8_SQ_PER_CHANNEL":
+            out[w] = _Expect((n_out, n_in), "I8")
+            out[module + ".weights_scaling_factor"] = _Expect((n_out,), "F32")
+            out[module + ".activation_scaling_factor"] = _Expect((1,), "F32")
+            out[module + ".prequant_scaling_factor"] = _Expect((n_in,), D)
+        elif algo == "W8A16":
+            out[w] = _Expect((n_out, n_in), "I8")
+            out[module + ".weights_scaling_factor"] = _Expect((n_out,), "F32")
+        elif algo == "W4A16":
+            out[w] = _Expect((n_out // 2, n_in), "I8")
+            out[module + ".weights_scaling_factor"] = _Expect((n_out,), "F32")
+        elif algo in _AWQ:
+            out[w] = _Expect((n_out // 2, n_in), "I8")
+            out[module + ".weights_scaling_factor"] = _Expect((n_out, n_in // self.group), "F32")
+            if self.pre_quant_scale:
+                out[module + ".prequant_scaling_factor"] = _Expect((n_in,), D)
+            if algo == "W4A8_AWQ":
+                out[module + ".weights_scaling_factor_2"] = _Expect((1,), "F32")
+                out[module + ".activation_scaling_factor"] = _Expect((1,), "F32")
+
+    def experts(self, out: dict, module: str, shape: tuple[int, int, int]) -> None:
+        algo = None if _excluded(module, self.exclude) else self.algo
+        if algo is None:
+            out[module + ".weight"] = _Expect(shape, self.D)
+            return
+        packed = algo in _AWQ or algo == "W4A16"
+        dtype = "F8_E4M3" if algo.startswith("FP8") else "I8"
+        out[module + ".weight"] = _Expect(None if packed else shape, dtype)
+        for scale in ("weights_scaling_factor", "weights_scaling_factor_2", "activation_scaling_factor",
+                      "prequant_scaling_factor", "per_channel_scale"):
+            out[f"{module}.{scale}"] = _Expect(None, None, required=False)
+
+    def rank(self, rank: int) -> dict[str, _Expect]:
+        L, tp, D = self.L, self.tp, self.D
+        t, p = rank % tp, rank // tp
+        H, hd = L.hidden, L.head_dim
+        out: dict[str, _Expect] = {}
+        vocab_per = padded_vocab(self.vocab, tp) // tp
+        if p == 0:
+            if not self.parallel_embedding:
+                shape = (self.vocab, H)
+            elif self.sharding_dim == 0:
+                shape = (vocab_per, H)
+            else:
+                shape = (self.vocab, H // tp)
+            out["transformer.vocab_embedding.weight"] = _Expect(shape, D)
+        per_stage = L.num_layers // self.pp
+        kv_per = (L.kv_heads // tp if L.kv_heads >= tp else 1) * hd
+        q_per = L.heads * hd // tp
+        I_per = L.intermediate // tp
+        for local in range(per_stage):
+            d = f"transformer.layers.{local}."
+            out[d + "input_layernorm.weight"] = _Expect((H,), D)
+            out[d + "post_layernorm.weight"] = _Expect((H,), D)
+            self.linear(out, d + "attention.qkv", q_per + 2 * kv_per, H, L.qkv_bias)
+            self.linear(out, d + "attention.dense", H, q_per, False)
+            if L.dense_bias:
+                out[d + "attention.dense.bias"] = _Expect((H,), D)
+            if self.kv_algo:
+                out[d + "attention.kv_cache_scaling_factor"] = _Expect((1,), "F32")
+                out[d + "attention.k_cache_scaling_factor"] = _Expect((1,), "F32", required=False)
+                out[d + "attention.v_cache_scaling_factor"] = _Expect((1,), "F32", required=False)
+            if L.num_experts:
+                E = L.num_experts
+                out[d + "mlp.router.weight"] = _Expect((E, H), "F32")  # never quantized
+                self.experts(out, d + "mlp.fc", (E, 2 * I_per, H))
+                self.experts(out, d + "mlp.proj", (E, H, I_per))
+            else:
+                self.linear(out, d + "mlp.fc", I_per, H, L.mlp_bias)
+                self.linear(out, d + "mlp.gate", I_per, H, L.mlp_bias)
+                self.linear(out, d + "mlp.proj", H, I_per, False)
+                if L.mlp_bias:
+                    out[d + "mlp.proj.bias"] = _Expect((H,), D)
+        if p == self.pp - 1:
+            out["transformer.ln_f.weight"] = _Expect((H,), D)
+            head: dict[str, _Expect] = {}
+            self.linear(head, "lm_head", vocab_per, H, False)
+            if self.shared_embedding and self.pp == 1:  # TRT-LLM then reuses the embedding table
+                head = {k: _Expect(v.shape, v.dtype, required=False) for k, v in head.items()}
+            out.update(head)
+        return out
+
+
+def _config_problems(cfg: dict, layout: HFLayout) -> list[str]:
+    problems: list[str] = []
+
+    def bad(msg: str) -> None:
+        problems.append("config.json: " + msg)
+
+    arch = cfg.get("architecture")
+    if arch != layout.architecture:
+        bad(f"architecture expected {layout.architecture!r} (the HF architectures[0]), found {arch!r}")
+    elif arch not in ENGINE_ARCHITECTURES:
+        bad(f"architecture {arch!r} is not in TensorRT-LLM's MODEL_MAP")
+    if cfg.get("dtype") not in _ST_OF:
+        bad(f"dtype expected one of float16, bfloat16, float32, found {cfg.get('dtype')!r}")
+
+    for key, want in (("num_hidden_layers", layout.num_layers), ("num_attention_heads", layout.heads),
+                      ("num_key_value_heads", layout.kv_heads), ("hidden_size", layout.hidden),
+                      ("head_size", layout.head_dim), ("intermediate_size", layout.intermediate)):
+        if key in cfg or key in ("num_hidden_layers", "num_attention_heads", "hidden_size"):
+            if cfg.get(key) != want:
+                bad(f"{key} expected {want} (from the HF config), found {cfg.get(key)!r}")
+    quant = cfg.get("quantization")
+    algo = quant.get("quant_algo") if isinstance(quant, dict) else None
+    vocab = cfg.get("vocab_size")
+    allowed_vocab = {layout.vocab}
+    if algo in _AWQ:  # ModelOpt pads the vocab to a multiple of 64 for AWQ
+        allowed_vocab.add(-(-layout.vocab // 64) * 64)
+    if vocab not in allowed_vocab:
+        bad(f"vocab_size expected {' or '.join(str(v) for v in sorted(allowed_vocab))}, found {vocab!r}")
+    if layout.num_experts:
+        moe = cfg.get("moe") or {}
+        if moe.get("num_experts") != layout.num_experts or moe.get("top_k") != layout.top_k:
+            bad(f"moe expected num_experts {layout.num_experts}, top_k {layout.top_k}, found {cfg.get('moe')!r}")
+
+    # RoPE: a missing rotary_base silently becomes TensorRT-LLM's default 10000.
+    base = cfg.get("rotary_base")
+    if base is None:
+        if layout.rotary_base != 10000.0:
+            bad(f"rotary_base missing; the HF config has rope_theta {layout.rotary_base} "
+                f"(TensorRT-LLM would use 10000.0)")
+    elif not isinstance(base, (int, float)) or float(base) != layout.rotary_base:
+        bad(f"rotary_base expected {layout.rotary_base} (HF rope_theta), found {base!r}")
+    want_scaling, found_scaling = _norm_scaling(layout.rotary_scaling), _norm_scaling(cfg.get("rotary_scaling"))
+    if want_scaling != found_scaling:
+        if found_scaling is None:
+            bad(f"rotary_scaling missing; the HF config has rope_scaling {layout.rotary_scaling}")
+        else:
+            bad(f"rotary_scaling expected {layout.rotary_scaling} (HF rope_scaling), found {cfg.get('rotary_scaling')}")
+    if layout.decoder == "qwen":
+        if cfg.get("qwen_type") != layout.model_type:
+            bad(f"qwen_type expected {layout.model_type!r}, found {cfg.get('qwen_type')!r} "
+                f"(TensorRT-LLM defaults to 'qwen', the Qwen-1 layout)")
+        if cfg.get("attn_bias") != layout.qkv_bias:
+            bad(f"attn_bias expected {layout.qkv_bias}, found {cfg.get('attn_bias')!r}")
+
+    if not isinstance(quant, dict) or "quant_algo" not in quant:
+        bad(f"quantization expected an object with quant_algo and kv_cache_quant_algo, found {quant!r}")
+    else:
+        if quant.get("quant_algo") not in QUANT_ALGOS:
+            bad(f"quantization.quant_algo {quant.get('quant_algo')!r} is not one of "
+                f"{', '.join(str(a) for a in QUANT_ALGOS)}")
+        if quant.get("kv_cache_quant_algo") not in KV_CACHE_ALGOS:
+            bad(f"quantization.kv_cache_quant_algo {quant.get('kv_cache_quant_algo')!r} is not one of None, FP8, INT8")
+        if quant.get("quant_algo") in _AWQ:
+            group = quant.get("group_size", 128)
+            if not isinstance(group, int) or group <= 0:
+                bad(f"quantization.group_size expected a positive integer, found {group!r}")
+    return problems
+
+
+def _mapping(cfg: dict) -> tuple[int, int, int]:
+    mapping = cfg.get("mapping")
+    if not isinstance(mapping, dict):
+        raise TrtbuildError(f"config.json: mapping expected {{world_size, tp_size, pp_size}}, found {mapping!r}")
+    tp, pp = mapping.get("tp_size", 1), mapping.get("pp_size", 1)
+    world = mapping.get("world_size", 1)
+    for key, value in (("tp_size", tp), ("pp_size", pp), ("world_size", world)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise TrtbuildError(f"config.json: mapping.{key} expected a positive integer, found {value!r}")
+    if world != tp * pp:
+        raise TrtbuildError(f"config.json: mapping world_size expected tp_size x pp_size = {tp * pp}, found {world}")
+    return tp, pp, world
+
+
+def _ranks_desc(ranks) -> str:
+    return ", ".join(f"rank{r}.safetensors" for r in sorted(ranks)) or "none"
+
+
+def verify_trtllm_checkpoint(folder: Path, hf_config: dict) -> None:
+    """Raise TrtbuildError (one line per problem, at most 20) unless `folder` is a TensorRT-LLM
+    checkpoint of the model `hf_config` describes, in the layout config.json claims."""
+    folder = Path(folder)
+    cfg = load_json(folder / "config.json")
+    layout = hf_layout(hf_config, "HF config.json")
+    problems = _config_problems(cfg, layout)
+    tp, pp, world = _mapping(cfg)
+    try:
+        check_parallel(layout, tp, pp, "HF config.json")
+    except InvalidInput as exc:
+        problems.append(f"config.json: mapping tp {tp} x pp {pp} does not fit the model: {exc}")
+    present = {int(m.group(1)) for p in folder.iterdir() if (m := _RANK_FILE.match(p.name))}
+    wanted = set(range(world))
+    if present != wanted:
+        problems.append(
+            f"{folder}: config.json mapping (world_size {world} = tp {tp} x pp {pp}) needs "
+            f"{_ranks_desc(wanted)}; missing: {_ranks_desc(wanted - present)}; "
+            f"unexpected: {_ranks_desc(present - wanted)}")
+    if problems or cfg.get("dtype") not in _ST_OF:
+        raise TrtbuildError(*_cap(problems))
+
+    expected = _Expected(layout, cfg, tp, pp)
+    for rank in range(world):
+        path = folder / f"rank{rank}.safetensors"
+        try:
+            header = read_safetensors_header(path)
+        except InvalidInput as exc:
+            problems.append(str(exc))
+            continue
+        problems += _rank_problems(path, header, expected.rank(rank))
+        if len(problems) > _MAX_LINES:
+            break
+    if problems:
+        raise TrtbuildError(*_cap(problems))
+
+
+def _rank_problems(path: Path, header: dict, want: dict[str, _Expect]) -> list[str]:
+    name = path.name
+    problems = []
+    for key in sorted(want):
+        exp = want[key]
+        if key not in header:
+            if exp.required:
+                what = " ".join(x for x in (exp.dtype, _fmt(exp.shape) if exp.shape else None) if x)
+                problems.append(f"{name}: {key} missing (expected {what})")
+            continue
+        found_shape, found_dtype = tuple(header[key].get("shape", ())), header[key].get("dtype")
+        if exp.shape is not None and found_shape != exp.shape:
+            problems.append(f"{name}: {key} shape expected {_fmt(exp.shape)}, found {_fmt(found_shape)}")
+        if exp.dtype is not None and found_dtype != exp.dtype:
+            problems.append(f"{name}: {key} dtype expected {exp.dtype}, found {found_dtype}")
+    for key in sorted(set(header) - set(want)):
+        problems.append(f"{name}: {key} unexpected ({header[key].get('dtype')} {_fmt(header[key].get('shape', ()))})")
+    # A truncated file (an interrupted copy) has a valid header and too few data bytes.
+    end = max((int(v["data_offsets"][1]) for v in header.values() if isinstance(v, dict) and "data_offsets" in v),
+              default=0)
+    with open(path, "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+    size = os.path.getsize(path)
+    if size < 8 + header_len + end:
+        problems.append(f"{name}: truncated (header needs {8 + header_len + end} bytes, file has {size})")
+    return problems
+
+
+def _cap(problems: list[str]) -> list[str]:
+    if len(problems) <= _MAX_LINES:
+        return problems
+    return problems[:_MAX_LINES] + [f"... and {len(problems) - _MAX_LINES} more problems"]
+
+
+_MISSING = object()
+
+
+def fix_trtllm_config(folder: Path, hf_config: dict, requested: dict) -> list[str]:
+    """Correct a ModelOpt-exported config.json in place and return one line per change:
+    rotary_base/rotary_scaling from the HF config (ModelOpt drops them with transformers 5),
+    qwen_type/attn_bias for Qwen (ModelOpt's fallback config omits them), and dtype and mapping as
+    `requested` ({"dtype": ..., "tp": ..., "pp": ...}; "tp_size"/"pp_size" are accepted too)."""
+    folder = Path(folder)
+    path = folder / "config.json"
+    cfg = load_json(path)
+    layout = hf_layout(hf_config, "HF config.json")
+    changes: list[str] = []
+
+    def put(key: str, value: Any, where: Optional[dict] = None, label: Optional[str] = None) -> None:
+        target = cfg if where is None else where
+        old = target.get(key, _MISSING)
+        if old is _MISSING or old != value:
+            target[key] = value
+            changes.append(f"{label or key}: {'missing' if old is _MISSING else repr(old)} -> {value!r}")
+
+    put("rotary_base", layout.rotary_base)
+    if layout.rotary_scaling:
+        if _norm_scaling(cfg.get("rotary_scaling")) != _norm_scaling(layout.rotary_scaling):
+            put("rotary_scaling", layout.rotary_scaling)
+    elif "rotary_scaling" in cfg:
+        changes.append(f"rotary_scaling: {cfg.pop('rotary_scaling')!r} -> removed (the HF config has no rope scaling)")
+    if layout.decoder == "qwen":
+        put("qwen_type", layout.model_type)
+        put("attn_bias", layout.qkv_bias)
+
+    if requested.get("dtype") not in (None, "auto"):
+        dtype = DTYPES.get(str(requested["dtype"]))
+        if dtype is None:
+            raise InvalidInput(f"requested dtype {requested['dtype']!r}: expected float16, bfloat16 or float32")
+        put("dtype", dtype)
+        put("logits_dtype", "float16" if dtype == "bfloat16" else dtype)  # ModelOpt's rule
+    tp = requested.get("tp", requested.get("tp_size"))
+    pp = requested.get("pp", requested.get("pp_size"))
+    if tp is not None or pp is not None:
+        mapping = cfg.setdefault("mapping", {})
+        tp = int(tp if tp is not None else mapping.get("tp_size", 1))
+        pp = int(pp if pp is not None else mapping.get("pp_size", 1))
+        put("world_size", tp * pp, mapping, "mapping.world_size")
+        put("tp_size", tp, mapping, "mapping.tp_size")
+        put("pp_size", pp, mapping, "mapping.pp_size")
+        if "moe_tp_size" in mapping:
+            put("moe_tp_size", tp, mapping, "mapping.moe_tp_size")
+        if "rank" in cfg:
+            put("rank", tp * pp - 1)
+
+    if changes:
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(json.dumps(cfg, indent=4) + "\n", encoding="utf-8")
+        os.replace(partial, path)
+    return changes
