@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
+from tinymodels import make_model
 
 TINY_HF = ROOT.parent / "shared" / "data" / "nemo" / "hf_tiny_llama_tied_bf16"
 
@@ -25,13 +26,8 @@ def model(tmp_path) -> Path:
         shutil.copytree(TINY_HF, folder)
         for path in folder.iterdir():
             path.chmod(0o644)
-    else:  # the shared data is not beside this checkout: a config and weights of our own
-        folder.mkdir()
-        (folder / "config.json").write_text(json.dumps({
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
-            "max_position_embeddings": 256, "torch_dtype": "bfloat16"}))
-        (folder / "model.safetensors").write_bytes(os.urandom(4096))
+    else:  # the shared data is not beside this checkout: a tiny model of our own
+        make_model(folder, "llama", tie_word_embeddings=True)
     (folder / "README.md").write_text("not part of the model")
     (folder / "pytorch_model.bin").write_bytes(b"a duplicate in another format")
     (folder / "original").mkdir()
@@ -47,6 +43,7 @@ schema: 1
 name: tiny
 source: {path: model}
 variants: {bf16: {}, fp8: {quant: fp8}}
+calibration: {samples: 4, seq_len: 32}
 gpus: [sm90]
 limits: {max_input_len: 128, max_seq_len: 256}
 backends: [engine, hf-checkpoint]
@@ -78,15 +75,16 @@ def by_name(data: dict) -> dict[str, dict]:
 def test_build_twice_the_second_builds_nothing_and_says_so(recipe, tmp_path):
     store = tmp_path / "store"
     first = trtbuild("build", recipe, store=store, check=True)
-    assert "1 built" in first.stdout
+    # source, calibration, fp8-quantized, two checkpoints and two HF checkpoints; engines need a GPU
+    assert "tiny: 7 built, 2 skipped" in first.stdout
     second = trtbuild("build", recipe, store=store, check=True)
     assert "Nothing was built: every buildable artifact was already in the store." in second.stdout
-    assert "1 cached" in second.stdout and "built" not in second.stdout.split("tiny:")[1].split(";")[0]
+    assert "tiny: 7 cached, 2 skipped" in second.stdout
 
 
 def test_json_summary_statuses_and_read_only_paths(recipe, model, tmp_path):
     store = tmp_path / "store"
-    data = build_json(recipe, store)
+    data = build_json(recipe, store, "--until", "source")
     assert data["recipe"] == "tiny" and data["_rc"] == 0
     targets = by_name(data)
     source = targets["source"]
@@ -100,7 +98,7 @@ def test_json_summary_statuses_and_read_only_paths(recipe, model, tmp_path):
     assert not os.access(folder / "config.json", os.W_OK) or os.geteuid() == 0
     assert (folder / "config.json").stat().st_mode & 0o222 == 0
     ckpt = targets["bf16-tp1"]
-    assert (ckpt["stage"], ckpt["status"], ckpt["reason"]) == ("checkpoint", "skipped", "this version of trtbuild has no checkpoint stage yet")
+    assert (ckpt["stage"], ckpt["status"], ckpt["reason"]) == ("checkpoint", "skipped", "after --until source")
     engine = targets["bf16-tp1-sm90"]
     assert (engine["stage"], engine["status"]) == ("engine", "skipped")
     assert engine["reason"] == "needs bf16-tp1, which was skipped"
@@ -108,37 +106,22 @@ def test_json_summary_statuses_and_read_only_paths(recipe, model, tmp_path):
 
 
 def test_engines_need_a_gpu_and_require_all_makes_skips_failures(recipe, tmp_path):
-    from trtbuild.graph import build_graph
-    from trtbuild.plan import plan_recipe
-    from trtbuild.recipe import load_recipe
-    from trtbuild.runner import run_graph
-    from trtbuild.stages.base import Stage
-    from trtbuild.stages.registry import STAGES
-    from trtbuild.store.local import LocalStore
+    data = build_json(recipe, tmp_path / "store", "--target", "bf16-*")
+    engine = by_name(data)["bf16-tp1-sm90"]
+    assert by_name(data)["bf16-tp1"]["status"] == "built"
+    assert engine["status"] == "skipped"
+    assert engine["reason"].startswith("needs sm90 GPU with tensorrt_llm 1.2.x (this machine: ")
+    assert data["_rc"] == 0
 
-    # With a checkpoint stage present, the engine is skipped for the host's lack of GPU and toolchain.
-    registry = {**STAGES, "checkpoint": Stage("checkpoint", 1, "trtbuild.stages.source.local:adopt_folder", isolated=False)}
-    plan = plan_recipe(load_recipe(recipe))
-    graph = build_graph(plan, registry)
-    for node in graph.nodes:
-        if node.kind == "checkpoint":
-            node.runtime["folder"] = str(recipe.parent / "model")
-    results, _ = run_graph(graph, LocalStore(tmp_path / "store"))
-    engine = next(r for r in results if r.id == "bf16-tp1-sm90")
-    assert engine.status == "skipped"
-    assert engine.reason.startswith("needs sm90 GPU with tensorrt_llm 1.2.x (this machine: ")
-    # and without one, the CLI says the same for engines: the host could not build them anyway
-    data = build_json(recipe, tmp_path / "store1")
-    assert by_name(data)["bf16-tp1-sm90"]["reason"] == "needs bf16-tp1, which was skipped"
-
-    data = build_json(recipe, tmp_path / "store2", "--require-all")
+    data = build_json(recipe, tmp_path / "store", "--target", "bf16-*", "--require-all")
     assert data["_rc"] == 1
-    assert by_name(data)["bf16-tp1"]["status"] == "failed"
+    assert by_name(data)["bf16-tp1-sm90"]["status"] == "failed"
+    assert by_name(data)["bf16-tp1"]["status"] == "cached"
 
 
 def test_a_changed_source_file_rebuilds_and_rewrites_the_lock(recipe, model, tmp_path):
     store = tmp_path / "store"
-    first = by_name(build_json(recipe, store))["source"]
+    first = by_name(build_json(recipe, store, "--until", "source"))["source"]
     lock = yaml.safe_load(recipe.with_suffix(".lock").read_text())
     assert lock["source"]["digest"] == first["digest"] and lock["source"]["location"] == "model"
     assert lock["targets"]["source"] == {"stage": "source", "key": first["key"], "digest": first["digest"]}
@@ -147,23 +130,23 @@ def test_a_changed_source_file_rebuilds_and_rewrites_the_lock(recipe, model, tmp
     config = json.loads((model / "config.json").read_text())
     config["rms_norm_eps"] = 1e-6
     (model / "config.json").write_text(json.dumps(config))
-    second = by_name(build_json(recipe, store))["source"]
+    second = by_name(build_json(recipe, store, "--until", "source"))["source"]
     assert second["status"] == "built" and second["digest"] != first["digest"]
     assert yaml.safe_load(recipe.with_suffix(".lock").read_text())["source"]["digest"] == second["digest"]
     # a file the model does not need changes nothing
     (model / "README.md").write_text("edited")
-    assert by_name(build_json(recipe, store))["source"]["status"] == "cached"
+    assert by_name(build_json(recipe, store, "--until", "source"))["source"]["status"] == "cached"
 
 
 def test_locked_builds_refuse_a_changed_recipe_or_source(recipe, model, tmp_path):
     store = tmp_path / "store"
     result = trtbuild("build", recipe, "--locked", store=store)
     assert result.returncode == 2 and "--locked: " in result.stderr and "no lock file" in result.stderr
-    trtbuild("build", recipe, store=store, check=True)
-    trtbuild("build", recipe, "--locked", store=store, check=True)
+    trtbuild("build", recipe, "--until", "source", store=store, check=True)
+    trtbuild("build", recipe, "--until", "source", "--locked", store=store, check=True)
 
     (model / "model.safetensors").write_bytes(b"other weights")
-    result = trtbuild("build", recipe, "--locked", store=store)
+    result = trtbuild("build", recipe, "--until", "source", "--locked", store=store)
     assert result.returncode == 2
     assert result.stderr.strip().startswith("--locked: the source resolves to ")
     assert "pins" in result.stderr and len(result.stderr.strip().splitlines()) == 1
@@ -176,7 +159,8 @@ def test_locked_builds_refuse_a_changed_recipe_or_source(recipe, model, tmp_path
 def test_lock_files_hold_no_secrets(recipe, tmp_path):
     store = tmp_path / "store"
     env_secret = "hf_SECRET_TOKEN_VALUE"
-    result = subprocess.run([sys.executable, "-m", "trtbuild", "build", str(recipe)], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "trtbuild", "build", str(recipe), "--until", "source"],
+                            capture_output=True, text=True,
                             env={**os.environ, "TRTBUILD_CACHE": str(store), "HF_TOKEN": env_secret,
                                  "AWS_SECRET_ACCESS_KEY": env_secret})
     assert result.returncode == 0
@@ -189,37 +173,53 @@ def test_until_and_target_globs(recipe, tmp_path):
     store = tmp_path / "store"
     data = build_json(recipe, store, "--until", "source")
     assert by_name(data)["bf16-tp1"]["reason"] == "after --until source"
-    data = build_json(recipe, store, "--target", "fp8-*")
-    assert set(by_name(data)) == {"source", "fp8-tp1", "fp8-tp1-sm90", "fp8-hf"}
+    data = build_json(recipe, store, "--target", "fp8-*", "--until", "source")
+    assert set(by_name(data)) == {"source", "calibration", "fp8-quantized", "fp8-tp1", "fp8-tp1-sm90", "fp8-hf"}
     result = trtbuild("build", recipe, "--until", "publishing", store=store)
     assert result.returncode == 2 and "--until publishing: not a stage" in result.stderr
 
 
-def test_four_concurrent_builds_on_one_store_build_the_source_once(recipe, tmp_path):
+def test_four_concurrent_builds_on_one_store_build_each_key_once(recipe, tmp_path):
     store = tmp_path / "store"
     env = {**os.environ, "TRTBUILD_CACHE": str(store)}
     procs = [subprocess.Popen([sys.executable, "-m", "trtbuild", "build", str(recipe), "--json"], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for _ in range(4)]
-    outputs = [p.communicate(timeout=300) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [o[1] for o in outputs]
-    sources = [by_name(json.loads(out))["source"] for out, _ in outputs]
-    assert sorted(s["status"] for s in sources) == ["built", "cached", "cached", "cached"]
-    assert len({s["digest"] for s in sources}) == 1
+    outputs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outputs]
+    runs = [by_name(json.loads(out)) for out, _ in outputs]
+    for name in ("source", "calibration", "fp8-quantized", "bf16-tp1", "fp8-tp1", "bf16-hf", "fp8-hf"):
+        assert sorted(r[name]["status"] for r in runs) == ["built", "cached", "cached", "cached"], name
+        assert len({r[name]["digest"] for r in runs}) == 1, name
     assert trtbuild("cache", "verify", store=store).returncode == 0
 
 
 def test_explain_shows_every_field_and_its_origin(recipe, model, tmp_path):
     store = tmp_path / "store"
     before = trtbuild("explain", recipe, "fp8-tp1", "--json", store=store, check=True)
-    [source, ckpt] = json.loads(before.stdout)
+    [source, calibration, quantized, ckpt] = json.loads(before.stdout)
     assert source["in_store"] is False and len(source["key"]) == 64
     fields = {f["field"]: f for f in source["fields"]}
     assert fields["inputs.tree"]["origin"] == f"hashed {model}"
     assert fields["source.files.config.json"]["origin"] == f"hashed {model}"
     assert fields["params.kind"] == {"field": "params.kind", "value": "path", "origin": "recipe: source.path"}
-    assert ckpt["note"] == "this version of trtbuild has no checkpoint stage yet"
+    assert calibration["note"] == "key unknown until source is in the store"
+    assert ckpt["note"] == "key unknown until source, fp8-quantized is in the store"
 
     trtbuild("build", recipe, store=store, check=True)
+    after = {e["name"]: e for e in json.loads(trtbuild("explain", recipe, "fp8-tp1", "--json", store=store, check=True).stdout)}
+    assert all(e["in_store"] for e in after.values())
+    fields = {f["field"]: f for f in after["calibration"]["fields"]}
+    assert fields["inputs.text"]["origin"].startswith("sha256 of the text (builtin)")
+    assert fields["params.samples"] == {"field": "params.samples", "value": 4, "origin": "recipe: calibration.samples"}
+    assert fields["params.seed"] == {"field": "params.seed", "value": 0, "origin": "default: calibration.seed"}
+    fields = {f["field"]: f for f in after["fp8-quantized"]["fields"]}
+    assert fields["params.quant"]["origin"] == "recipe: variants.fp8.quant"
+    assert fields["platform.device"]["value"] == "cpu"
+    assert fields["toolchain.modelopt"]["value"] == "0.47.0"
+    assert fields["inputs.calibration"]["value"] == after["calibration"]["digest"]
+    fields = {f["field"]: f for f in after["fp8-tp1"]["fields"]}
+    assert fields["params.tp"] == {"field": "params.tp", "value": 1, "origin": "recipe: parallelism"}
+
     after = json.loads(trtbuild("explain", recipe, "source", "--json", store=store, check=True).stdout)
     assert after[0]["in_store"] is True and after[0]["key"] == source["key"]
     assert after[0]["fields"][2]["origin"] == f"hashed {model} (matches the lock file)"
@@ -231,7 +231,7 @@ def test_explain_shows_every_field_and_its_origin(recipe, model, tmp_path):
 
 def test_cache_ls_verify_gc(recipe, model, tmp_path):
     store = tmp_path / "store"
-    trtbuild("build", recipe, store=store, check=True)
+    trtbuild("build", recipe, "--until", "source", store=store, check=True)
     listing = json.loads(trtbuild("cache", "ls", "--json", store=store, check=True).stdout)
     assert [(r["recipe"], r["target"], r["stage"]) for r in listing] == [("tiny", "source", "source")]
     assert "tiny" in trtbuild("cache", "ls", store=store, check=True).stdout
@@ -241,21 +241,21 @@ def test_cache_ls_verify_gc(recipe, model, tmp_path):
 
     # a second version of the source: the old one is history, kept until --keep-last 1
     (model / "config.json").write_text((model / "config.json").read_text().replace("}", ', "x": 1}', 1))
-    trtbuild("build", recipe, store=store, check=True)
+    trtbuild("build", recipe, "--until", "source", store=store, check=True)
     assert len(json.loads(trtbuild("cache", "ls", "--json", store=store).stdout)) == 2
     report = json.loads(trtbuild("cache", "gc", "--json", store=store, check=True).stdout)
     assert report["records"] == []  # the lock file pins the current one, the ref's history the old one
     report = json.loads(trtbuild("cache", "gc", "--keep-last", "1", "--json", store=store, check=True).stdout)
     assert len(report["records"]) == 1 and report["blobs"] == 1  # only config.json changed
     assert trtbuild("cache", "verify", store=store).returncode == 0
-    assert trtbuild("build", recipe, store=store, check=True).stdout.count("cached") >= 1
+    assert trtbuild("build", recipe, "--until", "source", store=store, check=True).stdout.count("cached") >= 1
 
     blob = next(p for p in (store / "cas").rglob("*") if p.is_file() and p.stat().st_size > 1000)
     blob.chmod(0o644)
     blob.write_bytes(b"X" + blob.read_bytes()[1:])
     bad = trtbuild("cache", "verify", store=store)
     assert bad.returncode == 1 and f"{blob}: corrupt blob" in bad.stderr
-    refused = trtbuild("build", recipe, "--json", store=store)
+    refused = trtbuild("build", recipe, "--until", "source", "--json", store=store)
     assert refused.returncode == 1
     assert f"blob {blob} is corrupt" in by_name(json.loads(refused.stdout))["source"]["reason"]
     assert trtbuild("cache", "gc", "--max-size", "lots", store=store).returncode == 2
@@ -263,7 +263,7 @@ def test_cache_ls_verify_gc(recipe, model, tmp_path):
 
 def test_default_store_is_cache_in_the_working_directory(recipe, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRTBUILD_CACHE"}
-    result = subprocess.run([sys.executable, "-m", "trtbuild", "build", str(recipe)], capture_output=True, text=True,
-                            env=env, cwd=tmp_path)
+    result = subprocess.run([sys.executable, "-m", "trtbuild", "build", str(recipe), "--until", "source"],
+                            capture_output=True, text=True, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "cache" / "ac").is_dir() and list((tmp_path / "cache" / "ac").glob("*.json"))

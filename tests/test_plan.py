@@ -134,13 +134,25 @@ def test_nvfp4_blocks_must_divide_dimensions(ws):
     assert statuses(plan)["fp4-tp1"] == ("impossible", "NVFP4 blocks of 16 do not divide intermediate_size = 520")
 
 
-def test_architecture_must_be_in_the_engine_model_map(ws):
-    config = {**TINY_LLAMA, "architectures": ["MysteryForCausalLM"], "model_type": "mystery"}
+def test_architecture_must_be_one_the_checkpoint_stage_writes(ws):
+    config = {**TINY_LLAMA, "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}
     plan = plan_of(ws, "backends: [engine, hf-checkpoint]", config=config)
     s = statuses(plan)
-    assert s["base-tp1-sm90"] == ("impossible", "MysteryForCausalLM is not in TensorRT-LLM 1.2's engine MODEL_MAP; "
-                                                "build the hf-checkpoint backend instead")
+    reason = ("not supported: GPT2LMHeadModel (TensorRT-LLM checkpoints are written for LlamaForCausalLM, "
+              "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM; the hf-checkpoint backend takes others)")
+    assert s["base-tp1"] == ("impossible", reason)
+    assert s["base-tp1-sm90"] == ("impossible", f"needs checkpoint base-tp1, which is impossible: {reason}")
     assert s["base-hf"][0] == "ok"
+
+
+def test_engine_model_map_rule():
+    from trtbuild import trtllm
+
+    # every family the checkpoint stage writes is one TensorRT-LLM 1.2 builds engines for
+    from trtbuild.plan import CHECKPOINT_ARCHITECTURES
+
+    assert set(CHECKPOINT_ARCHITECTURES) <= trtllm.ENGINE_ARCHITECTURES
+    assert "MysteryForCausalLM" not in trtllm.ENGINE_ARCHITECTURES
 
 
 def test_limits_rules(ws):
@@ -259,3 +271,9 @@ def test_plan_reads_a_source_folder_that_holds_only_config_json(ws):
         """)
     plan = plan_recipe(load_recipe(recipe))
     assert plan.model.source == str(ws.root / "model" / "config.json") and plan.targets[1].ok
+
+
+def test_an_int8_kv_cache_has_no_hf_checkpoint(ws):
+    plan = plan_of(ws, "variants: {sq: {quant: int8_sq, kv_cache: int8}}\nbackends: [engine, hf-checkpoint]")
+    assert statuses(plan)["sq-hf"][1].startswith("an INT8 KV cache has no Hugging Face checkpoint form")
+    assert statuses(plan)["sq-tp1-sm90"][0] == "ok"

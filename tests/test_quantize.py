@@ -22,6 +22,7 @@ from safetensors import safe_open  # noqa: E402
 from trtbuild.checkpoint import calibration as cal  # noqa: E402
 from trtbuild.checkpoint import quantize as q  # noqa: E402
 from trtbuild.errors import InvalidInput  # noqa: E402
+from tinymodels import make_model, make_tokenizer, pydoc_text  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
                                         "ignore::FutureWarning")
@@ -37,50 +38,17 @@ HF_QUANT_ALGO = {"fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int4_awq": "W4
 QUANTIZED_LINEARS = 14
 
 
-def _pydoc_text() -> str:
-    from pydoc_data.topics import topics
-
-    return "\n\n".join(topics[k] for k in sorted(topics))
-
-
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory) -> Path:
     """A 512-token byte-level BPE trained on pydoc_data.topics, saved as a fast HF tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([_pydoc_text()], trainer=trainer)
-    assert tok.get_vocab_size() <= 512
-    folder = tmp_path_factory.mktemp("tokenizer")
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>",
-                            eos_token="<|endoftext|>").save_pretrained(folder)
+    folder = make_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+    assert len(json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]) <= 512
     return folder
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, tokenizer_dir) -> dict[str, Path]:
-    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
-
-    classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}
-    out = {}
-    for arch, cls in classes.items():
-        cfg = cls(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  tie_word_embeddings=False, initializer_range=0.05,
-                  **({"rope_theta": 1e6} if arch == "qwen2" else {}))
-        torch.manual_seed(1234)
-        model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
-        folder = tmp_path_factory.mktemp(arch)
-        model.save_pretrained(folder)
-        for f in tokenizer_dir.iterdir():
-            shutil.copy2(f, folder / f.name)
-        out[arch] = folder
-    return out
+    return {arch: make_model(tmp_path_factory.mktemp(arch) / "model", arch, tokenizer_dir) for arch in ARCHS}
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +100,7 @@ def _tensor_dtypes(path: Path) -> dict[str, str]:
 
 def test_read_text_builtin_file_and_folder(tmp_path):
     builtin = cal.read_text("builtin", tmp_path)
-    assert builtin == _pydoc_text() and len(builtin) > 100_000
+    assert builtin == pydoc_text() and len(builtin) > 100_000
     (tmp_path / "one.txt").write_text("alpha")
     assert cal.read_text("one.txt", tmp_path) == "alpha"
     assert cal.read_text(str(tmp_path / "one.txt"), Path("/nonexistent")) == "alpha"
@@ -167,7 +135,7 @@ def test_text_digest_depends_on_content_only(tmp_path):
 
 
 def test_windows_deterministic_and_seeded(models, tmp_path):
-    text = _pydoc_text()
+    text = pydoc_text()
     a, meta_a = cal.make_windows(models["llama"], text, 6, 48, seed=7)
     b, meta_b = cal.make_windows(models["qwen2"], text, 6, 48, seed=7)  # same tokenizer files
     c, _ = cal.make_windows(models["llama"], text, 6, 48, seed=8)

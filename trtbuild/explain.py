@@ -67,6 +67,10 @@ def explain(graph: Graph, target: str, store: LocalStore, lock: Optional[dict] =
             pinned = ((lock or {}).get("source") or {}).get("digest")
             origins[resolution.role] = resolution.origin + (" (matches the lock file)" if pinned == resolution.digest
                                                             else " (differs from the lock file)" if pinned else "")
+        if node.resolve is not None:
+            for role, digest in node.resolve().items():
+                inputs[role] = digest
+                origins[role] = f"sha256 of the {role} ({node.runtime.get(role, role)}), not of its file names"
         fields = key_fields(node, inputs)
         ex.key = keys.action_key(fields)
         record = store.get_record(ex.key)

@@ -8,13 +8,14 @@ from typing import Any, Callable, Optional
 
 from pydantic import BaseModel
 
-from trtbuild import toolchain, trtllm
+from trtbuild import hardware, toolchain, trtllm
 from trtbuild.plan import CHECKPOINT, ENGINE, HF_CHECKPOINT, Plan
 from trtbuild.stages.base import Stage
 from trtbuild.stages.registry import NOT_YET, STAGES
 
 SOURCE = "source"
-STAGE_ORDER = {"source": 0, "checkpoint": 1, "hf-checkpoint": 1, "engine": 2, "reference": 3, "validate": 3}
+STAGE_ORDER = {"source": 0, "calibration": 1, "quantize": 1, "checkpoint": 1, "hf-checkpoint": 1, "engine": 2,
+               "reference": 3, "validate": 3}
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Node:
     impossible: Optional[str] = None  # from the plan
     unavailable: Optional[str] = None  # no stage for this kind yet
     requires: Optional[Callable[[], Optional[str]]] = None  # why this host cannot build it
+    resolve: Optional[Callable[[], dict[str, str]]] = None  # key inputs read at key time (a text's digest)
 
     def param_values(self) -> dict[str, Any]:
         return {k: p.value for k, p in self.params.items()}
@@ -58,6 +60,23 @@ class Graph:
             if node.id in keep:
                 keep |= set(node.inputs.values())
         return Graph(self.recipe, [n for n in self.nodes if n.id in keep])
+
+
+def calibration_text_digest(spec: str, base_dir) -> str:
+    from trtbuild.checkpoint.calibration import text_digest
+
+    return text_digest(spec, base_dir)
+
+
+def quantize_host_problem(quant: Optional[str], kv_cache: Optional[str], device: str) -> Optional[str]:
+    """Why this host cannot calibrate: a CUDA device asked for and absent, or NVFP4 on a CPU."""
+    resolved = hardware.resolve_device(device)
+    if device == "cuda" and resolved != "cuda":
+        return "needs a CUDA GPU (calibration.device: cuda); this machine has none"
+    if resolved == "cpu" and "nvfp4" in (quant, kv_cache):
+        return ("needs a CUDA GPU: NVFP4 calibration uses dynamic block quantization, which ModelOpt 0.47 cannot "
+                "run on a CPU (reference/modelopt.md section 3)")
+    return None
 
 
 def field_param(model: BaseModel, name: str, path: str, value: Any = None) -> Param:
@@ -91,25 +110,71 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
         src.runtime["folder"] = str(loaded.resolve_path(source.path))
     nodes = [src]
 
+    calibrations: dict[tuple, str] = {}  # calibration settings -> node id (shared by variants)
+    quantized: dict[str, str] = {}  # variant -> node id of its quantized model
+
+    def dtype_param() -> Param:
+        return Param(plan.dtype, "recipe: dtype" if recipe.dtype else "model config (or float16)")
+
+    def variant_params(node: Node, vname: str) -> None:
+        variant, vpath = recipe.variants[vname], f"variants.{vname}"
+        node.params["quant"] = field_param(variant, "quant", f"{vpath}.quant")
+        node.params["kv_cache"] = field_param(variant, "kv_cache", f"{vpath}.kv_cache")
+        if variant.effective_group_size:
+            node.params["group_size"] = field_param(variant, "group_size", f"{vpath}.group_size", variant.effective_group_size)
+
+    def calibration_node(vname: str) -> str:
+        """Tokenized calibration windows: keyed by the text's content, not its path."""
+        variant, vpath = recipe.variants[vname], f"variants.{vname}"
+        settings = recipe.calibration_for(vname)
+        signature = (settings.text, settings.samples, settings.seq_len, settings.seed)
+        if signature in calibrations:
+            return calibrations[signature]
+        node_id = "calibration" if not calibrations else f"calibration-{vname}"
+        stage, missing = stage_for("calibration")
+        node = Node(node_id, "calibration", stage, inputs={"source": SOURCE}, unavailable=missing)
+        for name in ("samples", "seq_len", "seed"):
+            overridden = variant.calibration is not None and name in variant.calibration.model_fields_set
+            origin = (f"recipe: {vpath}.calibration.{name}" if overridden
+                      else field_param(recipe.calibration, name, f"calibration.{name}").origin)
+            node.params[name] = Param(getattr(settings, name), origin)
+        node.runtime = {"text": settings.text, "base_dir": str(loaded.base_dir)}
+        node.resolve = lambda spec=settings.text: {"text": calibration_text_digest(spec, loaded.base_dir)}
+        calibrations[signature] = node_id
+        nodes.append(node)
+        return node_id
+
+    def quantized_node(vname: str) -> str:
+        """The variant's calibrated, quantized model (its ModelOpt state): computed once, exported
+        to every parallelism and to the Hugging Face form."""
+        if vname in quantized:
+            return quantized[vname]
+        variant = recipe.variants[vname]
+        calibration = calibration_node(vname)
+        stage, missing = stage_for("quantize")
+        node = Node(f"{vname}-quantized", "quantize", stage, inputs={"source": SOURCE, "calibration": calibration},
+                    unavailable=missing)
+        node.params["dtype"] = dtype_param()
+        variant_params(node, vname)
+        device = recipe.calibration_for(vname).device
+        node.platform["device"] = device
+        node.runtime["device"] = device
+        node.requires = (lambda q=variant.quant, kv=variant.kv_cache, d=device: quantize_host_problem(q, kv, d))
+        quantized[vname] = node.id
+        nodes.append(node)
+        return node.id
+
     for target in plan.targets:
         variant = recipe.variants[target.variant]
-        vpath = f"variants.{target.variant}"
         if target.kind in (CHECKPOINT, HF_CHECKPOINT):
-            stage, missing = stage_for(target.kind)
-            node = Node(target.name, target.kind, stage, inputs={"source": SOURCE},
-                        impossible=target.reason, unavailable=missing)
-            node.params["dtype"] = Param(plan.dtype, "recipe: dtype" if recipe.dtype else "model config (or float16)")
-            node.params["quant"] = field_param(variant, "quant", f"{vpath}.quant")
-            node.params["kv_cache"] = field_param(variant, "kv_cache", f"{vpath}.kv_cache")
-            if variant.effective_group_size:
-                node.params["group_size"] = field_param(variant, "group_size", f"{vpath}.group_size", variant.effective_group_size)
-            if variant.needs_calibration:
-                calibration = recipe.calibration_for(target.variant)
-                for name in ("text", "samples", "seq_len", "seed"):
-                    override = variant.calibration is not None and name in variant.calibration.model_fields_set
-                    origin = f"recipe: {vpath}.calibration.{name}" if override else field_param(recipe.calibration, name, f"calibration.{name}").origin
-                    node.params[f"calibration.{name}"] = Param(getattr(calibration, name), origin)
-                node.platform["device"] = calibration.device
+            inputs = {"source": SOURCE}
+            if variant.needs_calibration and target.ok:
+                inputs["quantized"] = quantized_node(target.variant)
+            mode = "export" if variant.needs_calibration else "convert"
+            stage, missing = stage_for(f"{target.kind}:{mode}")
+            node = Node(target.name, target.kind, stage, inputs=inputs, impossible=target.reason, unavailable=missing)
+            node.params["dtype"] = dtype_param()
+            variant_params(node, target.variant)
             if target.kind == CHECKPOINT:
                 node.params["tp"] = Param(target.tp, "recipe: parallelism")
                 node.params["pp"] = Param(target.pp, "recipe: parallelism")

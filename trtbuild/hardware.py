@@ -214,3 +214,10 @@ def detect_gpus() -> tuple[DetectedGpu, ...]:
         return ()
     finally:
         pynvml.nvmlShutdown()
+
+
+def resolve_device(device: str) -> str:
+    """`auto` -> `cuda` when this host has an NVIDIA GPU, else `cpu`; other values as given."""
+    if device == "auto":
+        return "cuda" if detect_gpus() else "cpu"
+    return device

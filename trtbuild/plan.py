@@ -192,8 +192,17 @@ def _limit_rules(plan: Plan) -> Optional[str]:
     return None
 
 
+# The families trtbuild's checkpoint stage writes TensorRT-LLM checkpoints for (its streaming converter
+# and ModelOpt's export with the llama/qwen decoder types); others are refused at plan time.
+CHECKPOINT_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM")
+
+
 def _checkpoint_target(plan: Plan, vname: str, variant: Variant, tp: int, pp: int) -> Target:
-    reason = _model_rules(plan.model, variant, tp, pp)
+    reason = None
+    if plan.model.architecture not in CHECKPOINT_ARCHITECTURES:
+        reason = (f"not supported: {plan.model.architecture} (TensorRT-LLM checkpoints are written for "
+                  f"{', '.join(CHECKPOINT_ARCHITECTURES)}; the hf-checkpoint backend takes others)")
+    reason = reason or _model_rules(plan.model, variant, tp, pp)
     est = estimate.Estimate(
         weights_bytes_per_gpu=estimate.weights_bytes_per_gpu(plan.model, tp, pp, variant.quant, plan.dtype, variant.effective_group_size or 128),
         kv_bytes_per_token=estimate.kv_bytes_per_token(plan.model, tp, pp, variant.kv_cache, plan.dtype),
@@ -244,6 +253,9 @@ def _engine_target(plan: Plan, ckpt: Target, variant: Variant, sm: str, products
 
 def _hf_target(plan: Plan, vname: str, variant: Variant) -> Target:
     reason = _model_rules(plan.model, variant, 1, 1) or _limit_rules(plan)
+    if reason is None and variant.kv_cache == "int8":
+        reason = ("an INT8 KV cache has no Hugging Face checkpoint form: ModelOpt 0.47's export_hf_checkpoint "
+                  "rejects it (use fp8, or the engine backend)")
     est = estimate.Estimate(
         weights_bytes_per_gpu=estimate.weights_bytes_per_gpu(
             plan.model, 1, 1, variant.quant, plan.dtype, variant.effective_group_size or 128, hf_layout=True),

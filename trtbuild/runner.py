@@ -83,8 +83,8 @@ class Silent:
 
 def resolved_platform(node: Node) -> dict[str, Any]:
     platform = dict(node.platform)
-    if platform.get("device") == "auto":  # the device calibrates differently: the key holds the real one
-        platform["device"] = "cuda" if hardware.detect_gpus() else "cpu"
+    if "device" in platform:  # the device calibrates differently: the key holds the real one
+        platform["device"] = hardware.resolve_device(platform["device"])
     return platform
 
 
@@ -244,6 +244,8 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
                                    f"{options.lock_name} pins {options.expected_source[:16]}...; rebuild without --locked")
             resolutions[node.id] = resolution
             inputs[resolution.role] = resolution.digest
+        if node.resolve is not None:
+            inputs.update(node.resolve())
         fields = key_fields(node, inputs)
         key = keys.action_key(fields)
         result.key = key

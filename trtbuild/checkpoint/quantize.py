@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
+from trtbuild.modelfiles import MODEL_FILES
 from trtbuild.errors import InvalidInput, TrtbuildError
 
 # quant name -> ModelOpt config attribute (modelopt.torch.quantization).
@@ -84,11 +85,8 @@ SCALES_FILE = "scales.safetensors"
 WEIGHTS_FILE = "weights.safetensors"
 MANIFEST_FILE = "quantized.json"
 
-# Tokenizer files copied next to an exported HF checkpoint.
-TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
-)
+# Tokenizer files copied next to an exported HF checkpoint: the model files that are not config or weights.
+TOKENIZER_FILES = tuple(n for n in MODEL_FILES if n not in ("config.json", "generation_config.json"))
 
 # Tensors of a unified HF checkpoint that ModelOpt keeps float32 whatever the model dtype:
 # quantization scales (weight_scale, weight_scale_2, input_scale, k_scale, v_scale).

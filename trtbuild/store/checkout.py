@@ -13,9 +13,6 @@ from filelock import FileLock
 from trtbuild.store.hash import copy_with_sha256
 from trtbuild.store.local import CorruptStore, LocalStore
 
-COMPLETE = ".trtbuild-complete"  # written last: a checkout without it is unfinished
-
-
 def _place(store: LocalStore, digest: str, executable: bool, dest: Path) -> None:
     blob = store.blob_path(digest)
     if not executable:
@@ -31,18 +28,33 @@ def _place(store: LocalStore, digest: str, executable: bool, dest: Path) -> None
     os.chmod(dest, 0o555 if executable else 0o444)
 
 
+def _whole(folder: Path, manifest) -> bool:
+    """Every file of the manifest is there with its size (a cheap check; blobs are verified apart)."""
+    if not folder.is_dir():
+        return False
+    for entry in manifest.entries:
+        try:
+            if (folder / entry.path).stat().st_size != entry.size:
+                return False
+        except FileNotFoundError:
+            return False
+    return True
+
+
 def materialize(store: LocalStore, digest: str) -> Path:
-    """checkouts/<digest>/ holding the artifact's files, read-only; built once, verified each time."""
+    """checkouts/<digest>/ holding the artifact's files, read-only; built once, verified each time.
+    It is assembled under tmp/ and renamed into place, so a checkout that exists is complete, and
+    nothing is ever written into its files (they are the blobs themselves)."""
     manifest = store.get_manifest(digest)
     for entry in manifest.entries:
         store.verify_blob(entry.sha256)
     final = store.checkout_path(digest)
-    if (final / COMPLETE).exists():
+    if _whole(final, manifest):
         return final
     with FileLock(str(store.root / "locks" / f"checkout-{digest}.lock")):
-        if (final / COMPLETE).exists():  # another process finished it while we waited
+        if _whole(final, manifest):  # another process finished it while we waited
             return final
-        if final.exists():  # an unfinished checkout left by a killed process
+        if final.exists():  # not made by this code (renames are atomic): rebuild it
             shutil.rmtree(final)
         work = store.tmpdir(f"checkout-{digest[:12]}")
         work.chmod(0o755)
@@ -50,7 +62,6 @@ def materialize(store: LocalStore, digest: str) -> Path:
             dest = work / entry.path
             dest.parent.mkdir(parents=True, exist_ok=True)
             _place(store, entry.sha256, entry.executable, dest)
-        (work / COMPLETE).write_text(digest + "\n")
         os.rename(work, final)
     return final
 

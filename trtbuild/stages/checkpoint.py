@@ -1,0 +1,104 @@
+"""Checkpoint stages: calibration windows, the quantized model, and the checkpoints built from it.
+
+Each entry point runs in a worker process (ModelOpt and torch stay out of the runner): an
+out-of-memory or a crash fails the stage, not the build.
+
+- `make_windows`: the calibration set as token ids (its digest, not the text's path, keys what follows).
+- `quantize`: ModelOpt calibration in the recipe's dtype; stores the ModelOpt state, not the weights.
+- `convert_checkpoint`: an unquantized TensorRT-LLM checkpoint, streamed tensor by tensor.
+- `export_checkpoint`: a quantized TensorRT-LLM checkpoint, exported from the restored quantized model.
+- `convert_hf` / `export_hf`: the Hugging Face form (for TensorRT-LLM's PyTorch backend, vLLM, SGLang).
+
+TensorRT-LLM checkpoints are corrected (rope, Qwen fields: reference/modelopt.md section 6) and
+verified (names, shapes and dtypes per rank) before they are stored.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from trtbuild.stages.base import StageContext
+
+
+def _peak_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _hf_config(source: Path) -> dict:
+    return json.loads((source / "config.json").read_text())
+
+
+def make_windows(ctx: StageContext) -> None:
+    from trtbuild.checkpoint import calibration
+
+    text = calibration.read_text(ctx.runtime["text"], Path(ctx.runtime["base_dir"]))
+    ids, meta = calibration.make_windows(ctx.inputs["source"], text, ctx.params["samples"], ctx.params["seq_len"],
+                                         ctx.params["seed"])
+    calibration.save_windows(ctx.out, ids, meta)
+    ctx.report({"samples": int(ids.shape[0]), "seq_len": int(ids.shape[1]), **meta})
+
+
+def quantize(ctx: StageContext) -> None:
+    from trtbuild import hardware
+    from trtbuild.checkpoint import calibration, quantize as mq
+
+    started = time.monotonic()
+    device = hardware.resolve_device(ctx.runtime.get("device", "auto"))
+    windows = calibration.load_windows(ctx.inputs["calibration"])
+    model = mq.load_model(ctx.inputs["source"], ctx.params["dtype"], device)
+    report = mq.calibrate_and_quantize(model, ctx.params["quant"], ctx.params["kv_cache"], ctx.params.get("group_size"),
+                                       windows, device, progress=lambda done, total: print(f"calibration batch {done}/{total}", flush=True))
+    mq.save_quantized(model, ctx.out)
+    ctx.report({**report, "device": device, "seconds": round(time.monotonic() - started, 2),
+                "peak_rss_mib": round(_peak_rss_mib(), 1)})
+
+
+def _fix_and_verify(out: Path, source: Path, ctx: StageContext) -> list[str]:
+    from trtbuild.checkpoint.verify import fix_trtllm_config, verify_trtllm_checkpoint
+
+    hf_config = _hf_config(source)
+    requested = {"dtype": ctx.params["dtype"], "tp": ctx.params["tp"], "pp": ctx.params["pp"]}
+    changed = fix_trtllm_config(out, hf_config, requested)
+    verify_trtllm_checkpoint(out, hf_config)
+    return changed
+
+
+def convert_checkpoint(ctx: StageContext) -> None:
+    from trtbuild.checkpoint.trtllm_convert import convert_hf_to_trtllm
+
+    source = ctx.inputs["source"]
+    report = convert_hf_to_trtllm(source, ctx.out, ctx.params["tp"], ctx.params["pp"], ctx.params["dtype"])
+    changed = _fix_and_verify(ctx.out, source, ctx)
+    ctx.report({**report, "config_fixes": changed, "peak_rss_mib": round(_peak_rss_mib(), 1)})
+
+
+def export_checkpoint(ctx: StageContext) -> None:
+    from trtbuild.checkpoint import quantize as mq
+
+    started = time.monotonic()
+    source = ctx.inputs["source"]
+    model = mq.restore_quantized(source, ctx.inputs["quantized"], ctx.params["dtype"], "cpu")
+    report = mq.export_trtllm(model, ctx.out, ctx.params["tp"], ctx.params["pp"], ctx.params["dtype"])
+    changed = _fix_and_verify(ctx.out, source, ctx)
+    ctx.report({**report, "config_fixes": changed, "seconds": round(time.monotonic() - started, 2),
+                "peak_rss_mib": round(_peak_rss_mib(), 1)})
+
+
+def convert_hf(ctx: StageContext) -> None:
+    from trtbuild.checkpoint.hf_cast import cast_checkpoint
+
+    report = cast_checkpoint(ctx.inputs["source"], ctx.out, ctx.params["dtype"])
+    ctx.report({**report, "peak_rss_mib": round(_peak_rss_mib(), 1)})
+
+
+def export_hf(ctx: StageContext) -> None:
+    from trtbuild.checkpoint import quantize as mq
+
+    source = ctx.inputs["source"]
+    model = mq.restore_quantized(source, ctx.inputs["quantized"], ctx.params["dtype"], "cpu")
+    report = mq.export_hf(model, ctx.out, source)
+    ctx.report({**report, "peak_rss_mib": round(_peak_rss_mib(), 1)})
