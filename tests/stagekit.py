@@ -112,6 +112,8 @@ def record_params(ctx: StageContext) -> None:
     (ctx.out / "made.json").write_text(json.dumps({"params": ctx.params, "inputs": seen}, sort_keys=True))
 
 
+RECORD_CALIBRATION = Stage("calibration", 1, "stagekit:record_params")
+RECORD_QUANTIZE = Stage("quantize", 1, "stagekit:record_params")
 RECORD_CHECKPOINT = Stage("checkpoint", 1, "stagekit:record_params")
 RECORD_HF = Stage("hf-checkpoint", 1, "stagekit:record_params")
 RECORD_ENGINE = Stage("engine", 1, "stagekit:record_params")

@@ -212,8 +212,11 @@ def test_recipe_graph_rebuilds_only_the_changed_variants_subtree(store, tmp_path
     (model / "config.json").write_text(json.dumps(TINY_LLAMA))
     (model / "model.safetensors").write_bytes(b"\0" * 64)
     runs = tmp_path / "runs.log"
-    registry = {**STAGES, "checkpoint": stagekit.RECORD_CHECKPOINT, "hf-checkpoint": stagekit.RECORD_HF,
+    stand_in = {"calibration": stagekit.RECORD_CALIBRATION, "quantize": stagekit.RECORD_QUANTIZE,
+                "checkpoint:convert": stagekit.RECORD_CHECKPOINT, "checkpoint:export": stagekit.RECORD_CHECKPOINT,
+                "hf-checkpoint:convert": stagekit.RECORD_HF, "hf-checkpoint:export": stagekit.RECORD_HF,
                 "engine": stagekit.RECORD_ENGINE}
+    registry = {**STAGES, **stand_in}
 
     def build(kv: str) -> dict[str, str]:
         recipe = tmp_path / "r.yaml"
@@ -234,9 +237,11 @@ backends: [engine, hf-checkpoint]
         return statuses(results)
 
     first = build("fp8")
-    assert set(first.values()) == {"built"} and len(first) == 1 + 2 * (2 + 4 + 1)
-    second = build("int8")
+    # source, calibration, fp8-quantized, and per variant 2 checkpoints + 4 engines + 1 HF checkpoint
+    assert set(first.values()) == {"built"} and len(first) == 3 + 2 * (2 + 4 + 1)
+    second = build("null")  # fp8 without the FP8 KV cache
     rebuilt = {name for name, status in second.items() if status == "built"}
-    assert rebuilt == {"fp8-tp1", "fp8-tp2", "fp8-tp1-sm89", "fp8-tp1-sm90", "fp8-tp2-sm89", "fp8-tp2-sm90", "fp8-hf"}
+    assert rebuilt == {"fp8-quantized", "fp8-tp1", "fp8-tp2", "fp8-tp1-sm89", "fp8-tp1-sm90", "fp8-tp2-sm89",
+                       "fp8-tp2-sm90", "fp8-hf"}  # the calibration set is the same: not rebuilt
     assert {name for name, status in second.items() if status == "cached"} == set(first) - rebuilt
     assert counts(runs)["bf16-tp1-sm90"] == 1 and counts(runs)["fp8-tp1-sm90"] == 2
