@@ -117,3 +117,16 @@ RECORD_QUANTIZE = Stage("quantize", 1, "stagekit:record_params")
 RECORD_CHECKPOINT = Stage("checkpoint", 1, "stagekit:record_params")
 RECORD_HF = Stage("hf-checkpoint", 1, "stagekit:record_params")
 RECORD_ENGINE = Stage("engine", 1, "stagekit:record_params")
+
+
+def counting(ctx: StageContext) -> None:
+    """Reports counted progress the way long stages do (calibration batches)."""
+    from trtbuild.stages.worker import report_progress
+
+    for done in range(1, ctx.params["steps"] + 1):
+        report_progress(done, ctx.params["steps"], "batches")
+        time.sleep(0.3)
+    (ctx.out / "done.txt").write_text("ok")
+
+
+COUNTING = Stage("counting", 1, "stagekit:counting")

@@ -16,7 +16,7 @@ import pytest
 import stagekit
 from stagekit import BIG, DIE, FAIL, UPPER_INPROCESS, WRITE, counts, diamond, node
 from trtbuild.graph import Graph
-from trtbuild.runner import RunOptions, run_graph
+from trtbuild.runner import RunOptions, Silent, run_graph
 from trtbuild.store.checkout import materialize
 from trtbuild.store.local import LocalStore
 from trtbuild.store.verify import verify
@@ -245,3 +245,20 @@ backends: [engine, hf-checkpoint]
                        "fp8-tp2-sm90", "fp8-hf"}  # the calibration set is the same: not rebuilt
     assert {name for name, status in second.items() if status == "cached"} == set(first) - rebuilt
     assert counts(runs)["bf16-tp1-sm90"] == 1 and counts(runs)["fp8-tp1-sm90"] == 2
+
+
+def test_stage_progress_lines_reach_the_reporter(store):
+    class Recorder(Silent):
+        def __init__(self):
+            self.steps = []
+
+        def step(self, done, total, label):
+            self.steps.append((done, total, label))
+
+    reporter = Recorder()
+    results, _ = run_graph(Graph("g", [node("count", stagekit.COUNTING, steps=4)]), store, reporter=reporter)
+    assert results[0].status == "built"
+    assert reporter.steps and reporter.steps[-1] == (4, 4, "batches")
+    assert [s[0] for s in reporter.steps] == sorted(s[0] for s in reporter.steps)
+    log = (materialize(store, results[0].digest) / "logs" / "counting.log").read_text()
+    assert "TRTBUILD-PROGRESS: 4/4 batches" in log

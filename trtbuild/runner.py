@@ -18,7 +18,7 @@ from trtbuild.graph import STAGE_ORDER, Graph, Node
 from trtbuild.stages import source as sources
 from trtbuild.stages.source import Resolved, SourceContext
 from trtbuild.stages.base import StageContext
-from trtbuild.stages.worker import ERROR_PREFIX, INPUT_ERROR_PREFIX, load_entry
+from trtbuild.stages.worker import ERROR_PREFIX, INPUT_ERROR_PREFIX, PROGRESS_PREFIX, load_entry
 from trtbuild.store.checkout import materialize
 from trtbuild.store.local import CorruptStore, LocalStore
 
@@ -73,6 +73,9 @@ class Silent:
         return self
 
     def advance(self, nbytes: int) -> None:
+        pass
+
+    def step(self, done: int, total: int, label: str) -> None:
         pass
 
     def finished(self, result: NodeResult) -> None:
@@ -148,11 +151,12 @@ def execute(node: Node, store: LocalStore, key: str, inputs: dict[str, Path], re
                     "params": node.param_values(), "runtime": node.runtime}
             (work / "spec.json").write_text(json.dumps(spec))
             with open(log, "wb") as handle:
-                proc = subprocess.run([sys.executable, "-m", "trtbuild.stages.worker", str(work / "spec.json")],
-                                      stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False,
-                                      preexec_fn=_die_with_parent)
-            if proc.returncode != 0:
-                raise StageFailed(f"{_failure_reason(log, proc.returncode)} (log: {_keep_failure(store, work, key)})")
+                proc = subprocess.Popen([sys.executable, "-m", "trtbuild.stages.worker", str(work / "spec.json")],
+                                        stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        preexec_fn=_die_with_parent)
+                returncode = _follow(proc, log, reporter)
+            if returncode != 0:
+                raise StageFailed(f"{_failure_reason(log, returncode)} (log: {_keep_failure(store, work, key)})")
             manifest = store.ingest(out, progress=reporter.advance)
         else:
             ctx = StageContext(out=out, inputs=inputs, params=node.param_values(), runtime=node.runtime, state=store.state)
@@ -174,6 +178,29 @@ def execute(node: Node, store: LocalStore, key: str, inputs: dict[str, Path], re
         return manifest, summary, time.monotonic() - started
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _follow(proc: subprocess.Popen, log: Path, reporter) -> int:
+    """Wait for a stage process, turning its progress lines into the reporter's bar."""
+    offset = 0
+    while True:
+        try:
+            returncode = proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            returncode = None
+        with open(log, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+        complete = chunk.rfind(b"\n") + 1
+        offset += complete
+        for line in chunk[:complete].decode(errors="replace").splitlines():
+            if line.startswith(PROGRESS_PREFIX):
+                counts, _, label = line[len(PROGRESS_PREFIX):].partition(" ")
+                done, _, total = counts.partition("/")
+                if done.isdigit() and total.isdigit():
+                    reporter.step(int(done), int(total), label)
+        if returncode is not None:
+            return returncode
 
 
 def _die_with_parent() -> None:

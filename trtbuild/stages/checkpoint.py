@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from trtbuild.stages.base import StageContext
+from trtbuild.stages.worker import report_progress
 
 
 def _peak_rss_mib() -> float:
@@ -51,7 +52,7 @@ def quantize(ctx: StageContext) -> None:
     windows = calibration.load_windows(ctx.inputs["calibration"])
     model = mq.load_model(ctx.inputs["source"], ctx.params["dtype"], device)
     report = mq.calibrate_and_quantize(model, ctx.params["quant"], ctx.params["kv_cache"], ctx.params.get("group_size"),
-                                       windows, device, progress=lambda done, total: print(f"calibration batch {done}/{total}", flush=True))
+                                       windows, device, progress=lambda done, total: report_progress(done, total, "calibration batches"))
     mq.save_quantized(model, ctx.out)
     ctx.report({**report, "device": device, "seconds": round(time.monotonic() - started, 2),
                 "peak_rss_mib": round(_peak_rss_mib(), 1)})

@@ -17,6 +17,12 @@ from trtbuild.stages.base import StageContext
 
 ERROR_PREFIX = "TRTBUILD-ERROR: "
 INPUT_ERROR_PREFIX = "TRTBUILD-INPUT-ERROR: "  # the stage's input is wrong: exit 2, like any input error
+PROGRESS_PREFIX = "TRTBUILD-PROGRESS: "  # `done/total label`: the runner shows it as a progress bar
+
+
+def report_progress(done: int, total: int, label: str) -> None:
+    """From a stage in a worker: one line the runner turns into its progress bar."""
+    print(f"{PROGRESS_PREFIX}{done}/{total} {label}", flush=True)
 
 
 def load_entry(entry: str):
