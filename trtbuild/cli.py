@@ -124,8 +124,10 @@ def _load(recipe: Path | None):
 @STORE_OPTION
 @click.option("--require-all", is_flag=True, help="Targets this host cannot build (or impossible ones) fail instead of being skipped.")
 @click.option("--locked", is_flag=True, help="Refuse to run if the recipe or its source no longer match the lock file.")
+@click.option("--no-validate", "no_validate", is_flag=True,
+              help="Skip accuracy validation (for people who know what they are doing; the lock file records it).")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary (with read-only artifact paths).")
-def build(recipe: Path | None, targets, until, gpu, store_url, require_all, locked, as_json) -> None:
+def build(recipe: Path | None, targets, until, gpu, store_url, require_all, locked, no_validate, as_json) -> None:
     """Build RECIPE's targets through the artifact store (default: the embedded demo recipe).
 
     Each stage's output is stored by content under an action key naming everything that shaped it:
@@ -141,7 +143,7 @@ def build(recipe: Path | None, targets, until, gpu, store_url, require_all, lock
     loaded = _load(recipe)
     store = open_store(store_url)
     request = BuildRequest(targets=list(targets), until=until, gpu=gpu, require_all=require_all, locked=locked,
-                           materialize=as_json, embedded=recipe is None)
+                           materialize=as_json, embedded=recipe is None, validate=not no_validate)
     with ConsoleReporter() as reporter:
         outcome = run_build(loaded, store, request, reporter)
     if as_json:

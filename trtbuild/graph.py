@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional
 from pydantic import BaseModel
 
 from trtbuild import hardware, toolchain, trtllm
+from trtbuild.validate import metrics
 from trtbuild.plan import CHECKPOINT, ENGINE, HF_CHECKPOINT, Plan
 from trtbuild.stages.base import Stage
 from trtbuild.stages.registry import NOT_YET, STAGES
@@ -36,6 +37,7 @@ class Node:
     impossible: Optional[str] = None  # from the plan
     unavailable: Optional[str] = None  # no stage for this kind yet
     requires: Optional[Callable[[], Optional[str]]] = None  # why this host cannot build it
+    after: list[str] = field(default_factory=list)  # nodes that must succeed first, not part of the key
     resolve: Optional[Callable[[], dict[str, str]]] = None  # key inputs read at key time (a text's digest)
 
     def param_values(self) -> dict[str, Any]:
@@ -62,6 +64,12 @@ class Graph:
         return Graph(self.recipe, [n for n in self.nodes if n.id in keep])
 
 
+def evaluation_text_digest(spec: str, base_dir) -> str:
+    from trtbuild.validate.evaltext import eval_text_digest
+
+    return eval_text_digest(spec, base_dir)
+
+
 def calibration_text_digest(spec: str, base_dir) -> str:
     from trtbuild.checkpoint.calibration import text_digest
 
@@ -85,7 +93,7 @@ def field_param(model: BaseModel, name: str, path: str, value: Any = None) -> Pa
     return Param(getattr(model, name) if value is None else value, f"{origin}: {path}")
 
 
-def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = None) -> Graph:
+def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = None, validate: bool = True) -> Graph:
     registry = STAGES if registry is None else registry
     recipe, loaded = plan.recipe, plan.loaded
     source = recipe.source
@@ -164,6 +172,51 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
         nodes.append(node)
         return node.id
 
+    validations: dict[str, str] = {}  # target -> its validate node
+
+    def reference_node() -> str:
+        """Teacher-forced top-k log-probabilities of the source on the evaluation set: once per
+        source and evaluation settings, shared by every variant."""
+        if any(n.id == "reference" for n in nodes):
+            return "reference"
+        settings = recipe.validation
+        stage, missing = stage_for("reference")
+        node = Node("reference", "reference", stage, inputs={"source": SOURCE}, unavailable=missing)
+        for name in ("samples", "seq_len"):
+            node.params[name] = field_param(settings, name, f"validate.{name}")
+        node.params["seed"] = Param(0, "fixed: evaluation windows do not move")
+        node.params["top_k"] = Param(metrics.TOP_K, "trtbuild: top-k log-probabilities stored per position")
+        node.platform["device"] = settings.device
+        node.runtime = {"text": settings.text, "base_dir": str(loaded.base_dir), "device": settings.device}
+        node.resolve = lambda spec=settings.text: {"text": evaluation_text_digest(spec, loaded.base_dir)}
+        nodes.append(node)
+        return node.id
+
+    def validate_node(target: str, kind: str, vname: str, target_inputs: dict[str, str]) -> str:
+        """The target's accuracy against the reference. A quantized variant is validated through its
+        restored ModelOpt model (the same for every parallelism: one key, computed once); an
+        unquantized checkpoint through its own files read back."""
+        variant = recipe.variants[vname]
+        inputs = {"reference": reference_node(), "source": SOURCE}
+        if "quantized" in target_inputs:
+            inputs["quantized"] = target_inputs["quantized"]
+            inputs["calibration"] = next(n.inputs["calibration"] for n in nodes if n.id == target_inputs["quantized"])
+        else:
+            inputs["checkpoint" if kind == CHECKPOINT else "hf_checkpoint"] = target
+        stage, missing = stage_for("validate")
+        node = Node(f"{target}:validate", "validate", stage, inputs=inputs, unavailable=missing, after=[target])
+        node.params["dtype"] = dtype_param()
+        gates = metrics.default_gates(variant.quant, variant.kv_cache)
+        set_gates = recipe.validation.gates.model_dump(exclude_none=True)
+        gates.update(set_gates)
+        node.params["gates"] = Param(gates, "recipe: validate.gates" if set_gates else
+                                     f"default gates for {metrics.FAMILY[variant.quant]} quantization")
+        node.params["runner"] = Param("torch", "trtbuild: checkpoints are validated on torch before any engine")
+        node.platform["device"] = recipe.validation.device
+        node.runtime = {"device": recipe.validation.device, "target": target}
+        nodes.append(node)
+        return node.id
+
     for target in plan.targets:
         variant = recipe.variants[target.variant]
         if target.kind in (CHECKPOINT, HF_CHECKPOINT):
@@ -179,6 +232,8 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
                 node.params["tp"] = Param(target.tp, "recipe: parallelism")
                 node.params["pp"] = Param(target.pp, "recipe: parallelism")
             nodes.append(node)
+            if validate and target.ok:
+                validations[target.name] = validate_node(target.name, target.kind, target.variant, inputs)
         elif target.kind == ENGINE:
             stage, missing = stage_for(ENGINE)
             node = Node(target.name, ENGINE, stage, inputs={"checkpoint": target.depends_on[0]},
@@ -192,5 +247,7 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
                                          if recipe.engine.flags else "default: engine.flags")
             node.platform["sm"] = target.gpu
             node.requires = (lambda sm=target.gpu, v=recipe.toolchain.tensorrt_llm: toolchain.engine_host_problem(sm, v))
+            if target.depends_on[0] in validations:  # no GPU time for a checkpoint that failed its gates
+                node.after = [validations[target.depends_on[0]]]
             nodes.append(node)
     return Graph(recipe.name, nodes)

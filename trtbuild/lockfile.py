@@ -62,7 +62,8 @@ def check_locked(path: Path, loaded: LoadedRecipe) -> dict:
     return data
 
 
-def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: list, toolchains: dict[str, dict]) -> dict:
+def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: list, toolchains: dict[str, dict],
+          validated: bool = True) -> dict:
     """Write the lock, keeping entries of targets this run did not touch when the recipe is unchanged."""
     digest = recipe_digest(loaded)
     previous = read(path) if path.exists() else None
@@ -74,12 +75,17 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
     for r in results:
         if r.digest:
             targets[r.id] = {"stage": r.stage, "key": r.key, "digest": r.digest}
+            if "gates" in r.summary:  # validation: the headline numbers and whether the gates passed
+                targets[r.id]["metrics"] = {k: round(v, 6) if isinstance(v, float) else v
+                                            for k, v in r.summary["metrics"].items()}
+                targets[r.id]["gates_passed"] = all(g["passed"] for g in r.summary["gates"].values())
     data = {
         "schema": LOCK_SCHEMA,
         "recipe": {"name": loaded.recipe.name, "digest": digest},
         "source": source,
         "toolchain": toolchains,
         "targets": targets,
+        "validation": "run" if validated else "skipped (--no-validate)",
     }
     atomic_write(path, (HEADER + yaml.safe_dump(data, sort_keys=True, default_flow_style=False)).encode())
     return data

@@ -24,6 +24,7 @@ class BuildRequest:
     locked: bool = False
     materialize: bool = False
     embedded: bool = False  # the recipe is the package's default
+    validate: bool = True  # False: --no-validate (the lock file says so)
 
 
 @dataclass
@@ -56,7 +57,7 @@ def gpu_filter(loaded: LoadedRecipe, choice: str) -> Optional[set[str]]:
 def build_graph_for(loaded: LoadedRecipe, request: BuildRequest, registry=None) -> graphs.Graph:
     plan = plan_recipe(loaded, gpu_filter=gpu_filter(loaded, request.gpu))
     plan = select(plan, request.targets)
-    graph = graphs.build_graph(plan, registry)
+    graph = graphs.build_graph(plan, registry, validate=request.validate)
     if request.targets:
         graph = graph.closure({t.name for t in plan.targets})
     return graph
@@ -82,7 +83,7 @@ def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, report
     source = resolutions["source"].lock if "source" in resolutions else None
     toolchains = {n.id: toolchain.fingerprint(n.stage.toolchain) for n in graph.nodes if n.stage and n.stage.toolchain}
     if any(r.digest for r in results):
-        lockfile.write(lock_path, loaded, source, results, _by_stage(graph, toolchains))
+        lockfile.write(lock_path, loaded, source, results, _by_stage(graph, toolchains), validated=request.validate)
         store.register_lockfile(lock_path)
     return BuildOutcome(loaded.recipe.name, results, lock_path)
 

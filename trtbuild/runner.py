@@ -43,8 +43,12 @@ class NodeResult:
         return self.status in (BUILT, CACHED)
 
     def as_json(self) -> dict:
-        return {"name": self.id, "stage": self.stage or self.kind, "status": self.status, "key": self.key,
-                "digest": self.digest, "seconds": round(self.seconds, 3), "reason": self.reason, "path": self.path}
+        out = {"name": self.id, "stage": self.stage or self.kind, "status": self.status, "key": self.key,
+               "digest": self.digest, "seconds": round(self.seconds, 3), "reason": self.reason, "path": self.path}
+        if "metrics" in self.summary:  # validation entries
+            out.update(metrics=self.summary["metrics"], gates=self.summary.get("gates"),
+                       warnings=self.summary.get("warnings", []))
+        return out
 
 
 @dataclass
@@ -253,6 +257,13 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
         if not upstream.done:
             result.reason = f"needs {dep}, which was {upstream.status}"
             return result
+    for dep in node.after:
+        if results[dep].status == FAILED:
+            result.status, result.reason = FAILED, f"needs {dep}, which failed"
+            return result
+        if not results[dep].done:
+            result.reason = f"needs {dep}, which was {results[dep].status}"
+            return result
     if options.until and STAGE_ORDER.get(node.kind, 99) > STAGE_ORDER[options.until]:
         result.reason = f"after --until {options.until}"
         return result
@@ -301,6 +312,10 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
             result.status = CACHED
         result.digest = record["digest"]
         result.summary = record.get("summary", {})
+        failed_gates = [f"{name} {g['value']:.4g} (limit {g['limit']:g})"
+                        for name, g in (result.summary.get("gates") or {}).items() if not g["passed"]]
+        if failed_gates:  # the report stays in the store for inspection; the target fails
+            result.status, result.reason = FAILED, f"failed its gates: {', '.join(failed_gates)}; report: {materialize(store, result.digest)}/report.md"
         store.update_ref(graph.recipe, node.id, result.digest, key)
         if options.materialize:
             result.path = str(materialize(store, result.digest))

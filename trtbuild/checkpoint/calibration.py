@@ -46,36 +46,37 @@ def _text_files(folder: Path) -> list[Path]:
     return sorted(files, key=lambda p: p.relative_to(folder).as_posix())
 
 
-def _read_file(path: Path, spec: str) -> str:
+def _read_file(path: Path, spec: str, field: str) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise InvalidInput(f"calibration.text: {spec}: {path.name} is not UTF-8 text ({e.reason} at byte {e.start})")
+        raise InvalidInput(f"{field}: {spec}: {path.name} is not UTF-8 text ({e.reason} at byte {e.start})")
     except OSError as e:
-        raise InvalidInput(f"calibration.text: {spec}: cannot read {path}: {e.strerror or e}")
+        raise InvalidInput(f"{field}: {spec}: cannot read {path}: {e.strerror or e}")
 
 
-def read_text(spec: str, base_dir: Union[Path, str]) -> str:
-    """The calibration text named by `spec`.
+def read_text(spec: str, base_dir: Union[Path, str], field: str = "calibration.text", builtin=None) -> str:
+    """The text named by `spec` (for `field`, which error messages name).
 
-    `builtin`: the prose of Python's `pydoc_data.topics` (topics joined in sorted key order).
-    Otherwise a text file, or a folder whose `*.txt`, `*.md`, `*.rst` files (recursive, sorted by
-    relative path) are joined with a blank line. A relative path is relative to `base_dir`.
+    `builtin`: the prose of Python's `pydoc_data.topics` (topics joined in sorted key order), or
+    what the `builtin` callable returns. Otherwise a text file, or a folder whose `*.txt`, `*.md`,
+    `*.rst` files (recursive, sorted by relative path) are joined with a blank line. A relative path
+    is relative to `base_dir`.
     """
     if not isinstance(spec, str) or not spec.strip():
-        raise InvalidInput("calibration.text: expected 'builtin' or a path to a text file or folder")
+        raise InvalidInput(f"{field}: expected 'builtin' or a path to a text file or folder")
     if spec == BUILTIN:
-        return _builtin_text()
+        return (builtin or _builtin_text)()
     path = _resolve(spec, base_dir)
     if path.is_file():
-        return _read_file(path, spec)
+        return _read_file(path, spec, field)
     if path.is_dir():
         files = _text_files(path)
         if not files:
-            raise InvalidInput(f"calibration.text: {spec}: folder holds no text files "
+            raise InvalidInput(f"{field}: {spec}: folder holds no text files "
                                f"({', '.join('*' + s for s in TEXT_SUFFIXES)})")
-        return _SEPARATOR.join(_read_file(p, spec) for p in files)
-    raise InvalidInput(f"calibration.text: {spec}: no such file or folder")
+        return _SEPARATOR.join(_read_file(p, spec, field) for p in files)
+    raise InvalidInput(f"{field}: {spec}: no such file or folder")
 
 
 def text_digest(spec: str, base_dir: Union[Path, str]) -> str:

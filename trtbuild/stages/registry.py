@@ -28,6 +28,10 @@ STAGES: dict[str, Optional[Stage]] = {
     "hf-checkpoint:export": Stage("hf-checkpoint", 1, "trtbuild.stages.checkpoint:export_hf",
                                   toolchain=("torch", "transformers", "modelopt"), needs=("torch", "transformers", "modelopt")),
     "engine": None,
+    "reference": Stage("reference", 1, "trtbuild.stages.validate:make_reference",
+                       toolchain=("torch", "transformers"), needs=("torch", "transformers")),
+    "validate": Stage("validate", 1, "trtbuild.stages.validate:validate",
+                      toolchain=("torch", "transformers", "modelopt"), needs=("torch", "transformers", "modelopt")),
 }
 
 NOT_YET = "this version of trtbuild has no {kind} stage yet"

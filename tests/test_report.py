@@ -1,0 +1,235 @@
+"""The accuracy report: report.html (self-contained, the build matrix as a table) and report.png."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import zlib
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib", reason="the report extra (matplotlib) is not installed")
+
+from trtbuild.report.html import render_report  # noqa: E402
+
+GIB = 1024**3
+GATES_OK = {
+    "kld_mean": {"value": 0.012, "limit": 0.05, "passed": True},
+    "top1_agreement": {"value": 0.981, "limit": 0.95, "passed": True},
+}
+GATES_FAILED = {
+    "kld_mean": {"value": 0.312, "limit": 0.05, "passed": False},
+    "top1_agreement": {"value": 0.902, "limit": 0.95, "passed": False},
+}
+
+
+def _row(target, kind, variant, status, **kw):
+    base = {"target": target, "kind": kind, "variant": variant, "quant": None, "kv_cache": None, "tp": None,
+            "pp": None, "gpu": None, "status": status, "size_bytes": None, "weights_bytes_per_gpu": None,
+            "kv_tokens": None, "kld_mean": None, "kld_p99": None, "top1_agreement": None,
+            "ppl_delta_pct": None, "gates": None, "reason": None}
+    base.update(kw)
+    return base
+
+
+ROWS = [
+    _row("bf16", "hf-checkpoint", "bf16", "cached", size_bytes=int(14.96 * GIB), weights_bytes_per_gpu=int(14.96 * GIB)),
+    _row("fp8", "checkpoint", "fp8", "built", quant="fp8", kv_cache="fp8", size_bytes=int(8.49 * GIB),
+         weights_bytes_per_gpu=int(8.49 * GIB), kld_mean=0.012, kld_p99=0.21, top1_agreement=0.981,
+         ppl_delta_pct=0.84, gates=GATES_OK),
+    _row("fp8-tp1-sm90", "engine", "fp8", "built", quant="fp8", kv_cache="fp8", tp=1, pp=1, gpu="sm90",
+         size_bytes=int(8.61 * GIB), weights_bytes_per_gpu=int(8.49 * GIB), kv_tokens=1_245_184, kld_mean=0.012,
+         kld_p99=0.21, top1_agreement=0.981, ppl_delta_pct=0.84, gates=GATES_OK),
+    _row("int4-awq", "checkpoint", "int4-awq", "built", quant="int4_awq", size_bytes=int(5.73 * GIB),
+         weights_bytes_per_gpu=int(5.73 * GIB), kld_mean=0.312, kld_p99=4.7, top1_agreement=0.902,
+         ppl_delta_pct=7.9, gates=GATES_FAILED),
+    _row("int4-awq-tp2-sm90", "engine", "int4-awq", "failed", quant="int4_awq", tp=2, pp=1, gpu="sm90",
+         weights_bytes_per_gpu=int(2.9 * GIB), reason="engine build ran out of memory <OOM & co>"),
+    _row("nvfp4", "checkpoint", "nvfp4", "skipped", quant="nvfp4", weights_bytes_per_gpu=int(5.2 * GIB),
+         reason="--only fp8,int4-awq"),
+    _row("bf16-tp1-sm89", "engine", "bf16", "impossible", tp=1, pp=1, gpu="sm89",
+         weights_bytes_per_gpu=int(14.96 * GIB), reason="needs 15.0 GiB of weights per GPU; sm89 has 24 GiB, "
+         "leaving no room for the KV cache"),
+]
+N = len(ROWS)
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    length, kind = struct.unpack(">I4s", data[8:16])
+    assert kind == b"IHDR" and length == 13
+    width, height = struct.unpack(">II", data[16:24])
+    assert zlib.crc32(data[12:29]) == struct.unpack(">I", data[29:33])[0], "IHDR CRC mismatch"
+    assert data[-12:] == b"\x00\x00\x00\x00IEND\xaeB`\x82", "no IEND chunk at the end"
+    return width, height
+
+
+class Page(HTMLParser):
+    """The matrix table as lists of cell texts, plus every tag's attributes."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict]] = []
+        self.in_matrix = self.in_body = False
+        self.header: list[str] = []
+        self.rows: list[list[str]] = []
+        self.row_classes: list[str] = []
+        self.cell: list[str] | None = None
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.append((tag, a))
+        if tag == "table" and a.get("id") == "matrix":
+            self.in_matrix = True
+        elif self.in_matrix and tag == "tbody":
+            self.in_body = True
+        elif self.in_matrix and tag == "tr" and self.in_body:
+            self.rows.append([])
+            self.row_classes.append(a.get("class", ""))
+        elif self.in_matrix and tag in ("td", "th"):
+            self.cell = []
+
+    def handle_endtag(self, tag):
+        if tag == "table" and self.in_matrix:
+            self.in_matrix = False
+        elif tag == "tbody":
+            self.in_body = False
+        elif tag in ("td", "th") and self.cell is not None:
+            text = " ".join(" ".join(self.cell).split())
+            (self.rows[-1] if self.in_body else self.header).append(text)
+            self.cell = None
+
+    def handle_data(self, data):
+        self.text.append(data)
+        if self.cell is not None:
+            self.cell.append(data)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    html_path, png_path = render_report("Llama-3.1-8B <instruct> & friends", ROWS, out / "site")
+    return html_path, png_path
+
+
+def test_report_files_table_and_plot(report):
+    html_path, png_path = report
+    assert html_path == html_path.parent / "report.html" and png_path == html_path.parent / "report.png"
+    width, height = _png_size(png_path)
+    assert 600 <= width <= 3000 and 300 <= height <= 2000, (width, height)
+    assert png_path.stat().st_size > 10_000
+
+    source = html_path.read_text(encoding="utf-8")
+    page = Page()
+    page.feed(source)
+    page.close()
+
+    # Self-contained: no scripts, no external references; the only resource is the PNG next to it.
+    assert "<script" not in source.lower() and "http://" not in source and "https://" not in source
+    assert "url(" not in source and "@import" not in source
+    srcs = [a.get("src") or a.get("href") for t, a in page.tags if a.get("src") or a.get("href")]
+    assert srcs == ["report.png"]
+    img = next(a for t, a in page.tags if t == "img")
+    assert "int4-awq" in img["alt"] and "fp8" in img["alt"]
+    # Every string is escaped: the title and the reason come back as text, not markup.
+    assert "<instruct>" not in source and "<OOM" not in source
+    assert "Llama-3.1-8B <instruct> & friends" in "".join(page.text)
+
+    assert page.header[:5] == ["target", "kind", "gpu", "tp/pp", "status"]
+    assert page.header[-2:] == ["gates", "reason"] and len(page.header) == 14
+    assert len(page.rows) == N and all(len(r) == 14 for r in page.rows)
+    cells = {r[0].split()[0]: dict(zip(page.header, r)) for r in page.rows}
+    assert list(cells) == [r["target"] for r in ROWS]
+
+    fp8 = cells["fp8-tp1-sm90"]
+    assert fp8["kind"] == "engine" and fp8["gpu"] == "sm90" and fp8["tp/pp"] == "1/1"
+    assert fp8["size on disk"] == "8.61 GiB" and fp8["KV tokens"] == "1,245,184"
+    assert fp8["KL mean"] == "0.0120" and fp8["KL p99"] == "0.210"
+    assert fp8["top-1 agreement"] == "98.1%" and fp8["ppl Δ%"] == "+0.840%"
+    assert fp8["gates"].startswith("passed") and "FAILED" not in fp8["gates"]
+
+    awq = cells["int4-awq"]
+    assert awq["gates"].startswith("FAILED")
+    assert "KL mean 0.312 > limit 0.0500" in awq["gates"]
+    assert "top-1 agreement 90.2% < limit 95.0%" in awq["gates"]
+    assert "row-failed" in page.row_classes[3]
+
+    failed = cells["int4-awq-tp2-sm90"]
+    assert failed["status"] == "FAILED" and failed["size on disk"] == "–"
+    assert failed["est. weights/GPU"] == "2.90 GiB" and failed["gates"] == "not validated"
+    assert failed["reason"] == "engine build ran out of memory <OOM & co>"
+    assert "row-failed" in page.row_classes[4]
+
+    skipped, impossible = cells["nvfp4"], cells["bf16-tp1-sm89"]
+    assert skipped["status"] == "skipped" and skipped["KL mean"] == "–" and skipped["gates"] == "not validated"
+    assert impossible["status"] == "impossible" and "sm89 has 24 GiB" in impossible["reason"]
+    assert cells["bf16"]["size on disk"] == "15.0 GiB"
+
+    text = " ".join("".join(page.text).split())
+    assert "7 targets: 2 passed gates, 1 FAILED gates, 4 not validated" in text
+    # The plot is described in text, including what it leaves out.
+    assert "Left out of the plot:" in text
+    for target in ("bf16 (no metrics)", "nvfp4 (no metrics)", "bf16-tp1-sm89 (no metrics)"):
+        assert target in text
+    assert "int4-awq: 5.73 GiB on disk, KL mean 0.312, top-1 agreement 90.2%, gates FAILED" in text
+    assert "Dashed lines: gate limits (KL mean ≤ 0.0500; top-1 agreement ≥ 95.0%)" in text
+
+
+def test_report_without_metrics_still_renders(tmp_path):
+    rows = [ROWS[0], ROWS[5]]
+    html_path, png_path = render_report("nothing validated", rows, tmp_path)
+    assert _png_size(png_path)[0] >= 600
+    page = Page()
+    page.feed(html_path.read_text(encoding="utf-8"))
+    assert len(page.rows) == 2
+    assert "No target has accuracy metrics yet" in "".join(page.text)
+
+
+def test_report_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
+    from trtbuild.errors import TrtbuildError
+
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails as if not installed
+    with pytest.raises(TrtbuildError, match=r"pip install 'trtbuild\[report\]'"):
+        render_report("t", ROWS, tmp_path)
+
+
+CHROMIUM = shutil.which("chromium")
+
+
+def _chromium(profile: Path, *args: str) -> subprocess.CompletedProcess:
+    """Debian's chromium, headless, with everything that phones home switched off; the page is a local
+    file without external references, so nothing reaches the network."""
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={profile}", *args]
+    env = {**os.environ, "HOME": str(profile)}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, check=False)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_report_in_headless_chromium(report, tmp_path):
+    html_path, _ = report
+    url = html_path.resolve().as_uri()
+
+    dom = _chromium(tmp_path / "profile-dom", "--dump-dom", url)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    page = Page()
+    page.feed(dom.stdout)
+    assert len(page.rows) == N, dom.stdout[:2000]
+    table = dom.stdout[dom.stdout.index('<table id="matrix"'):dom.stdout.index("</table>")]
+    assert table.count("<tr") == N + 1  # the header row and one per target
+    assert "FAILED" in table and "KL mean 0.312 &gt; limit 0.0500" in table
+
+    shot = tmp_path / "shot.png"
+    run = _chromium(tmp_path / "profile-shot", f"--screenshot={shot}", "--window-size=1400,1000",
+                    "--hide-scrollbars", url)
+    assert run.returncode == 0 and shot.exists(), run.stderr[-2000:]
+    assert _png_size(shot) == (1400, 1000)
+    assert shot.stat().st_size > 20_000  # a blank page is a few KB; the table and the plot are not

@@ -1,0 +1,110 @@
+"""Validation stages: the reference logits of the source (once per source and evaluation set) and
+each candidate's metrics against them, with the recipe's gates. Both run in a worker process.
+
+The validate artifact (report.json, report.md, metrics per window) is stored even when a gate
+fails, so it can be inspected; the runner fails the target from the gates in the report.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from trtbuild.stages.base import StageContext
+from trtbuild.stages.worker import report_progress
+
+REFERENCE_NPZ = "reference.npz"
+WINDOWS = "windows.npy"
+
+
+def _device(ctx: StageContext) -> str:
+    from trtbuild import hardware
+
+    return hardware.resolve_device(ctx.runtime.get("device", "auto"))
+
+
+def _dtype(source: Path) -> str:
+    config = json.loads((source / "config.json").read_text())
+    return str(config.get("torch_dtype") or config.get("dtype") or "float32")
+
+
+def make_reference(ctx: StageContext) -> None:
+    from trtbuild.checkpoint.calibration import make_windows
+    from trtbuild.validate import torch_runner
+    from trtbuild.validate.evaltext import read_eval_text
+
+    started = time.monotonic()
+    source, device = ctx.inputs["source"], _device(ctx)
+    text = read_eval_text(ctx.runtime["text"], Path(ctx.runtime["base_dir"]))
+    windows, meta = make_windows(source, text, ctx.params["samples"], ctx.params["seq_len"], ctx.params["seed"])
+    model = torch_runner.load_source(source, device, _dtype(source))
+    ref = torch_runner.reference(model, windows, device, ctx.params["top_k"],
+                                 progress=lambda d, t: report_progress(d, t, "reference windows"))
+    np.save(ctx.out / WINDOWS, windows)
+    np.savez(ctx.out / REFERENCE_NPZ, **ref)
+    nll = -ref["target_logp"].astype(np.float64)
+    ctx.report({"windows": int(windows.shape[0]), "seq_len": int(windows.shape[1]), "top_k": ctx.params["top_k"],
+                "ppl": float(np.exp(nll.mean())), "text_tokens": meta.get("tokens"), "overlapping": meta.get("overlapping"),
+                "device": device, "seconds": round(time.monotonic() - started, 2)})
+
+
+def _candidate(ctx: StageContext, device: str):
+    from trtbuild.validate import torch_runner
+
+    source, dtype = ctx.inputs["source"], ctx.params["dtype"]
+    if "quantized" in ctx.inputs:
+        return torch_runner.load_quantized(source, ctx.inputs["quantized"], device, dtype)
+    if "checkpoint" in ctx.inputs:
+        return torch_runner.load_trtllm_checkpoint(ctx.inputs["checkpoint"], source, device, dtype)
+    return torch_runner.load_source(ctx.inputs["hf_checkpoint"], device, dtype)
+
+
+def validate(ctx: StageContext) -> None:
+    from trtbuild.validate import metrics, torch_runner
+
+    started = time.monotonic()
+    device = _device(ctx)
+    reference = ctx.inputs["reference"]
+    windows = np.load(reference / WINDOWS)
+    with np.load(reference / REFERENCE_NPZ) as data:
+        ref = {k: data[k] for k in data.files}
+    model = _candidate(ctx, device)
+    comparison = torch_runner.compare(model, windows, ref, device,
+                                      progress=lambda d, t: report_progress(d, t, "validation windows"))
+    result = metrics.summarize(comparison)
+    gates, warnings = metrics.evaluate_gates(result, ctx.params["gates"])
+    overlap = None
+    if "calibration" in ctx.inputs:
+        from trtbuild.checkpoint.calibration import load_windows
+
+        overlap = metrics.window_overlap(windows, load_windows(ctx.inputs["calibration"]))
+        if overlap > 0:
+            warnings.append(f"{overlap:.0%} of the evaluation windows share text with the calibration set: "
+                            "the gates are unreliable (they flatter the model)")
+    np.savez(ctx.out / "per_window.npz", kl=comparison.kl.mean(axis=1), top1=comparison.top1.mean(axis=1),
+             ref_nll=comparison.ref_nll.mean(axis=1), cand_nll=comparison.cand_nll.mean(axis=1))
+    summary = {"metrics": result.as_json(), "stderr": result.stderr, "gates": gates, "warnings": warnings,
+               "gates_reliable": not overlap, "calibration_overlap": overlap, "runner": "torch", "device": device,
+               "windows": result.windows, "seconds": round(time.monotonic() - started, 2)}
+    (ctx.out / "report.md").write_text(_markdown(ctx.runtime.get("target", ""), summary))
+    ctx.report(summary)
+
+
+def _markdown(target: str, summary: dict) -> str:
+    m, se = summary["metrics"], summary["stderr"]
+    lines = [f"# Validation of {target}", "",
+             f"{m['tokens']} tokens in {summary['windows']} windows, torch runner on {summary['device']}.", "",
+             "| metric | value | ± (std. error) |", "|---|---|---|",
+             f"| KL divergence, mean | {m['kld_mean']:.4g} | {se['kld_mean']:.2g} |",
+             f"| KL divergence, p99 | {m['kld_p99']:.4g} | |",
+             f"| top-1 agreement | {m['top1_agreement']:.4f} | {se['top1_agreement']:.2g} |",
+             f"| perplexity (reference → candidate) | {m['ppl_reference']:.3f} → {m['ppl']:.3f} | |",
+             f"| perplexity change | {m['ppl_delta_pct']:+.2f}% | {se['ppl_delta_pct']:.2g} |", "",
+             "| gate | value | limit | |", "|---|---|---|---|"]
+    for name, gate in summary["gates"].items():
+        lines.append(f"| {name} | {gate['value']:.4g} | {gate['limit']:g} | {'pass' if gate['passed'] else '**FAIL**'} |")
+    lines += [""] + [f"- {w}" for w in summary["warnings"]]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,144 @@
+"""Accuracy metrics of a candidate against the reference model's logits, with their uncertainty,
+and the gates that decide whether a candidate may be published.
+
+The reference stores, per position, its top-k log-probabilities (normalized: log-softmax, so the
+log-sum-exp is folded in) and the log-probability of the actual next token. KL(reference ||
+candidate) is then the exact sum over those k tokens plus the remaining probability mass of both
+models lumped into one "tail" bin. By the log-sum inequality the lumped tail term never exceeds the
+true one: the estimate is a lower bound whose error is at most the tail's own contribution,
+which the report measures (benchmarks/RESULTS.md: validate_speed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+TOP_K = 64  # see benchmarks/RESULTS.md for the measured KL error at this k on SmolLM2
+Z_95 = 1.6448536269514722  # one-sided 95% (reference/trtllm.md section 7 uses alpha = 0.05)
+
+
+def topk_reference(logp_rows: "np.ndarray", k: int = TOP_K) -> tuple[np.ndarray, np.ndarray]:
+    """(ids [n, k] int32, log-probs [n, k] float32) of the k most probable tokens per row."""
+    ids = np.argpartition(-logp_rows, k - 1, axis=-1)[:, :k]
+    values = np.take_along_axis(logp_rows, ids, axis=-1)
+    order = np.argsort(-values, axis=-1)
+    return np.take_along_axis(ids, order, axis=-1).astype(np.int32), np.take_along_axis(values, order, axis=-1).astype(np.float32)
+
+
+def kl_topk(ref_ids: np.ndarray, ref_logp: np.ndarray, cand_logp_rows: np.ndarray) -> np.ndarray:
+    """Per-row KL(reference || candidate) from the reference's top-k and the candidate's full
+    log-probabilities: exact over the k tokens, plus both tails lumped into one bin."""
+    cand_at = np.take_along_axis(cand_logp_rows, ref_ids, axis=-1).astype(np.float64)
+    p = np.exp(ref_logp.astype(np.float64))
+    head = np.sum(p * (ref_logp - cand_at), axis=-1)
+    p_tail = np.clip(1.0 - p.sum(axis=-1), 0.0, 1.0)
+    q_tail = np.clip(1.0 - np.exp(cand_at).sum(axis=-1), 1e-12, 1.0)
+    tail = np.where(p_tail > 1e-12, p_tail * (np.log(np.maximum(p_tail, 1e-300)) - np.log(q_tail)), 0.0)
+    return np.maximum(head + tail, 0.0)
+
+
+@dataclass
+class Comparison:
+    """Per-token numbers for all windows: [windows, positions]."""
+
+    kl: np.ndarray
+    top1: np.ndarray  # 1.0 where the candidate's most likely token is the reference's
+    ref_nll: np.ndarray
+    cand_nll: np.ndarray
+
+
+@dataclass
+class Metrics:
+    kld_mean: float
+    kld_p99: float
+    top1_agreement: float
+    ppl_reference: float
+    ppl: float
+    ppl_delta_pct: float
+    tokens: int
+    windows: int
+    stderr: dict = field(default_factory=dict)  # standard error over windows, per metric
+
+    def as_json(self) -> dict:
+        return {"kld_mean": self.kld_mean, "kld_p99": self.kld_p99, "top1_agreement": self.top1_agreement,
+                "ppl_reference": self.ppl_reference, "ppl": self.ppl, "ppl_delta_pct": self.ppl_delta_pct,
+                "tokens": self.tokens}
+
+
+def _se(per_window: np.ndarray) -> float:
+    n = len(per_window)
+    return float(np.std(per_window, ddof=1) / math.sqrt(n)) if n > 1 else float("inf")
+
+
+def summarize(c: Comparison) -> Metrics:
+    ref_ppl = float(np.exp(c.ref_nll.mean()))
+    ppl = float(np.exp(c.cand_nll.mean()))
+    per_window_delta = (np.exp(c.cand_nll.mean(axis=1)) / np.exp(c.ref_nll.mean(axis=1)) - 1) * 100
+    return Metrics(
+        kld_mean=float(c.kl.mean()),
+        kld_p99=float(np.percentile(c.kl, 99)),
+        top1_agreement=float(c.top1.mean()),
+        ppl_reference=ref_ppl,
+        ppl=ppl,
+        ppl_delta_pct=(ppl / ref_ppl - 1) * 100,
+        tokens=int(c.kl.size),
+        windows=int(c.kl.shape[0]),
+        stderr={"kld_mean": _se(c.kl.mean(axis=1)), "top1_agreement": _se(c.top1.mean(axis=1)),
+                "ppl_delta_pct": _se(per_window_delta)},
+    )
+
+
+# Default gates per quantization family: generous enough that a healthy quantization passes on a
+# small model (measured on SmolLM2-135M, benchmarks/RESULTS.md), tight enough that a broken one
+# (a permuted layer, token salad) fails by orders of magnitude. A recipe's validate.gates override.
+DEFAULT_GATES: dict[str, dict[str, float]] = {
+    "none": {"kld_mean": 0.01, "kld_p99": 0.1, "top1_agreement": 0.97, "ppl_delta_pct": 1.0},
+    "8bit": {"kld_mean": 0.15, "kld_p99": 2.0, "top1_agreement": 0.80, "ppl_delta_pct": 15.0},
+    "4bit": {"kld_mean": 0.5, "kld_p99": 5.0, "top1_agreement": 0.65, "ppl_delta_pct": 50.0},
+}
+FAMILY = {None: "none", "fp8": "8bit", "int8_sq": "8bit", "int8_wo": "8bit",
+          "int4_awq": "4bit", "w4a8_awq": "4bit", "int4_wo": "4bit", "nvfp4": "4bit"}
+HIGHER_IS_BETTER = {"top1_agreement"}
+
+
+def default_gates(quant: Optional[str], kv_cache: Optional[str]) -> dict[str, float]:
+    family = FAMILY[quant]
+    if family == "none" and kv_cache is not None:  # a quantized KV cache alone behaves like 8-bit
+        family = "8bit" if kv_cache in ("fp8", "int8") else "4bit"
+    return dict(DEFAULT_GATES[family])
+
+
+def evaluate_gates(metrics: Metrics, limits: dict[str, float]) -> tuple[dict[str, dict], list[str]]:
+    """{gate: {value, limit, passed}} and warnings where the sample cannot decide the gate: the
+    one-sided 95% interval of the value (value -/+ z*stderr) straddles the limit."""
+    gates, warnings = {}, []
+    values = metrics.as_json()
+    for name, limit in limits.items():
+        value = values[name]
+        passed = value >= limit if name in HIGHER_IS_BETTER else value <= limit
+        gates[name] = {"value": value, "limit": limit, "passed": bool(passed)}
+        se = metrics.stderr.get(name)
+        if se is not None and math.isfinite(se) and abs(value - limit) < Z_95 * se:
+            warnings.append(f"{name} {value:.4g} is within the 95% uncertainty of the sample (±{Z_95 * se:.2g}) "
+                            f"of its limit {limit:g}: use more validate.samples to decide it")
+        elif se is not None and not math.isfinite(se):
+            warnings.append(f"{name}: one window gives no uncertainty estimate; use validate.samples >= 2")
+    return gates, warnings
+
+
+def window_overlap(eval_ids: np.ndarray, calib_ids: np.ndarray, span: int = 16) -> float:
+    """Share of evaluation windows that contain a span of `span` tokens also found in a calibration
+    window: a calibration set that covers the evaluation text flatters the model."""
+    seen = set()
+    for row in calib_ids:
+        for start in range(0, max(0, len(row) - span) + 1):
+            seen.add(row[start:start + span].tobytes())
+    hits = 0
+    for row in eval_ids:
+        if any(row[s:s + span].tobytes() in seen for s in range(0, max(0, len(row) - span) + 1)):
+            hits += 1
+    return hits / len(eval_ids) if len(eval_ids) else 0.0

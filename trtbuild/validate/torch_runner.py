@@ -1,0 +1,88 @@
+"""The torch runner: teacher-forced log-probabilities of the reference model and of a candidate
+(an unquantized checkpoint read back, or the exact ModelOpt-quantized model restored from its
+state), one window at a time so memory holds one window's logits, never the whole set.
+
+On a CPU both run in float32: weights keep their stored values (a bf16 or fp16 weight is exact in
+float32), and float32 matmuls are about 10x faster than 16-bit ones on CPUs (test-assets.md).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from trtbuild.validate.metrics import TOP_K, Comparison, kl_topk, topk_reference
+
+
+def _compute_dtype(device: str, dtype: str):
+    import torch
+
+    return torch.float32 if device == "cpu" else getattr(torch, dtype)
+
+
+def _log_probs(model, window: np.ndarray, device: str) -> np.ndarray:
+    """log-softmax of the logits that predict tokens 1..L-1 of the window: [L-1, V] float32."""
+    import torch
+
+    ids = torch.from_numpy(window.astype(np.int64))[None].to(device)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, :-1].float()
+    return torch.log_softmax(logits, dim=-1).cpu().numpy()
+
+
+def load_source(source: Path, device: str, dtype: str):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=_compute_dtype(device, dtype))
+    return model.to(device).eval()
+
+
+def load_trtllm_checkpoint(checkpoint: Path, source: Path, device: str, dtype: str):
+    """An unquantized TensorRT-LLM checkpoint read back into the Hugging Face model it came from."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trtbuild.checkpoint.trtllm_inverse import trtllm_to_hf_state
+
+    hf_config = json.loads((source / "config.json").read_text())
+    state = trtllm_to_hf_state(checkpoint, hf_config)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source), dtype=getattr(torch, dtype))
+    model.load_state_dict(state, strict=not hf_config.get("tie_word_embeddings"))
+    if hf_config.get("tie_word_embeddings"):
+        model.tie_weights()
+    return model.to(_compute_dtype(device, dtype)).to(device).eval()
+
+
+def load_quantized(source: Path, quantized: Path, device: str, dtype: str):
+    from trtbuild.checkpoint.quantize import restore_quantized
+
+    model = restore_quantized(source, quantized, dtype, device)
+    return model.to(_compute_dtype(device, dtype)).eval()
+
+
+def reference(model, windows: np.ndarray, device: str, k: int = TOP_K, progress=None) -> dict[str, np.ndarray]:
+    ids, logps, targets = [], [], []
+    for i, window in enumerate(windows):
+        logp = _log_probs(model, window, device)
+        top_ids, top_logp = topk_reference(logp, k)
+        ids.append(top_ids)
+        logps.append(top_logp)
+        targets.append(logp[np.arange(len(window) - 1), window[1:]])
+        if progress:
+            progress(i + 1, len(windows))
+    return {"topk_ids": np.stack(ids), "topk_logp": np.stack(logps), "target_logp": np.stack(targets).astype(np.float32)}
+
+
+def compare(model, windows: np.ndarray, ref: dict[str, np.ndarray], device: str, progress=None) -> Comparison:
+    kl, top1, cand_nll = [], [], []
+    for i, window in enumerate(windows):
+        logp = _log_probs(model, window, device)
+        kl.append(kl_topk(ref["topk_ids"][i], ref["topk_logp"][i], logp))
+        top1.append((logp.argmax(axis=-1) == ref["topk_ids"][i][:, 0]).astype(np.float64))
+        cand_nll.append(-logp[np.arange(len(window) - 1), window[1:]].astype(np.float64))
+        if progress:
+            progress(i + 1, len(windows))
+    return Comparison(kl=np.stack(kl), top1=np.stack(top1), ref_nll=-ref["target_logp"].astype(np.float64),
+                      cand_nll=np.stack(cand_nll))

@@ -1,0 +1,350 @@
+"""The TensorRT-LLM runner: a candidate's teacher-forced log-probabilities on the validation windows,
+computed by TensorRT-LLM 1.2.x itself (an engine, or a Hugging Face checkpoint on the PyTorch
+backend), in the arrays the torch runner produces: `topk_ids` int32 [S, L-1, k], `topk_logp` float32
+[S, L-1, k], `target_logp` float32 [S, L-1], where position t is the distribution after tokens
+0..t, i.e. the one that predicts token t+1.
+
+It runs only on a GPU host with tensorrt_llm 1.2.x (`available()` says why not); everything but
+`to_llm_api` and `run` is plain Python on plain data, so it is tested here without tensorrt_llm.
+
+Two ways to get the numbers out of `LLM.generate` (one request per window, `max_tokens=1`):
+- prompt log-probabilities, `SamplingParams(prompt_logprobs=k)`: per prompt position a dict
+  {token_id: Logprob(logprob, rank)} of the top k. TensorRT-LLM computes them after the forward
+  pass from the request's context logits, in the worker (base_worker._get_logprobs ->
+  result.compute_logprobs, log_softmax in float32), so only k numbers per position reach this
+  process. Alignment: one dict per prompt token, entry t from the logits row at token t (predicts
+  token t+1); the last entry predicts the generated token and is dropped here. Unlike vLLM there is
+  no `None` for the first position. In 1.2.0rc2 the dicts hold the top k only, so the actual next
+  token's log-prob is known only where it ranks within k (`target_logp` is NaN elsewhere and
+  `target_found` False); later versions add the actual next token to each dict (its rank may exceed
+  k), which the parser uses when present.
+- context logits, `SamplingParams(return_context_logits=True)`: the full [L, V] logits per request
+  (`RequestOutput.context_logits`), log-softmaxed here: exact target log-probs, and the candidate's
+  log-prob of any token (what metrics.kl_topk needs at the reference's top-k ids), at the price of
+  L x V x 4 bytes per window copied to this process (2048 x 128k vocab: 1 GiB), so `run` sends
+  windows in small batches.
+
+Cost and which path is used:
+- Engines (TensorRT backend, `tensorrt_llm._tensorrt_engine.LLM`): both paths need an engine built
+  with `--gather_context_logits`; without it the LLM API refuses prompt_logprobs ("requires
+  gather_context_logits=True in the BuildConfig") and has no context logits. The flag reserves a
+  logits buffer of about max_num_tokens x vocab x 4 bytes (8192 x 128k = 4 GiB) on every engine,
+  so it belongs on validation engines only, or the published engine must carry that memory. On this
+  backend prompt_logprobs are computed from those same context logits, so they save nothing:
+  `run` uses the context-logits path for engines (exact). The logits come in the engine's
+  `logits_dtype` (float16 for bf16 checkpoints as the converter writes them) and may be
+  vocab-padded (to a multiple of tp); the padding columns are cut before the softmax.
+- Hugging Face checkpoints (PyTorch backend, `tensorrt_llm.LLM`): no build flag. prompt_logprobs
+  make the executor gather context logits for that request only (SamplingParams._get_output_config
+  turns return_context_logits on internally and the worker drops them after the top-k), so `run`
+  uses the prompt_logprobs path and re-runs only the windows whose actual next token fell outside
+  the returned top-k through the context-logits path.
+
+TensorRT-LLM source facts used (NVIDIA/TensorRT-LLM, file@commit; b35ac1b6 is 1.2.0rc2 by its
+tensorrt_llm/version.py):
+- tensorrt_llm/sampling_params.py@b35ac1b64368513d215c57d2ed01d62d910df8da: SamplingParams fields
+  `max_tokens` (default 32), `end_id`, `pad_id`, `logprobs`, `prompt_logprobs` ("Number of log
+  probabilities to return per prompt token"), `return_context_logits`, `detokenize`; `_validate`
+  does `prompt_logprobs and int(prompt_logprobs)` (so 0 means none); `_get_output_config(
+  is_pytorch_backend=True)` enables context logits internally for prompt_logprobs.
+- tensorrt_llm/executor/base_worker.py@b35ac1b64368513d215c57d2ed01d62d910df8da:
+  `_compute_pytorch_prompt_logprobs` calls `compute_logprobs(prompt_logprobs, None,
+  context_logits, None, None)` (no prompt tokens: top-k only); the TRT backend calls
+  `compute_logprobs(prompt_logprobs, logprobs, context_logits, generation_logits, ...)`.
+- tensorrt_llm/executor/result.py@a678b91aafbeff265cd0b764abb59d7def624ac2: `Logprob(logprob, rank)`
+  (dataclass, slots), `TokenLogprobs = list[dict[int, Logprob]]`, `CompletionOutput.prompt_logprobs`,
+  and `compute_logprobs._topk_logprobs`: squeezes [1, T, V] to [T, V], log_softmax in float32,
+  `torch.topk`, one dict per row with ranks 1..k, the actual token added only when `tokens` is given.
+- tensorrt_llm/llmapi/llm.py@4c05a74891e4df8066f08ed4ce14b0972abe4e25: `generate(inputs,
+  sampling_params)` takes a list of prompts and a list of SamplingParams (one per prompt); the TRT
+  backend auto-enables `return_context_logits` for prompt_logprobs (`_prepare_sampling_params`) and
+  `_check_arguments` raises unless `build_config.gather_context_logits`; the PyTorch backend skips
+  those checks; `RequestOutput` has `prompt_token_ids`, `outputs`, `context_logits`; `class
+  LLM(_TorchLLM)` and "use 'from tensorrt_llm._tensorrt_engine import LLM' ... to use the
+  TensorRT backend".
+- tensorrt_llm/_tensorrt_engine/__init__.py@1620d4fd1b30d9b655b479c0de692486e6af01f4:
+  `from tensorrt_llm.llmapi.llm import _TrtLLM as LLM`.
+- tensorrt_llm/inputs/data.py@092f84d40074bed61d29dfb2ff6c816922fef753: `TokensPrompt` =
+  {"prompt_token_ids": [...]}; `prompt_inputs` passes such a dict through.
+- trtllm-bench and the LLM-API tests use `SamplingParams(end_id=-1, pad_id=-1)` with
+  `skip_tokenizer_init=True` (unpinned): token ids in, no tokenizer needed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import math
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from trtbuild.errors import TrtbuildError
+
+NEEDS = "needs tensorrt_llm 1.2.x and an NVIDIA GPU"
+PATHS = ("prompt_logprobs", "context_logits")
+BATCH_WINDOWS = 8  # windows per generate() call: bounds the context logits held at once
+
+
+# --------------------------------------------------------------------------------------------
+# Availability
+# --------------------------------------------------------------------------------------------
+
+def _trtllm_version() -> Optional[str]:
+    """The installed tensorrt_llm version, without importing it; None when it is not installed."""
+    if importlib.util.find_spec("tensorrt_llm") is None:
+        return None
+    for dist in ("tensorrt_llm", "tensorrt-llm"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def _gpu_visible() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return shutil.which("nvidia-smi") is not None
+    try:
+        return bool(torch.cuda.is_available() and torch.cuda.device_count() > 0)
+    except Exception:  # a broken driver is no GPU
+        return False
+
+
+def available() -> Optional[str]:
+    """None when tensorrt_llm 1.2.x is installed and a GPU is visible, else the reason."""
+    problems = []
+    version = _trtllm_version()
+    if version is None:
+        problems.append("no tensorrt_llm")
+    elif not re.match(r"^1\.2(\.|$)", version):
+        problems.append(f"tensorrt_llm {version}")
+    if not _gpu_visible():
+        problems.append("no NVIDIA GPU visible")
+    if problems:
+        return f"{NEEDS} (this machine: {', '.join(problems)})"
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Requests as plain data
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LogprobRequest:
+    """One window for `LLM.generate`: the prompt as token ids and the SamplingParams keyword
+    arguments (field names as in tensorrt_llm/sampling_params.py@b35ac1b6)."""
+
+    prompt_token_ids: list
+    sampling: dict = field(default_factory=dict)
+
+
+def build_requests(windows: np.ndarray, k: int, *, path: str = "prompt_logprobs",
+                   end_id: Optional[int] = -1) -> list[LogprobRequest]:
+    """One request per window [S, L]: generate one token (`max_tokens=1`, the least the LLM API
+    allows) after the whole window, with `prompt_logprobs=k` or `return_context_logits=True`.
+    `end_id`/`pad_id` -1 (as trtllm-bench does) let the LLM run without a tokenizer; pass None to
+    let it take the tokenizer's."""
+    windows = np.asarray(windows)
+    if windows.ndim != 2 or windows.shape[1] < 2:
+        raise TrtbuildError(f"windows: expected token ids [windows, length >= 2], got shape {list(windows.shape)}")
+    if not np.issubdtype(windows.dtype, np.integer):
+        raise TrtbuildError(f"windows: expected integer token ids, got {windows.dtype}")
+    if path not in PATHS:
+        raise TrtbuildError(f"path {path!r}: expected one of {', '.join(PATHS)}")
+    if path == "prompt_logprobs" and (not isinstance(k, (int, np.integer)) or k < 1):
+        raise TrtbuildError(f"k must be a positive integer for prompt_logprobs (0 means none), got {k!r}")
+    sampling: dict[str, Any] = {"max_tokens": 1}
+    if path == "prompt_logprobs":
+        sampling["prompt_logprobs"] = int(k)
+    else:
+        sampling["return_context_logits"] = True
+    if end_id is not None:
+        sampling["end_id"] = int(end_id)
+        sampling["pad_id"] = int(end_id)
+    sampling["detokenize"] = False
+    return [LogprobRequest([int(x) for x in row], dict(sampling)) for row in windows]
+
+
+def to_llm_api(requests: Sequence[LogprobRequest]) -> tuple[list, list]:
+    """(inputs, sampling_params) for `LLM.generate`: TokensPrompt dicts and one
+    tensorrt_llm.SamplingParams per request. Imports tensorrt_llm, so only where it is available."""
+    reason = available()
+    if reason:
+        raise TrtbuildError(f"TensorRT-LLM validation runner: {reason}")
+    from tensorrt_llm import SamplingParams
+
+    inputs = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
+    return inputs, [SamplingParams(**r.sampling) for r in requests]
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing RequestOutput objects
+# --------------------------------------------------------------------------------------------
+
+def _check_outputs(outputs, windows: np.ndarray, what: str) -> list:
+    outputs = list(outputs)
+    if len(outputs) != len(windows):
+        raise TrtbuildError(f"{what}: {len(outputs)} request outputs for {len(windows)} windows")
+    for i, (out, window) in enumerate(zip(outputs, windows)):
+        prompt = getattr(out, "prompt_token_ids", None)
+        if prompt is not None and [int(x) for x in prompt] != [int(x) for x in window]:
+            raise TrtbuildError(f"{what}: output {i} is for a prompt of {len(prompt)} tokens that is not window {i} "
+                                f"({len(window)} tokens): outputs must come in the order of the windows")
+    return outputs
+
+
+def _empty(S: int, n: int, k: int) -> dict[str, np.ndarray]:
+    return {"topk_ids": np.full((S, n, k), -1, dtype=np.int32),
+            "topk_logp": np.full((S, n, k), -np.inf, dtype=np.float32),
+            "target_logp": np.full((S, n), np.nan, dtype=np.float32),
+            "target_found": np.zeros((S, n), dtype=bool)}
+
+
+def parse_prompt_logprobs(outputs, windows: np.ndarray, k: int) -> dict[str, np.ndarray]:
+    """The arrays of the module docstring from `RequestOutput`s of the prompt_logprobs path
+    (`outputs[i].outputs[0].prompt_logprobs`: a list of L dicts {token_id: Logprob}). Fewer than k
+    entries at a position leave id -1 and log-prob -inf; the actual next token's log-prob is NaN
+    (and `target_found` False) where TensorRT-LLM did not return it."""
+    windows = np.asarray(windows)
+    S, L = windows.shape
+    outputs = _check_outputs(outputs, windows, "prompt_logprobs")
+    result = _empty(S, L - 1, k)
+    for i, out in enumerate(outputs):
+        completions = getattr(out, "outputs", None) or []
+        entries = getattr(completions[0], "prompt_logprobs", None) if completions else None
+        if not entries:
+            raise TrtbuildError(f"prompt_logprobs: output {i} has none (was SamplingParams.prompt_logprobs set, "
+                                f"and on an engine, was it built with --gather_context_logits?)")
+        if entries[0] is None:
+            raise TrtbuildError(f"prompt_logprobs: output {i} starts with None (vLLM's convention, entry t scoring "
+                                f"token t); TensorRT-LLM's entry t is the distribution after token t")
+        if len(entries) != L:
+            raise TrtbuildError(f"prompt_logprobs: output {i} has {len(entries)} positions for a window of {L} tokens "
+                                f"(TensorRT-LLM returns one per prompt token)")
+        for t in range(L - 1):
+            entry = entries[t]
+            if not isinstance(entry, dict):
+                raise TrtbuildError(f"prompt_logprobs: output {i} position {t}: expected a dict "
+                                    f"{{token_id: Logprob}}, got {type(entry).__name__}")
+            # By rank (TensorRT-LLM's 1..k); a token added beyond the top k has a larger rank and
+            # is left out; entries without a rank come last, by log-prob.
+            ranked = sorted((_rank(lp), -_logprob(lp), int(tok)) for tok, lp in entry.items())
+            top = [(tok, -neg) for rank, neg, tok in ranked if rank == math.inf or rank <= k][:k]
+            for j, (tok, logp) in enumerate(top):
+                result["topk_ids"][i, t, j] = tok
+                result["topk_logp"][i, t, j] = logp
+            target = int(windows[i, t + 1])
+            if target in entry:
+                result["target_logp"][i, t] = _logprob(entry[target])
+                result["target_found"][i, t] = True
+    return result
+
+
+def _logprob(value) -> float:
+    return float(value.logprob if hasattr(value, "logprob") else value)
+
+
+def _rank(value) -> float:
+    rank = getattr(value, "rank", None)
+    return math.inf if rank is None else int(rank)
+
+
+def parse_context_logits(outputs, windows: np.ndarray, k: int,
+                         vocab_size: Optional[int] = None) -> dict[str, np.ndarray]:
+    """The arrays of the module docstring from `RequestOutput.context_logits` ([L, V] per request,
+    or [1, L, V]); `vocab_size` cuts the engine's vocab padding off before the softmax."""
+    from trtbuild.validate.metrics import topk_reference
+
+    windows = np.asarray(windows)
+    S, L = windows.shape
+    outputs = _check_outputs(outputs, windows, "context_logits")
+    result = _empty(S, L - 1, k)
+    for i, out in enumerate(outputs):
+        logits = getattr(out, "context_logits", None)
+        if logits is None:
+            raise TrtbuildError(f"context_logits: output {i} has none (was SamplingParams.return_context_logits set, "
+                                f"and on an engine, was it built with --gather_context_logits?)")
+        rows = _to_numpy(logits)
+        if rows.ndim == 3 and rows.shape[0] == 1:
+            rows = rows[0]
+        if rows.ndim != 2 or rows.shape[0] != L:
+            raise TrtbuildError(f"context_logits: output {i} has shape {list(rows.shape)}, expected [{L}, vocab] "
+                                f"for a window of {L} tokens")
+        if vocab_size is not None:
+            if rows.shape[1] < vocab_size:
+                raise TrtbuildError(f"context_logits: output {i} has {rows.shape[1]} logits per position, fewer than "
+                                    f"the vocabulary ({vocab_size})")
+            rows = rows[:, :vocab_size]
+        rows = rows[:-1].astype(np.float64)  # the last row predicts the generated token
+        logp = rows - rows.max(axis=-1, keepdims=True)
+        logp -= np.log(np.exp(logp).sum(axis=-1, keepdims=True))
+        kk = min(k, logp.shape[1])
+        ids, values = topk_reference(logp, kk)
+        result["topk_ids"][i, :, :kk] = ids
+        result["topk_logp"][i, :, :kk] = values
+        result["target_logp"][i] = logp[np.arange(L - 1), windows[i, 1:]]
+        result["target_found"][i] = True
+        del rows, logp
+    return result
+
+
+def _to_numpy(tensor) -> np.ndarray:
+    if hasattr(tensor, "detach"):  # torch.Tensor (on the GPU, or in float16/bfloat16)
+        return tensor.detach().float().cpu().numpy()
+    return np.asarray(tensor, dtype=np.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# Running (GPU host only)
+# --------------------------------------------------------------------------------------------
+
+def run(engine_or_checkpoint_dir: Path, windows: np.ndarray, k: int, backend: str) -> dict[str, np.ndarray]:
+    """Teacher-forced top-k and target log-probs of the candidate: an engine dir (backend
+    "engine", context-logits path) or a Hugging Face checkpoint dir (backend "hf", PyTorch
+    backend, prompt_logprobs path with a context-logits re-run of the windows missing a target)."""
+    if backend not in ("engine", "hf"):
+        raise TrtbuildError(f"backend {backend!r}: expected 'engine' or 'hf'")
+    reason = available()
+    if reason:
+        raise TrtbuildError(f"TensorRT-LLM validation runner: {reason}")
+    folder = Path(engine_or_checkpoint_dir)
+    windows = np.asarray(windows)
+    if backend == "engine":
+        from tensorrt_llm._tensorrt_engine import LLM
+
+        config = json.loads((folder / "config.json").read_text())
+        vocab = (config.get("pretrained_config") or {}).get("vocab_size")
+        path = "context_logits"
+    else:
+        from tensorrt_llm import LLM
+
+        vocab = json.loads((folder / "config.json").read_text()).get("vocab_size")
+        path = "prompt_logprobs"
+    llm = LLM(model=str(folder), skip_tokenizer_init=True)
+    try:
+        def generate(batch: np.ndarray, how: str) -> dict[str, np.ndarray]:
+            inputs, params = to_llm_api(build_requests(batch, k, path=how))
+            outs = llm.generate(inputs, params, use_tqdm=False)
+            if how == "prompt_logprobs":
+                return parse_prompt_logprobs(outs, batch, k)
+            return parse_context_logits(outs, batch, k, vocab)
+
+        parts = [generate(windows[s:s + BATCH_WINDOWS], path) for s in range(0, len(windows), BATCH_WINDOWS)]
+        result = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+        missing = np.flatnonzero(~result["target_found"].all(axis=1))
+        for s in range(0, len(missing), BATCH_WINDOWS):
+            rows = missing[s:s + BATCH_WINDOWS]
+            exact = generate(windows[rows], "context_logits")
+            for key in result:
+                result[key][rows] = exact[key]
+    finally:
+        llm.shutdown()
+    return result
