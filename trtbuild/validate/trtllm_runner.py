@@ -28,7 +28,7 @@ Cost and which path is used:
 - Engines (TensorRT backend, `tensorrt_llm._tensorrt_engine.LLM`): both paths need an engine built
   with `--gather_context_logits`; without it the LLM API refuses prompt_logprobs ("requires
   gather_context_logits=True in the BuildConfig") and has no context logits. The flag reserves a
-  logits buffer of about max_num_tokens x vocab x 4 bytes (8192 x 128k = 4 GiB) on every engine,
+  logits buffer of about max_num_tokens x vocab x 4 bytes (float32 logits; 8192 x 128k = 4 GiB),
   so it belongs on validation engines only, or the published engine must carry that memory. On this
   backend prompt_logprobs are computed from those same context logits, so they save nothing:
   `run` uses the context-logits path for engines (exact). The logits come in the engine's
