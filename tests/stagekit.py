@@ -130,3 +130,19 @@ def counting(ctx: StageContext) -> None:
 
 
 COUNTING = Stage("counting", 1, "stagekit:counting")
+
+
+def damaged_checkpoint(ctx: StageContext) -> None:
+    """The real unquantized conversion, then one layer's MLP rows permuted: a broken checkpoint
+    whose shapes and names are all correct."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from trtbuild.stages.checkpoint import convert_checkpoint
+
+    convert_checkpoint(ctx)
+    path = ctx.out / "rank0.safetensors"
+    tensors = load_file(path)
+    name = "transformer.layers.0.mlp.fc.weight"
+    tensors[name] = tensors[name][torch.randperm(tensors[name].shape[0], generator=torch.Generator().manual_seed(0))]
+    save_file(tensors, path)

@@ -60,7 +60,7 @@ class Graph:
         keep = set(ids)
         for node in reversed(self.nodes):
             if node.id in keep:
-                keep |= set(node.inputs.values())
+                keep |= set(node.inputs.values()) | set(node.after)
         return Graph(self.recipe, [n for n in self.nodes if n.id in keep])
 
 

@@ -76,7 +76,7 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
         if r.digest:
             targets[r.id] = {"stage": r.stage, "key": r.key, "digest": r.digest}
             if "gates" in r.summary:  # validation: the headline numbers and whether the gates passed
-                targets[r.id]["metrics"] = {k: round(v, 6) if isinstance(v, float) else v
+                targets[r.id]["metrics"] = {k: float(f"{v:.6g}") if isinstance(v, float) else v
                                             for k, v in r.summary["metrics"].items()}
                 targets[r.id]["gates_passed"] = all(g["passed"] for g in r.summary["gates"].values())
     data = {

@@ -15,6 +15,7 @@ verified (names, shapes and dtypes per rank) before they are stored.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -40,7 +41,8 @@ def make_windows(ctx: StageContext) -> None:
     ids, meta = calibration.make_windows(ctx.inputs["source"], text, ctx.params["samples"], ctx.params["seq_len"],
                                          ctx.params["seed"])
     calibration.save_windows(ctx.out, ids, meta)
-    ctx.report({"samples": int(ids.shape[0]), "seq_len": int(ids.shape[1]), **meta})
+    ctx.report({"samples": int(ids.shape[0]), "seq_len": int(ids.shape[1]), **meta,
+                "text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()})
 
 
 def quantize(ctx: StageContext) -> None:
