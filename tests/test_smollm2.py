@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 from trtbuild.checkpoint.verify import verify_trtllm_checkpoint
 
 
-def build(env: dict, *args) -> dict:
-    result = subprocess.run([sys.executable, "-m", "trtbuild", "build", *args, "--until", "checkpoint", "--json"],
+def build(env: dict, *args, until: str = "checkpoint") -> dict:
+    result = subprocess.run([sys.executable, "-m", "trtbuild", "build", *args, "--until", until, "--json"],
                             capture_output=True, text=True, env=env, timeout=1500)
     assert result.returncode == 0, result.stderr[-3000:]
     return {t["name"]: t for t in json.loads(result.stdout)["targets"]}
@@ -83,8 +83,9 @@ calibration: {samples: 4, seq_len: 64}
 parallelism: [{tp: 3}]
 gpus: [sm90]
 limits: {max_batch_size: 8, max_input_len: 1024, max_seq_len: 2048}
+validate: {samples: 2, seq_len: 128}
 """ % (Path(targets["source"]["path"]) / "config.json"))
-    tp3 = build(env, str(recipe))
+    tp3 = build(env, str(recipe), until="validate")
     assert tp3["source"]["status"] == "cached" and tp3["source"]["digest"] == targets["source"]["digest"]
     config = hf_config(targets)
     for name in ("base-tp3", "fp8-tp3", "awq-tp3"):
@@ -95,3 +96,14 @@ limits: {max_batch_size: 8, max_input_len: 1024, max_seq_len: 2048}
     assert tuple(rank2["transformer.layers.0.attention.qkv.weight"].shape) == (5 * 64, 576)
     awq = json.loads((Path(tp3["awq-tp3"]["path"]) / "config.json").read_text())["quantization"]
     assert awq["quant_algo"] == "W4A16_AWQ" and awq["group_size"] == 64
+
+    # FP8 and INT4 AWQ give plausible, non-zero numbers that pass the default gates; the
+    # unquantized tp3 checkpoint, read back from its three ranks, is the source itself
+    base = tp3["base-tp3:validate"]["metrics"]
+    assert base["kld_mean"] < 1e-6 and base["top1_agreement"] == 1.0
+    for name in ("fp8-tp3:validate", "awq-tp3:validate"):
+        entry = tp3[name]
+        assert entry["status"] == "built", (name, entry["reason"])
+        assert 0 < entry["metrics"]["kld_mean"] and entry["metrics"]["top1_agreement"] < 1
+        assert all(g["passed"] for g in entry["gates"].values()), (name, entry["gates"])
+    assert tp3["awq-tp3:validate"]["metrics"]["kld_mean"] > tp3["fp8-tp3:validate"]["metrics"]["kld_mean"] / 10
