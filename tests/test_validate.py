@@ -161,3 +161,16 @@ def test_kl_from_top_k_is_a_close_lower_bound():
     approx = metrics.kl_topk(ids, top, q.astype(np.float32))
     assert np.all(approx <= exact + 1e-5)
     assert np.abs(approx - exact).mean() < 0.15 * exact.mean()
+
+
+def test_report_command_writes_the_page_and_plot(built, project):
+    store, _, targets = built
+    result = subprocess.run([sys.executable, "-m", "trtbuild", "report", str(project / "recipe.yaml"), "--store", str(store)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    html, png = (Path(line) for line in result.stdout.split())
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = html.read_text()
+    assert 'id="matrix"' in page and "fp8-tp1" in page and "bf16-hf" in page
+    kld = targets["fp8-tp1:validate"]["metrics"]["kld_mean"]
+    assert f"{kld:.3g}" in page or f"{kld:.2e}" in page or "KL" in page

@@ -268,6 +268,29 @@ def parse_size(text: str) -> int:
 
 
 @cli.command()
+@click.argument("recipe", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@STORE_OPTION
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for report.html and report.png (default: <store>/reports/<recipe name>).")
+def report(recipe: Path | None, store_url, out_dir: Path | None) -> None:
+    """Write an HTML page and a PNG plot of RECIPE's matrix: per target its size, estimated memory,
+    KL divergence, top-1 agreement, perplexity change and gates (default: the embedded recipe)."""
+    from trtbuild import lockfile
+    from trtbuild.plan import plan_recipe
+    from trtbuild.report.collect import rows
+    from trtbuild.report.html import render_report
+    from trtbuild.store.local import open_store
+
+    loaded = _load(recipe)
+    store = open_store(store_url)
+    plan = plan_recipe(loaded)
+    lock = lockfile.read(lockfile.lock_path_for(loaded, store.root, embedded=recipe is None))
+    out_dir = out_dir or store.root / "reports" / loaded.recipe.name
+    html, png = render_report(loaded.recipe.name, rows(plan, store, lock), out_dir)
+    click.echo(f"{html}\n{png}")
+
+
+@cli.command()
 def schema() -> None:
     """Print the JSON Schema of a recipe (for editors and linters)."""
     import json

@@ -1,0 +1,42 @@
+"""The rows of a recipe's report: every planned target with its estimate, and what the store and
+the lock file know of it (size on disk, validation metrics, gates)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from trtbuild.plan import Plan
+from trtbuild.store.local import LocalStore
+
+
+def rows(plan: Plan, store: LocalStore, lock: Optional[dict]) -> list[dict]:
+    locked = (lock or {}).get("targets") or {}
+    out = []
+    for target in plan.targets:
+        variant = plan.recipe.variants[target.variant]
+        entry = locked.get(target.name)
+        record = store.get_record(entry["key"]) if entry else None
+        validation = locked.get(f"{target.name}:validate")
+        summary = (store.get_record(validation["key"]) or {}).get("summary", {}) if validation else {}
+        if not target.ok:
+            status = "impossible"
+        elif record is None:
+            status = "planned"
+        else:
+            status = "failed" if summary.get("gates") and not validation.get("gates_passed", True) else "built"
+        metrics = summary.get("metrics", {})
+        if target.kind == "engine" and not metrics:  # an engine shares its checkpoint's numbers until validated itself
+            checkpoint = locked.get(f"{target.depends_on[0]}:validate")
+            metrics = ((store.get_record(checkpoint["key"]) or {}).get("summary", {}) if checkpoint else {}).get("metrics", {})
+        est = target.estimate
+        out.append({
+            "target": target.name, "kind": target.kind, "variant": target.variant, "quant": variant.quant,
+            "kv_cache": variant.kv_cache, "tp": target.tp, "pp": target.pp, "gpu": target.gpu, "status": status,
+            "size_bytes": record.get("size") if record else None,
+            "weights_bytes_per_gpu": est.weights_bytes_per_gpu if est else None,
+            "kv_tokens": est.kv_tokens if est else None,
+            "kld_mean": metrics.get("kld_mean"), "kld_p99": metrics.get("kld_p99"),
+            "top1_agreement": metrics.get("top1_agreement"), "ppl_delta_pct": metrics.get("ppl_delta_pct"),
+            "gates": summary.get("gates"), "reason": target.reason,
+        })
+    return out
