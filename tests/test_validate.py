@@ -172,5 +172,7 @@ def test_report_command_writes_the_page_and_plot(built, project):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = html.read_text()
     assert 'id="matrix"' in page and "fp8-tp1" in page and "bf16-hf" in page
+    row = page[page.index("<code>fp8-tp1</code>"):]
+    row = row[:row.index("</tr>")]
     kld = targets["fp8-tp1:validate"]["metrics"]["kld_mean"]
-    assert f"{kld:.3g}" in page or f"{kld:.2e}" in page or "KL" in page
+    assert f'<td class="num">{kld:.3g}</td>' in row and "passed" in row and "status-built" in row
