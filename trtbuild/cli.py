@@ -118,7 +118,7 @@ def _load(recipe: Path | None):
 @cli.command()
 @click.argument("recipe", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--target", "targets", multiple=True, metavar="GLOB", help="Build only matching targets (and what they need).")
-@click.option("--until", metavar="STAGE", help="Stop after this stage: source, checkpoint, engine, validate.")
+@click.option("--until", metavar="STAGE", help="Stop after this stage: source, checkpoint, validate, engine.")
 @click.option("--gpu", default="all", show_default=True, metavar="auto|SM|all",
               help="Engines to build: auto = the SMs of this host's GPUs, an SM or product, or all.")
 @STORE_OPTION

@@ -15,8 +15,9 @@ from trtbuild.stages.base import Stage
 from trtbuild.stages.registry import NOT_YET, STAGES
 
 SOURCE = "source"
-STAGE_ORDER = {"source": 0, "calibration": 1, "quantize": 1, "checkpoint": 1, "hf-checkpoint": 1, "engine": 2,
-               "reference": 3, "validate": 3}
+# `--until STAGE` keeps the nodes at or before STAGE. Checkpoints are validated before any engine.
+STAGE_ORDER = {"source": 0, "calibration": 1, "quantize": 1, "checkpoint": 1, "hf-checkpoint": 1,
+               "reference": 2, "validate": 2, "engine": 3}
 
 
 @dataclass(frozen=True)
