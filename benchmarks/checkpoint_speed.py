@@ -25,8 +25,9 @@ compares with ModelOpt's export of a ~4 GB unquantized LLaMA checkpoint.
    the same tensors (names, shapes, dtypes, bytes), one tensor at a time.
 
 Each run waits until the machine is idle (other processes below 0.25 cores over 2 s, at most
-5 minutes) and reports the cores other processes kept busy while it ran ("others"): on a shared
-2-core machine someone's test suite can double every time.
+5 minutes) and reports the cores other processes kept busy while it ran ("others"); a run with
+others above 0.25 is run again (--retries, default 2) and the least disturbed one is kept: on a
+shared 2-core machine someone's test suite can double every time.
 
 Peak RSS is each child's VmHWM (/proc/self/status), with ru_maxrss checked against it: on Linux a
 child's ru_maxrss starts from its parent's high-water mark at fork, so this process never imports
@@ -216,7 +217,26 @@ def wait_quiet() -> float:
             return time.perf_counter() - start
 
 
+RETRIES = 2  # --retries: reruns of a run that others disturbed
+
+
 def run_child(code: str, args: list[str], log: Path) -> dict:
+    """`run_once`, rerun up to RETRIES times while other processes kept more than QUIET_CORES cores
+    busy during the run; the least disturbed run is returned (with `attempts`)."""
+    best = None
+    for attempt in range(1 + RETRIES):
+        report = run_once(code, args, log)
+        report["attempts"] = attempt + 1
+        if best is None or report["others_cores"] < best["others_cores"]:
+            best = report
+        if report["others_cores"] <= QUIET_CORES:
+            break
+        print(f"  (disturbed: other processes kept {report['others_cores']:.2f} cores busy; "
+              f"{'running it again' if attempt < RETRIES else 'keeping the least disturbed run'})", flush=True)
+    return best
+
+
+def run_once(code: str, args: list[str], log: Path) -> dict:
     """Run `code` in a fresh interpreter; its last stdout line is a JSON report. stderr goes to `log`.
     Adds process_s (wall) and others_cores: the cores other processes kept busy meanwhile (machine
     busy time minus the child's own CPU time, over the wall time): other work on these 2 cores
@@ -469,6 +489,7 @@ def part_convert(layers: int, repeat: int, tmp: Path) -> list[str]:
 
 
 def main() -> int:
+    global RETRIES
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", choices=("quantize", "convert", "all"), default="all")
     parser.add_argument("--formats", default=",".join(FORMATS),
@@ -477,6 +498,9 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=10, help="layers of the synthetic model (default 10: 4.07 GB)")
     parser.add_argument("--repeat", type=int, default=3,
                         help="conversion runs of each kind, order alternating; medians count (default 3)")
+    parser.add_argument("--retries", type=int, default=RETRIES,
+                        help=f"reruns of a run during which other processes kept > {QUIET_CORES} cores busy "
+                             f"(default {RETRIES})")
     parser.add_argument("--store", type=Path, help="artifact store for the SmolLM2 source (default: a temp folder)")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (generated model, outputs, logs)")
     args = parser.parse_args()
@@ -487,6 +511,7 @@ def main() -> int:
     if args.repeat < 1 or args.layers < 1:
         parser.error("--repeat and --layers must be at least 1")
 
+    RETRIES = max(0, args.retries)
     print(f"python {platform.python_version()}, {os.cpu_count()} CPUs, {platform.platform()}")
     tmp = Path(tempfile.mkdtemp(prefix="trtbuild-ckpt-speed-"))
     failures: list[str] = []

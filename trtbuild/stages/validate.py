@@ -50,7 +50,7 @@ def make_reference(ctx: StageContext) -> None:
     ctx.report({"text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
                 "windows": int(windows.shape[0]), "seq_len": int(windows.shape[1]), "top_k": ctx.params["top_k"],
                 "ppl": float(np.exp(nll.mean())), "text_tokens": meta.get("tokens"), "overlapping": meta.get("overlapping"),
-                "device": device, "seconds": round(time.monotonic() - started, 2)})
+                "device": device, "seconds": round(time.monotonic() - started, 2), "peak_rss_mib": _peak_rss_mib()})
 
 
 def _candidate(ctx: StageContext, device: str):
@@ -95,9 +95,15 @@ def validate(ctx: StageContext) -> None:
              ref_nll=comparison.ref_nll.mean(axis=1), cand_nll=comparison.cand_nll.mean(axis=1))
     summary = {"metrics": result.as_json(), "stderr": result.stderr, "gates": gates, "warnings": warnings,
                "gates_reliable": not overlap, "calibration_overlap": overlap, "runner": "torch", "device": device,
-               "windows": result.windows, "seconds": round(time.monotonic() - started, 2)}
+               "windows": result.windows, "seconds": round(time.monotonic() - started, 2), "peak_rss_mib": _peak_rss_mib()}
     (ctx.out / "report.md").write_text(_markdown(ctx.runtime.get("target", ""), summary))
     ctx.report(summary)
+
+
+def _peak_rss_mib() -> float:
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def _text_sha(artifact: Path):
