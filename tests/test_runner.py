@@ -215,7 +215,8 @@ def test_recipe_graph_rebuilds_only_the_changed_variants_subtree(store, tmp_path
     stand_in = {"calibration": stagekit.RECORD_CALIBRATION, "quantize": stagekit.RECORD_QUANTIZE,
                 "checkpoint:convert": stagekit.RECORD_CHECKPOINT, "checkpoint:export": stagekit.RECORD_CHECKPOINT,
                 "hf-checkpoint:convert": stagekit.RECORD_HF, "hf-checkpoint:export": stagekit.RECORD_HF,
-                "engine": stagekit.RECORD_ENGINE}
+                "engine": stagekit.RECORD_ENGINE, "reference": stagekit.RECORD_REFERENCE,
+                "validate": stagekit.RECORD_VALIDATE}
     registry = {**STAGES, **stand_in}
 
     def build(kv: str) -> dict[str, str]:
@@ -237,12 +238,16 @@ backends: [engine, hf-checkpoint]
         return statuses(results)
 
     first = build("fp8")
-    # source, calibration, fp8-quantized, and per variant 2 checkpoints + 4 engines + 1 HF checkpoint
-    assert set(first.values()) == {"built"} and len(first) == 3 + 2 * (2 + 4 + 1)
+    # source, calibration, fp8-quantized, reference, per variant 2 checkpoints + 4 engines + 1 HF
+    # checkpoint + 3 validations (fp8's three share one key: 1 built, 2 cached)
+    assert len(first) == 4 + 2 * (2 + 4 + 1 + 3)
+    assert [n for n, st in first.items() if st != "built"] == ["fp8-tp2:validate", "fp8-hf:validate"]
     second = build("null")  # fp8 without the FP8 KV cache
     rebuilt = {name for name, status in second.items() if status == "built"}
+    # the calibration set and the reference are the same: not rebuilt; fp8's three validations share
+    # one key (its quantized model), built once
     assert rebuilt == {"fp8-quantized", "fp8-tp1", "fp8-tp2", "fp8-tp1-sm89", "fp8-tp1-sm90", "fp8-tp2-sm89",
-                       "fp8-tp2-sm90", "fp8-hf"}  # the calibration set is the same: not rebuilt
+                       "fp8-tp2-sm90", "fp8-hf", "fp8-tp1:validate"}
     assert {name for name, status in second.items() if status == "cached"} == set(first) - rebuilt
     assert counts(runs)["bf16-tp1-sm90"] == 1 and counts(runs)["fp8-tp1-sm90"] == 2
 
