@@ -54,7 +54,7 @@ def test_bad_configs_name_the_key(config, message):
 def test_unreadable_configs(tmp_path):
     bad = tmp_path / "config.json"
     bad.write_text("{not json")
-    with pytest.raises(InvalidInput, match=r"config.json: not a JSON config"):
+    with pytest.raises(InvalidInput, match=r"config.json: not JSON"):
         load_config(bad)
     with pytest.raises(InvalidInput, match="no such file"):
         load_config(tmp_path / "nope.json")

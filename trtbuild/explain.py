@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from trtbuild import keys
 from trtbuild.errors import InvalidInput
-from trtbuild.graph import Graph, Node
+from trtbuild.graph import Graph
 from trtbuild.runner import key_fields, resolve_source
 from trtbuild.store.local import LocalStore
 

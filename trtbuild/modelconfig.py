@@ -127,16 +127,21 @@ def parse_config(config: dict, source: str = "config.json") -> ModelSpec:
     )
 
 
-def load_config(path: Path) -> ModelSpec:
+def read_json_object(path: Path) -> dict:
+    """A JSON file that must hold an object (config.json and the like); one-line errors."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InvalidInput(f"{path}: no such file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"{path}: not a JSON config ({exc})") from None
+        raise InvalidInput(f"{path}: not JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise InvalidInput(f"{path}: a config.json holds a JSON object")
-    return parse_config(data, str(path))
+        raise InvalidInput(f"{path}: expected a JSON object")
+    return data
+
+
+def load_config(path: Path) -> ModelSpec:
+    return parse_config(read_json_object(path), str(path))
 
 
 def padded_vocab(vocab_size: int, tp: int) -> int:

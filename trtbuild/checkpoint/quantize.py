@@ -172,7 +172,6 @@ def _torch_dtype(dtype: str):
 
 def load_model(source_dir: Union[Path, str], dtype: str, device: str):
     """AutoModelForCausalLM from a HF folder in `dtype`, eval mode, on `device`."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     torch_dtype = _torch_dtype(dtype)
@@ -655,7 +654,6 @@ def export_trtllm(model, out_dir: Union[Path, str], tp: int, pp: int, dtype: str
     qwen_type/attn_bias for Qwen2, rotary_base/rotary_scaling when missing."""
     import warnings
 
-    import torch
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
     from trtbuild.checkpoint.trtllm_convert import hf_rope

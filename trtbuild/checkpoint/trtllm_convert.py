@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
 
+from trtbuild.modelconfig import read_json_object
 from trtbuild import __version__
 from trtbuild.errors import InvalidInput
 from trtbuild.modelconfig import padded_vocab, parse_config
@@ -278,16 +279,7 @@ def read_safetensors_header(path: Path) -> dict[str, dict]:
     return header
 
 
-def load_json(path: Path) -> dict:
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InvalidInput(f"{path}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"{path}: not JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise InvalidInput(f"{path}: expected a JSON object")
-    return data
+load_json = read_json_object  # config.json files of checkpoints, with the project's one-line errors
 
 
 # --------------------------------------------------------------------------------------------

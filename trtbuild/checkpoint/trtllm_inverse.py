@@ -78,7 +78,7 @@ def trtllm_to_hf_state(ckpt_dir: Union[Path, str], hf_config: dict) -> dict:
     tp, pp, world = _mapping(cfg)
     dtype = getattr(torch, cfg["dtype"])
     per_stage = L.num_layers // pp
-    hd, H = L.head_dim, L.hidden
+    hd = L.head_dim
     q_per = L.heads * hd // tp
     kv_per = (L.kv_heads // tp if L.kv_heads >= tp else 1) * hd
     I_per = L.intermediate // tp

@@ -156,7 +156,7 @@ class _Expected:
 
     def rank(self, rank: int) -> dict[str, _Expect]:
         L, tp, D = self.L, self.tp, self.D
-        t, p = rank % tp, rank // tp
+        p = rank // tp
         H, hd = L.hidden, L.head_dim
         out: dict[str, _Expect] = {}
         vocab_per = padded_vocab(self.vocab, tp) // tp

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from trtbuild.modelfiles import MODEL_FILES, select_model_files  # noqa: F401  (re-exported)
 from trtbuild.store.state import StatCache
 
 

@@ -20,7 +20,8 @@ from trtbuild.errors import InvalidInput
 from trtbuild.hub import hub_error, offline
 from trtbuild.keys import canonical_json
 from trtbuild.stages.base import StageContext
-from trtbuild.stages.source.common import Resolved, SourceContext, select_model_files
+from trtbuild.modelfiles import select_model_files
+from trtbuild.stages.source.common import Resolved, SourceContext
 
 SHA256, GIT = "sha256:", "git-sha1:"
 

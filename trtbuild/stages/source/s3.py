@@ -8,7 +8,8 @@ from pathlib import Path
 from trtbuild.errors import InvalidInput
 from trtbuild.stages.base import StageContext
 from trtbuild.stages.source import remote
-from trtbuild.stages.source.common import Resolved, SourceContext, select_model_files
+from trtbuild.modelfiles import select_model_files
+from trtbuild.stages.source.common import Resolved, SourceContext
 from trtbuild.store.tree import Entry, Manifest
 
 
