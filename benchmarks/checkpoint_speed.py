@@ -21,7 +21,8 @@ compares with ModelOpt's export of a ~4 GB unquantized LLaMA checkpoint.
    and (b) ModelOpt's path, `AutoModelForCausalLM.from_pretrained(dtype=bf16)` +
    `export_tensorrt_llm_checkpoint(..., inference_tensor_parallel=1)`. Times are measured inside
    the process after its imports (torch, transformers, modelopt: not the conversion's cost); the
-   whole process time is printed too; medians decide. Then checks that both rank0.safetensors hold
+   whole process time is printed too; medians decide (the first run after the generator is about
+   2x slower, whichever converter it is: use --repeat 3 or more). Then checks that both rank0.safetensors hold
    the same tensors (names, shapes, dtypes, bytes), one tensor at a time.
 
 Each run waits until the machine is idle (other processes below 0.25 cores over 2 s, at most
