@@ -97,7 +97,6 @@ def test_json_summary_statuses_and_read_only_paths(recipe, model, tmp_path):
     expected = sorted(p.name for p in model.iterdir() if p.is_file() and p.name not in ("README.md", "pytorch_model.bin"))
     assert names == expected  # config, tokenizer, safetensors; no README, no .bin duplicate, no original/
     assert (folder / "config.json").read_bytes() == (model / "config.json").read_bytes()
-    assert not os.access(folder / "config.json", os.W_OK) or os.geteuid() == 0
     assert (folder / "config.json").stat().st_mode & 0o222 == 0
     ckpt = targets["bf16-tp1"]
     assert (ckpt["stage"], ckpt["status"], ckpt["reason"]) == ("checkpoint", "skipped", "after --until source")
