@@ -332,6 +332,48 @@ def test_verifier_rejects(case, ours, hf_model, tmp_path):
         assert fragment in message, (fragment, message)
 
 
+_NVFP4_LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
+
+
+def _as_nvfp4(folder: Path, kv_cache: bool) -> None:
+    """Rewrite an unquantized checkpoint into the NVFP4 layout ModelOpt 0.47 exported on an H200
+    (trtbuild/checkpoint/verify.py's docstring): FP4 pairs in U8 [out, in/2], FP8 block scales
+    [out, in/16], scalar second-level and activation scales; scalar KV-cache scales."""
+    def edit(tensors: dict) -> None:
+        for name in [n for n in tensors if n.endswith(".weight") and any(f".{m}." in n for m in _NVFP4_LINEARS)]:
+            module = name[: -len(".weight")]
+            n_out, n_in = tensors[name].shape
+            tensors[name] = torch.zeros(n_out, n_in // 2, dtype=torch.uint8)
+            tensors[module + ".weights_scaling_factor"] = torch.zeros(n_out, n_in // 16, dtype=torch.float8_e4m3fn)
+            tensors[module + ".weights_scaling_factor_2"] = torch.tensor(1.0)
+            tensors[module + ".activation_scaling_factor"] = torch.tensor(1.0)
+            if kv_cache and module.endswith("attention.qkv"):
+                layer = module[: -len("qkv")]
+                for scale in ("kv_cache_scaling_factor", "k_cache_scaling_factor", "v_cache_scaling_factor"):
+                    tensors[layer + scale] = torch.tensor(1.0)
+
+    for rank in range(len(list(folder.glob("rank*.safetensors")))):
+        _edit_rank(folder, rank, edit)
+    _edit_config(folder, lambda c: c.update(quantization={
+        "quant_algo": "NVFP4", "kv_cache_quant_algo": "NVFP4" if kv_cache else None, "group_size": 16,
+        "exclude_modules": ["lm_head"]}))
+
+
+@pytest.mark.parametrize("kv_cache", [False, True], ids=["nvfp4", "nvfp4-kv-nvfp4"])
+def test_verifier_knows_the_measured_nvfp4_layout(kv_cache, ours, hf_model, tmp_path):
+    nvfp4 = tmp_path / "ckpt"
+    shutil.copytree(ours("llama", 2, 2), nvfp4)
+    _as_nvfp4(nvfp4, kv_cache)
+    hf = hf_config(hf_model("llama"))
+    verify_trtllm_checkpoint(nvfp4, hf)
+    # int4 packed the AWQ way (along the output dimension) is not NVFP4's layout
+    name = "transformer.layers.1.mlp.proj.weight"
+    _edit_rank(nvfp4, 2, lambda t: t.update({name: torch.zeros(t[name].shape[0] // 2, t[name].shape[1] * 2,
+                                                                  dtype=torch.uint8)}))
+    with pytest.raises(TrtbuildError, match=r"rank2.safetensors: transformer.layers.1.mlp.proj.weight shape expected"):
+        verify_trtllm_checkpoint(nvfp4, hf)
+
+
 def test_verifier_rejects_modelopt_qwen_until_fixed(modelopt_ckpt, hf_model, tmp_path):
     """ModelOpt's Qwen2 config lacks qwen_type/attn_bias; fix_trtllm_config adds them."""
     folder = tmp_path / "qwen"

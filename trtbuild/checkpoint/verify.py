@@ -17,8 +17,14 @@ Tensor names, shapes and dtypes per quantization are the ones ModelOpt 0.47 expo
 - W4A8_AWQ: as W4A16_AWQ plus weights_scaling_factor_2 [1] and activation_scaling_factor [1], F32.
 - W4A16: not produced by ModelOpt 0.47 (no config maps to it); checked by analogy with W8A16 and
   the int4 packing: weight I8 [out/2, in], weights_scaling_factor [out] F32.
+- NVFP4 (measured on an H200 with ModelOpt 0.47, tiny LLaMA at TP1 and TP2; NVFP4 cannot be
+  calibrated on a CPU): weight U8 [out, in/2] (two FP4 values per byte along the input dimension,
+  unlike AWQ's int4 packing along the output); weights_scaling_factor [out, in/16] F8_E4M3 (one
+  per block of 16); weights_scaling_factor_2 [] F32 and activation_scaling_factor [] F32 (scalars
+  with no dimension). group_size in config.json is 16.
 - kv_cache_quant_algo set: attention.kv_cache_scaling_factor [1] F32 is required; ModelOpt 0.47 also
-  writes k_cache_scaling_factor and v_cache_scaling_factor [1] F32, which are allowed.
+  writes k_cache_scaling_factor and v_cache_scaling_factor [1] F32, which are allowed. With an NVFP4
+  KV cache the three are scalars ([] F32), also measured on the H200.
 lm_head (and anything else matched by quantization.exclude_modules) stays unquantized. Quantized
 Mixtral experts are only partly modelled: expert weights are checked, their scale tensors are
 allowed but not shape-checked (no quantized MoE export was available to measure).
@@ -47,8 +53,8 @@ from trtbuild.modelconfig import padded_vocab
 from trtbuild.trtllm import ENGINE_ARCHITECTURES
 
 QUANT_ALGOS = (None, "FP8", "FP8_PER_CHANNEL_PER_TOKEN", "W8A8_SQ_PER_CHANNEL", "W4A16_AWQ", "W4A8_AWQ",
-               "W8A16", "W4A16")
-KV_CACHE_ALGOS = (None, "FP8", "INT8")
+               "W8A16", "W4A16", "NVFP4")
+KV_CACHE_ALGOS = (None, "FP8", "INT8", "NVFP4")  # reference/trtllm.md section 3: KV_CACHE_QUANT_ALGO_LIST
 _AWQ = ("W4A16_AWQ", "W4A8_AWQ")
 _ST_OF = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
 _RANK_FILE = re.compile(r"^rank(\d+)\.safetensors$")
@@ -141,14 +147,19 @@ class _Expected:
             if algo == "W4A8_AWQ":
                 out[module + ".weights_scaling_factor_2"] = _Expect((1,), "F32")
                 out[module + ".activation_scaling_factor"] = _Expect((1,), "F32")
+        elif algo == "NVFP4":
+            out[w] = _Expect((n_out, n_in // 2), "U8")
+            out[module + ".weights_scaling_factor"] = _Expect((n_out, n_in // 16), "F8_E4M3")
+            out[module + ".weights_scaling_factor_2"] = _Expect((), "F32")
+            out[module + ".activation_scaling_factor"] = _Expect((), "F32")
 
     def experts(self, out: dict, module: str, shape: tuple[int, int, int]) -> None:
         algo = None if _excluded(module, self.exclude) else self.algo
         if algo is None:
             out[module + ".weight"] = _Expect(shape, self.D)
             return
-        packed = algo in _AWQ or algo == "W4A16"
-        dtype = "F8_E4M3" if algo.startswith("FP8") else "I8"
+        packed = algo in _AWQ or algo in ("W4A16", "NVFP4")
+        dtype = "F8_E4M3" if algo.startswith("FP8") else "U8" if algo == "NVFP4" else "I8"
         out[module + ".weight"] = _Expect(None if packed else shape, dtype)
         for scale in ("weights_scaling_factor", "weights_scaling_factor_2", "activation_scaling_factor",
                       "prequant_scaling_factor", "per_channel_scale"):
@@ -181,9 +192,10 @@ class _Expected:
             if L.dense_bias:
                 out[d + "attention.dense.bias"] = _Expect((H,), D)
             if self.kv_algo:
-                out[d + "attention.kv_cache_scaling_factor"] = _Expect((1,), "F32")
-                out[d + "attention.k_cache_scaling_factor"] = _Expect((1,), "F32", required=False)
-                out[d + "attention.v_cache_scaling_factor"] = _Expect((1,), "F32", required=False)
+                scale = () if self.kv_algo == "NVFP4" else (1,)
+                out[d + "attention.kv_cache_scaling_factor"] = _Expect(scale, "F32")
+                out[d + "attention.k_cache_scaling_factor"] = _Expect(scale, "F32", required=False)
+                out[d + "attention.v_cache_scaling_factor"] = _Expect(scale, "F32", required=False)
             if L.num_experts:
                 E = L.num_experts
                 out[d + "mlp.router.weight"] = _Expect((E, H), "F32")  # never quantized
