@@ -63,7 +63,7 @@ def test_one_reference_shared_by_every_validation(built):
     _, rc, targets = built
     assert rc == 0
     assert targets["reference"]["status"] == "built"
-    validations = [t for t in targets.values() if t["stage"] == "validate"]
+    validations = [t for t in targets.values() if t["stage"] == "validate" and t["status"] != "skipped"]
     assert {t["name"] for t in validations} == {"bf16-tp1:validate", "bf16-tp2:validate", "bf16-hf:validate",
                                                  "fp8-tp1:validate", "fp8-tp2:validate", "fp8-hf:validate"}
     # fp8 is validated through its restored quantized model: one key for every parallelism and the HF form
@@ -102,6 +102,21 @@ def test_engines_wait_for_validation(built):
     _, _, targets = built
     assert targets["fp8-tp1-sm90"]["status"] == "skipped"  # no GPU here, but only after the validation passed
     assert targets["fp8-tp1-sm90"]["reason"].startswith("needs sm90 GPU")
+
+
+def test_what_tensorrt_llm_must_validate_is_skipped_here_with_the_reason(built):
+    """Engines (through a twin built with --gather_context_logits) and hf-checkpoints as TensorRT-LLM
+    serves them: nodes of the build, skipped on a host without tensorrt_llm and a GPU."""
+    _, _, targets = built
+    for variant in ("bf16", "fp8"):
+        twin, check = targets[f"{variant}-tp1-sm90:twin"], targets[f"{variant}-tp1-sm90:validate"]
+        assert twin["stage"] == "engine" and twin["status"] == "skipped" and twin["reason"].startswith("needs sm90 GPU")
+        assert check["stage"] == "validate" and check["status"] == "skipped"
+        assert check["reason"].startswith("needs tensorrt_llm 1.2.x and an NVIDIA GPU (this machine: no tensorrt_llm")
+        hf = targets[f"{variant}-hf:validate-trtllm"]
+        assert hf["stage"] == "validate" and hf["status"] == "skipped"
+        assert hf["reason"].startswith("needs tensorrt_llm (PyTorch backend, 1.0 or later) and an NVIDIA GPU")
+        assert "metrics" not in hf and "metrics" not in check  # nothing pretends to have measured them
 
 
 def test_evaluating_on_the_calibration_text_marks_the_gates_unreliable(project):
@@ -163,6 +178,35 @@ def test_kl_from_top_k_is_a_close_lower_bound():
     assert np.abs(approx - exact).mean() < 0.15 * exact.mean()
 
 
+def test_two_sample_test_reproduces_trtllm_mmlu_numbers():
+    """reference/trtllm.md section 7: MMLU, n 4096, sigma 50, alpha 0.05, beta 0.2 gives a threshold
+    about 1.82 below the reference and theta about 2.75."""
+    test = metrics.two_sample_test(4096, 50.0)
+    assert test["threshold_offset"] == pytest.approx(-1.82, abs=0.005)
+    assert test["theta"] == pytest.approx(2.75, abs=0.005)
+
+
+def _metrics(top1_per_window: list, tokens_per_window: int) -> metrics.Metrics:
+    top1 = np.repeat(np.array(top1_per_window)[:, None], tokens_per_window, axis=1)
+    zeros = np.zeros_like(top1)
+    return metrics.summarize(metrics.Comparison(kl=zeros + 0.01, top1=top1, ref_nll=zeros + 2.0, cand_nll=zeros + 2.0))
+
+
+def test_top1_gate_warns_when_the_sample_cannot_detect_a_drop_of_its_margin():
+    # 2 windows x 10 tokens: theta for a 0.97 limit is far above the 0.03 margin
+    few = _metrics([1.0, 0.9], 10)
+    _, warnings, tests = metrics.evaluate_gates(few, {"top1_agreement": 0.97})
+    assert tests["top1_agreement"]["theta"] > tests["top1_agreement"]["margin"] == pytest.approx(0.03)
+    assert any(w.startswith("top1_agreement: ") and "two-sample test" in w for w in warnings)
+    # many windows: enough effective tokens, no such warning
+    many = _metrics([1.0, 0.8] * 200, 100)
+    gates, warnings, tests = metrics.evaluate_gates(many, {"top1_agreement": 0.85})
+    assert gates["top1_agreement"]["passed"] and tests["top1_agreement"]["theta"] < 0.15
+    assert not any("two-sample" in w for w in warnings)
+    # neighbouring tokens are not independent: the effective n comes from the spread over windows
+    assert tests["top1_agreement"]["n"] < many.tokens
+
+
 def test_report_command_writes_the_page_and_plot(built, project):
     store, _, _ = built
     _, targets = build(project, store)  # cached: rewrites the lock other tests changed
@@ -177,3 +221,40 @@ def test_report_command_writes_the_page_and_plot(built, project):
     row = row[:row.index("</tr>")]
     kld = targets["fp8-tp1:validate"]["metrics"]["kld_mean"]
     assert f'<td class="num">{kld:.3g}</td>' in row and "passed" in row and "status-built" in row
+
+
+@pytest.mark.parametrize("mode", ["twin", "published", "none"])
+def test_validate_engines_modes_shape_the_graph(mode, tmp_path):
+    """`validate.engines`: who carries --gather_context_logits, and what the published engine waits for."""
+    from conftest import TINY_LLAMA
+    from trtbuild.graph import build_graph
+    from trtbuild.plan import plan_recipe
+    from trtbuild.recipe import load_recipe
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(TINY_LLAMA))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"schema: 1\nname: r\nsource: {{path: model}}\ngpus: [sm90]\nvalidate: {{engines: {mode}}}\n")
+    graph = build_graph(plan_recipe(load_recipe(recipe)))
+    ids = [n.id for n in graph.nodes]
+    engine = graph.node("base-tp1-sm90")
+    gathers = engine.params["flags"].value.get("gather_context_logits", False)
+    if mode == "twin":
+        twin, check = graph.node("base-tp1-sm90:twin"), graph.node("base-tp1-sm90:validate")
+        assert twin.params["flags"].value == {"gather_context_logits": True} and not gathers
+        assert {k: p.value for k, p in twin.params.items() if k != "flags"} == \
+            {k: p.value for k, p in engine.params.items() if k != "flags"}
+        assert check.inputs["engine"] == twin.id and engine.after == ["base-tp1:validate", check.id]
+        assert ids.index(twin.id) < ids.index(check.id) < ids.index(engine.id)
+    elif mode == "published":
+        check = graph.node("base-tp1-sm90:validate")
+        assert gathers and "validate.engines: published" in engine.params["flags"].origin
+        assert check.inputs["engine"] == engine.id and ids.index(engine.id) < ids.index(check.id)
+        assert not any(i.endswith(":twin") for i in ids)
+    else:
+        assert not gathers and engine.after == ["base-tp1:validate"]
+        assert not any(i.startswith("base-tp1-sm90:") for i in ids)
+    # with --no-validate nothing asks for the flag
+    plain = build_graph(plan_recipe(load_recipe(recipe)), validate=False)
+    assert [n.id for n in plain.nodes if n.kind == "engine"] == ["base-tp1-sm90"]
+    assert plain.node("base-tp1-sm90").params["flags"].value == {}

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Optional
 
 import numpy as np
 
 TOP_K = 256  # top-64 underestimated KL by 15% on SmolLM2 FP8; 256 costs 2 MB (benchmarks/RESULTS.md)
 Z_95 = 1.6448536269514722  # one-sided 95% (reference/trtllm.md section 7 uses alpha = 0.05)
+# The one-tailed two-sample test of TensorRT-LLM's accuracy CI (reference/trtllm.md section 7):
+# defaults alpha = 0.05 (false failures), beta = 0.2 (missed drops, i.e. power 0.8).
+ALPHA, BETA = 0.05, 0.2
 
 
 def topk_reference(logp_rows: "np.ndarray", k: int = TOP_K) -> tuple[np.ndarray, np.ndarray]:
@@ -32,11 +36,21 @@ def topk_reference(logp_rows: "np.ndarray", k: int = TOP_K) -> tuple[np.ndarray,
 def kl_topk(ref_ids: np.ndarray, ref_logp: np.ndarray, cand_logp_rows: np.ndarray) -> np.ndarray:
     """Per-row KL(reference || candidate) from the reference's top-k and the candidate's full
     log-probabilities: exact over the k tokens, plus both tails lumped into one bin."""
-    cand_at = np.take_along_axis(cand_logp_rows, ref_ids, axis=-1).astype(np.float64)
-    p = np.exp(ref_logp.astype(np.float64))
-    head = np.sum(p * (ref_logp - cand_at), axis=-1)
+    return kl_lumped(ref_logp, np.take_along_axis(cand_logp_rows, ref_ids, axis=-1))
+
+
+def kl_lumped(ref_logp: np.ndarray, cand_at: np.ndarray) -> np.ndarray:
+    """Per-row KL(reference || candidate) from the reference's top-k log-probs and the candidate's
+    log-probs at those same tokens (NaN where the candidate's is unknown, e.g. outside the top-k a
+    TensorRT-LLM runner returned): exact over the known tokens, and the rest of both models lumped
+    into one tail bin, so the result stays a lower bound (log-sum inequality)."""
+    ref_logp = ref_logp.astype(np.float64)
+    cand_at = cand_at.astype(np.float64)
+    known = ~np.isnan(cand_at)
+    p = np.where(known, np.exp(ref_logp), 0.0)
+    head = np.sum(np.where(known, p * (ref_logp - np.where(known, cand_at, 0.0)), 0.0), axis=-1)
     p_tail = np.clip(1.0 - p.sum(axis=-1), 0.0, 1.0)
-    q_tail = np.clip(1.0 - np.exp(cand_at).sum(axis=-1), 1e-12, 1.0)
+    q_tail = np.clip(1.0 - np.where(known, np.exp(np.where(known, cand_at, 0.0)), 0.0).sum(axis=-1), 1e-12, 1.0)
     tail = np.where(p_tail > 1e-12, p_tail * (np.log(np.maximum(p_tail, 1e-300)) - np.log(q_tail)), 0.0)
     return np.maximum(head + tail, 0.0)
 
@@ -112,22 +126,56 @@ def default_gates(quant: Optional[str], kv_cache: Optional[str]) -> dict[str, fl
     return dict(DEFAULT_GATES[family])
 
 
-def evaluate_gates(metrics: Metrics, limits: dict[str, float]) -> tuple[dict[str, dict], list[str]]:
-    """{gate: {value, limit, passed}} and warnings where the sample cannot decide the gate: the
-    one-sided 95% interval of the value (value -/+ z*stderr) straddles the limit."""
-    gates, warnings = {}, []
+def two_sample_test(n: float, sigma: float, alpha: float = ALPHA, beta: float = BETA) -> dict[str, float]:
+    """The one-tailed two-sample test of reference/trtllm.md section 7 for n samples per side with
+    per-sample standard deviation sigma: `scale` = sqrt(2 sigma^2 / n); a candidate fails when it is
+    more than -z(alpha)*scale below the reference (`threshold_offset`, negative); `theta` =
+    -(z(alpha) + z(beta))*scale is the smallest true drop detected with power 1 - beta."""
+    z = NormalDist().inv_cdf
+    scale = math.sqrt(2.0 * sigma * sigma / n) if n > 0 else math.inf
+    return {"n": n, "sigma": sigma, "alpha": alpha, "beta": beta, "scale": scale,
+            "threshold_offset": z(alpha) * scale, "theta": -(z(alpha) + z(beta)) * scale}
+
+
+def agreement_test(metrics: Metrics, limit: float) -> dict[str, float]:
+    """The two-sample test applied to top-1 agreement (an accuracy: a Bernoulli per token, whose
+    reference value is 1, the reference agreeing with itself). sigma is the Bernoulli deviation at
+    the limit, where the gate decides; n is the effective number of tokens, from the spread of the
+    per-window means (neighbouring tokens are not independent), never more than the tokens."""
+    p = metrics.top1_agreement
+    se = metrics.stderr.get("top1_agreement")
+    n = float(metrics.tokens)
+    if se is not None and math.isfinite(se) and se > 0 and 0 < p < 1:
+        n = min(n, p * (1 - p) / (se * se))
+    sigma = math.sqrt(limit * (1 - limit)) if 0 < limit < 1 else 0.5
+    return {**two_sample_test(n, sigma), "margin": 1.0 - limit}
+
+
+def evaluate_gates(metrics: Metrics, limits: dict[str, float]) -> tuple[dict[str, dict], list[str], dict[str, dict]]:
+    """{gate: {value, limit, passed}}, warnings where the sample cannot decide a gate, and the
+    statistical tests behind them. Top-1 agreement, an accuracy, uses the two-sample test of
+    reference/trtllm.md section 7: the gate is meaningless when the smallest drop the sample can
+    detect (theta) exceeds the gate's margin (1 - limit). The other metrics warn when the
+    one-sided 95% interval of the value (value -/+ z*stderr over windows) straddles the limit."""
+    gates, warnings, tests = {}, [], {}
     values = metrics.as_json()
     for name, limit in limits.items():
         value = values[name]
         passed = value >= limit if name in HIGHER_IS_BETTER else value <= limit
         gates[name] = {"value": value, "limit": limit, "passed": bool(passed)}
         se = metrics.stderr.get(name)
+        if name == "top1_agreement":
+            test = tests[name] = agreement_test(metrics, limit)
+            if test["theta"] > test["margin"]:
+                warnings.append(f"top1_agreement: {test['n']:.0f} effective tokens detect a drop of {test['theta']:.3g} "
+                                f"or more (one-tailed two-sample test, alpha {ALPHA}, power {1 - BETA:g}), more than "
+                                f"the gate's margin {test['margin']:.3g}: use more validate.samples")
         if se is not None and math.isfinite(se) and abs(value - limit) < Z_95 * se:
             warnings.append(f"{name} {value:.4g} is within the 95% uncertainty of the sample (±{Z_95 * se:.2g}) "
                             f"of its limit {limit:g}: use more validate.samples to decide it")
         elif se is not None and not math.isfinite(se):
             warnings.append(f"{name}: one window gives no uncertainty estimate; use validate.samples >= 2")
-    return gates, warnings
+    return gates, warnings, tests
 
 
 def window_overlap(eval_ids: np.ndarray, calib_ids: np.ndarray, span: int = 16) -> float:
