@@ -117,6 +117,8 @@ def test_available_reports_the_reason_here():
     reason = available()
     assert reason is not None
     assert reason.startswith("needs tensorrt_llm 1.2.x and an NVIDIA GPU (this machine: no tensorrt_llm")
+    assert available("hf").startswith("needs tensorrt_llm (PyTorch backend, 1.0 or later) and an NVIDIA GPU "
+                                      "(this machine: no tensorrt_llm")
 
 
 def test_available_checks_version_and_gpu(monkeypatch):
@@ -132,13 +134,16 @@ def test_available_checks_version_and_gpu(monkeypatch):
         assert available() is None
     monkeypatch.setattr(runner, "_trtllm_version", lambda: "1.20.0")
     assert "tensorrt_llm 1.20.0" in available()
+    assert available("hf") is None  # hf-checkpoints run on the PyTorch backend of any 1.x
+    monkeypatch.setattr(runner, "_trtllm_version", lambda: "0.21.0")
+    assert "tensorrt_llm 0.21.0" in available("hf")
 
 
 def test_llm_api_and_run_refuse_here():
     with pytest.raises(TrtbuildError, match="no tensorrt_llm"):
         runner.to_llm_api(build_requests(np.zeros((1, 4), np.int32), 2))
     with pytest.raises(TrtbuildError, match="no tensorrt_llm"):
-        runner.run("engine_dir", np.zeros((1, 4), np.int32), 2, "engine")
+        runner.run("engine_dir", np.zeros((1, 4), np.int32), np.zeros((1, 3, 2), np.int32), "engine")
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,6 +32,10 @@ STAGES: dict[str, Optional[Stage]] = {
                        toolchain=("torch", "transformers"), needs=("torch", "transformers")),
     "validate": Stage("validate", 1, "trtbuild.stages.validate:validate",
                       toolchain=("torch", "transformers", "modelopt"), needs=("torch", "transformers", "modelopt")),
+    # Engines and hf-checkpoints as TensorRT-LLM serves them; the node's `requires` says why a host
+    # cannot (trtllm_runner.available) before the needs are checked.
+    "validate:trtllm": Stage("validate", 1, "trtbuild.stages.validate:validate_trtllm",
+                             toolchain=("tensorrt_llm", "tensorrt", "cuda"), needs=("tensorrt_llm",)),
 }
 
 NOT_YET = "this version of trtbuild has no {kind} stage yet"

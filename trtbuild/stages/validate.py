@@ -11,6 +11,7 @@ import hashlib
 import json
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -64,24 +65,59 @@ def _candidate(ctx: StageContext, device: str):
     return torch_runner.load_source(ctx.inputs["hf_checkpoint"], device, dtype)
 
 
-def validate(ctx: StageContext) -> None:
-    from trtbuild.validate import metrics, torch_runner
-
-    started = time.monotonic()
-    device = _device(ctx)
+def _load_reference(ctx: StageContext) -> tuple[np.ndarray, dict]:
     reference = ctx.inputs["reference"]
     windows = np.load(reference / WINDOWS)
     with np.load(reference / REFERENCE_NPZ) as data:
-        ref = {k: data[k] for k in data.files}
+        return windows, {k: data[k] for k in data.files}
+
+
+def validate(ctx: StageContext) -> None:
+    """A checkpoint through the torch runner (transformers, ModelOpt fake quantization)."""
+    from trtbuild.validate import torch_runner
+
+    started = time.monotonic()
+    device = _device(ctx)
+    windows, ref = _load_reference(ctx)
     model = _candidate(ctx, device)
     comparison = torch_runner.compare(model, windows, ref, device,
                                       progress=lambda d, t: report_progress(d, t, "validation windows"))
+    _write_report(ctx, windows, comparison, started, {"runner": "torch", "device": device})
+
+
+def validate_trtllm(ctx: StageContext) -> None:
+    """An engine or a Hugging Face checkpoint through TensorRT-LLM's LLM API on this host's GPU."""
+    from trtbuild import toolchain
+    from trtbuild.validate import trtllm_runner
+
+    started = time.monotonic()
+    windows, ref = _load_reference(ctx)
+    backend = ctx.params["backend"]
+    folder = ctx.inputs["engine" if backend == "engine" else "hf_checkpoint"]
+    candidate = trtllm_runner.run(folder, windows, ref["topk_ids"], backend)
+    comparison = trtllm_runner.compare(candidate, ref)
+    lumped = float(np.isnan(candidate["logp_at_reference"]).mean())
+    extra = {"runner": f"tensorrt_llm {toolchain.package_version('tensorrt_llm')}", "device": "cuda",
+             "backend": backend, "logits_path": candidate["path"], "reference_topk_lumped": lumped}
+    warnings = []
+    if lumped > 0:
+        warnings.append(f"{lumped:.1%} of the reference's top-{ref['topk_ids'].shape[-1]} tokens were outside the "
+                        "candidate's returned top-k and were lumped into the tail (KL divergence a looser lower bound)")
+    _write_report(ctx, windows, comparison, started, extra, warnings)
+
+
+def _write_report(ctx: StageContext, windows: np.ndarray, comparison, started: float, runner: dict,
+                  warnings: Optional[list] = None) -> None:
+    from trtbuild.validate import metrics
+
     result = metrics.summarize(comparison)
-    gates, warnings = metrics.evaluate_gates(result, ctx.params["gates"])
+    gates, gate_warnings, tests = metrics.evaluate_gates(result, ctx.params["gates"])
+    warnings = gate_warnings + list(warnings or [])
     overlap = None
     if "calibration" in ctx.inputs:
         from trtbuild.checkpoint.calibration import load_windows
 
+        reference = ctx.inputs["reference"]
         overlap = metrics.window_overlap(windows, load_windows(ctx.inputs["calibration"]))
         same_text = _text_sha(reference) is not None and _text_sha(reference) == _text_sha(ctx.inputs["calibration"])
         if same_text:
@@ -93,8 +129,8 @@ def validate(ctx: StageContext) -> None:
                             "the gates are unreliable (they flatter the model)")
     np.savez(ctx.out / "per_window.npz", kl=comparison.kl.mean(axis=1), top1=comparison.top1.mean(axis=1),
              ref_nll=comparison.ref_nll.mean(axis=1), cand_nll=comparison.cand_nll.mean(axis=1))
-    summary = {"metrics": result.as_json(), "stderr": result.stderr, "gates": gates, "warnings": warnings,
-               "gates_reliable": not overlap, "calibration_overlap": overlap, "runner": "torch", "device": device,
+    summary = {"metrics": result.as_json(), "stderr": result.stderr, "gates": gates, "tests": tests,
+               "warnings": warnings, "gates_reliable": not overlap, "calibration_overlap": overlap, **runner,
                "windows": result.windows, "seconds": round(time.monotonic() - started, 2), "peak_rss_mib": _peak_rss_mib()}
     (ctx.out / "report.md").write_text(_markdown(ctx.runtime.get("target", ""), summary))
     ctx.report(summary)
@@ -114,7 +150,7 @@ def _text_sha(artifact: Path):
 def _markdown(target: str, summary: dict) -> str:
     m, se = summary["metrics"], summary["stderr"]
     lines = [f"# Validation of {target}", "",
-             f"{m['tokens']} tokens in {summary['windows']} windows, torch runner on {summary['device']}.", "",
+             f"{m['tokens']} tokens in {summary['windows']} windows, {summary['runner']} runner on {summary['device']}.", "",
              "| metric | value | ± (std. error) |", "|---|---|---|",
              f"| KL divergence, mean | {m['kld_mean']:.4g} | {se['kld_mean']:.2g} |",
              f"| KL divergence, p99 | {m['kld_p99']:.4g} | |",
@@ -124,5 +160,10 @@ def _markdown(target: str, summary: dict) -> str:
              "| gate | value | limit | |", "|---|---|---|---|"]
     for name, gate in summary["gates"].items():
         lines.append(f"| {name} | {gate['value']:.4g} | {gate['limit']:g} | {'pass' if gate['passed'] else '**FAIL**'} |")
+    test = summary.get("tests", {}).get("top1_agreement")
+    if test:
+        lines += ["", f"Top-1 agreement, one-tailed two-sample test (reference/trtllm.md section 7): "
+                      f"{test['n']:.0f} effective tokens detect a drop of {test['theta']:.3g} or more "
+                      f"(alpha {test['alpha']:g}, power {1 - test['beta']:g}); the gate's margin is {test['margin']:.3g}."]
     lines += [""] + [f"- {w}" for w in summary["warnings"]]
     return "\n".join(lines) + "\n"

@@ -36,9 +36,12 @@ Cost and which path is used:
   vocab-padded (to a multiple of tp); the padding columns are cut before the softmax.
 - Hugging Face checkpoints (PyTorch backend, `tensorrt_llm.LLM`): no build flag. prompt_logprobs
   make the executor gather context logits for that request only (SamplingParams._get_output_config
-  turns return_context_logits on internally and the worker drops them after the top-k), so `run`
-  uses the prompt_logprobs path and re-runs only the windows whose actual next token fell outside
-  the returned top-k through the context-logits path.
+  turns return_context_logits on internally and the worker drops them after the top-k), so only k
+  numbers per position travel; but KL(reference || candidate) needs the candidate's log-prob of
+  the reference's top-k tokens, and those outside the candidate's own top-k are then unknown (they
+  are lumped into the tail: a lower bound, loose on flat distributions). `run` therefore takes the
+  context-logits path for both backends by default (exact), and offers prompt_logprobs for
+  hf-checkpoints as a memory-lean option whose report says how much was lumped.
 
 TensorRT-LLM source facts used (NVIDIA/TensorRT-LLM, file@commit; b35ac1b6 is 1.2.0rc2 by its
 tensorrt_llm/version.py):
@@ -86,7 +89,8 @@ import numpy as np
 
 from trtbuild.errors import TrtbuildError
 
-NEEDS = "needs tensorrt_llm 1.2.x and an NVIDIA GPU"
+NEEDS = {"engine": "needs tensorrt_llm 1.2.x and an NVIDIA GPU",  # the TensorRT engine backend ends with 1.2
+         "hf": "needs tensorrt_llm (PyTorch backend, 1.0 or later) and an NVIDIA GPU"}
 PATHS = ("prompt_logprobs", "context_logits")
 BATCH_WINDOWS = 8  # windows per generate() call: bounds the context logits held at once
 
@@ -118,18 +122,26 @@ def _gpu_visible() -> bool:
         return False
 
 
-def available() -> Optional[str]:
-    """None when tensorrt_llm 1.2.x is installed and a GPU is visible, else the reason."""
+def _version_fits(version: str, backend: str) -> bool:
+    if backend == "engine":
+        return re.match(r"^1\.2(\.|$|rc)", version) is not None
+    major = re.match(r"^(\d+)\.", version)
+    return major is not None and int(major.group(1)) >= 1
+
+
+def available(backend: str = "engine") -> Optional[str]:
+    """None when this host can run `backend` ("engine": tensorrt_llm 1.2.x; "hf": the PyTorch
+    backend of tensorrt_llm 1.0 or later) on a visible GPU, else the reason."""
     problems = []
     version = _trtllm_version()
     if version is None:
         problems.append("no tensorrt_llm")
-    elif not re.match(r"^1\.2(\.|$)", version):
+    elif not _version_fits(version, backend):
         problems.append(f"tensorrt_llm {version}")
     if not _gpu_visible():
         problems.append("no NVIDIA GPU visible")
     if problems:
-        return f"{NEEDS} (this machine: {', '.join(problems)})"
+        return f"{NEEDS[backend]} (this machine: {', '.join(problems)})"
     return None
 
 
@@ -175,10 +187,9 @@ def build_requests(windows: np.ndarray, k: int, *, path: str = "prompt_logprobs"
 
 def to_llm_api(requests: Sequence[LogprobRequest]) -> tuple[list, list]:
     """(inputs, sampling_params) for `LLM.generate`: TokensPrompt dicts and one
-    tensorrt_llm.SamplingParams per request. Imports tensorrt_llm, so only where it is available."""
-    reason = available()
-    if reason:
-        raise TrtbuildError(f"TensorRT-LLM validation runner: {reason}")
+    tensorrt_llm.SamplingParams per request. Imports tensorrt_llm, so only where it is installed."""
+    if _trtllm_version() is None:
+        raise TrtbuildError("TensorRT-LLM validation runner: no tensorrt_llm installed")
     from tensorrt_llm import SamplingParams
 
     inputs = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
@@ -201,22 +212,30 @@ def _check_outputs(outputs, windows: np.ndarray, what: str) -> list:
     return outputs
 
 
-def _empty(S: int, n: int, k: int) -> dict[str, np.ndarray]:
-    return {"topk_ids": np.full((S, n, k), -1, dtype=np.int32),
-            "topk_logp": np.full((S, n, k), -np.inf, dtype=np.float32),
-            "target_logp": np.full((S, n), np.nan, dtype=np.float32),
-            "target_found": np.zeros((S, n), dtype=bool)}
+def _empty(S: int, n: int, k: int, ref_ids: Optional[np.ndarray]) -> dict[str, np.ndarray]:
+    result = {"topk_ids": np.full((S, n, k), -1, dtype=np.int32),
+              "topk_logp": np.full((S, n, k), -np.inf, dtype=np.float32),
+              "target_logp": np.full((S, n), np.nan, dtype=np.float32),
+              "target_found": np.zeros((S, n), dtype=bool)}
+    if ref_ids is not None:
+        if ref_ids.shape[:2] != (S, n):
+            raise TrtbuildError(f"reference top-k ids of shape {list(ref_ids.shape)} do not fit {S} windows of {n + 1} tokens")
+        result["logp_at_reference"] = np.full(ref_ids.shape, np.nan, dtype=np.float32)
+    return result
 
 
-def parse_prompt_logprobs(outputs, windows: np.ndarray, k: int) -> dict[str, np.ndarray]:
+def parse_prompt_logprobs(outputs, windows: np.ndarray, k: int,
+                          ref_ids: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:
     """The arrays of the module docstring from `RequestOutput`s of the prompt_logprobs path
     (`outputs[i].outputs[0].prompt_logprobs`: a list of L dicts {token_id: Logprob}). Fewer than k
     entries at a position leave id -1 and log-prob -inf; the actual next token's log-prob is NaN
-    (and `target_found` False) where TensorRT-LLM did not return it."""
+    (and `target_found` False) where TensorRT-LLM did not return it. With the reference's top-k ids
+    [S, L-1, k'], `logp_at_reference` holds the candidate's log-prob of each (NaN where the
+    candidate did not return that token)."""
     windows = np.asarray(windows)
     S, L = windows.shape
     outputs = _check_outputs(outputs, windows, "prompt_logprobs")
-    result = _empty(S, L - 1, k)
+    result = _empty(S, L - 1, k, ref_ids)
     for i, out in enumerate(outputs):
         completions = getattr(out, "outputs", None) or []
         entries = getattr(completions[0], "prompt_logprobs", None) if completions else None
@@ -245,6 +264,10 @@ def parse_prompt_logprobs(outputs, windows: np.ndarray, k: int) -> dict[str, np.
             if target in entry:
                 result["target_logp"][i, t] = _logprob(entry[target])
                 result["target_found"][i, t] = True
+            if ref_ids is not None:
+                for j, tok in enumerate(ref_ids[i, t]):
+                    if int(tok) in entry:
+                        result["logp_at_reference"][i, t, j] = _logprob(entry[int(tok)])
     return result
 
 
@@ -257,16 +280,17 @@ def _rank(value) -> float:
     return math.inf if rank is None else int(rank)
 
 
-def parse_context_logits(outputs, windows: np.ndarray, k: int,
-                         vocab_size: Optional[int] = None) -> dict[str, np.ndarray]:
+def parse_context_logits(outputs, windows: np.ndarray, k: int, vocab_size: Optional[int] = None,
+                         ref_ids: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:
     """The arrays of the module docstring from `RequestOutput.context_logits` ([L, V] per request,
-    or [1, L, V]); `vocab_size` cuts the engine's vocab padding off before the softmax."""
+    or [1, L, V]); `vocab_size` cuts the engine's vocab padding off before the softmax. With the
+    reference's top-k ids, `logp_at_reference` holds the candidate's exact log-prob of each."""
     from trtbuild.validate.metrics import topk_reference
 
     windows = np.asarray(windows)
     S, L = windows.shape
     outputs = _check_outputs(outputs, windows, "context_logits")
-    result = _empty(S, L - 1, k)
+    result = _empty(S, L - 1, k, ref_ids)
     for i, out in enumerate(outputs):
         logits = getattr(out, "context_logits", None)
         if logits is None:
@@ -292,6 +316,8 @@ def parse_context_logits(outputs, windows: np.ndarray, k: int,
         result["topk_logp"][i, :, :kk] = values
         result["target_logp"][i] = logp[np.arange(L - 1), windows[i, 1:]]
         result["target_found"][i] = True
+        if ref_ids is not None:
+            result["logp_at_reference"][i] = np.take_along_axis(logp, ref_ids[i].astype(np.int64), axis=-1)
         del rows, logp
     return result
 
@@ -306,45 +332,70 @@ def _to_numpy(tensor) -> np.ndarray:
 # Running (GPU host only)
 # --------------------------------------------------------------------------------------------
 
-def run(engine_or_checkpoint_dir: Path, windows: np.ndarray, k: int, backend: str) -> dict[str, np.ndarray]:
-    """Teacher-forced top-k and target log-probs of the candidate: an engine dir (backend
-    "engine", context-logits path) or a Hugging Face checkpoint dir (backend "hf", PyTorch
-    backend, prompt_logprobs path with a context-logits re-run of the windows missing a target)."""
-    if backend not in ("engine", "hf"):
+def run(folder: Path, windows: np.ndarray, ref_ids: np.ndarray, backend: str, path: str = "context_logits") -> dict:
+    """The candidate's teacher-forced log-probs on the reference's windows: the arrays of the module
+    docstring plus `logp_at_reference` (the candidate's log-prob of each of the reference's top-k
+    tokens, NaN where unknown) and `path`. `folder` is an engine dir (backend "engine", TensorRT
+    backend) or a Hugging Face checkpoint dir (backend "hf", PyTorch backend).
+
+    The default context-logits path is exact. "prompt_logprobs" (PyTorch backend only) moves k
+    numbers per position instead of the vocabulary, but the reference's top-k tokens missing from
+    the candidate's are lumped into the KL tail: still a lower bound, and a loose one where the
+    candidate's distribution is flat (measured on a random tiny model: 0.009 against an exact
+    0.12 with 87% lumped), so a gate should not rely on it; windows missing an actual next token
+    are re-run through the context-logits path."""
+    if backend not in NEEDS:
         raise TrtbuildError(f"backend {backend!r}: expected 'engine' or 'hf'")
-    reason = available()
+    if path not in PATHS or (path == "prompt_logprobs" and backend == "engine"):
+        raise TrtbuildError(f"path {path!r}: engines use context_logits (their prompt log-probs are computed from "
+                            "the same gathered logits); hf-checkpoints take context_logits or prompt_logprobs")
+    reason = available(backend)
     if reason:
         raise TrtbuildError(f"TensorRT-LLM validation runner: {reason}")
-    folder = Path(engine_or_checkpoint_dir)
+    folder = Path(folder)
     windows = np.asarray(windows)
+    k = int(ref_ids.shape[-1])
     if backend == "engine":
         from tensorrt_llm._tensorrt_engine import LLM
 
         config = json.loads((folder / "config.json").read_text())
         vocab = (config.get("pretrained_config") or {}).get("vocab_size")
-        path = "context_logits"
     else:
         from tensorrt_llm import LLM
 
         vocab = json.loads((folder / "config.json").read_text()).get("vocab_size")
-        path = "prompt_logprobs"
     llm = LLM(model=str(folder), skip_tokenizer_init=True)
     try:
-        def generate(batch: np.ndarray, how: str) -> dict[str, np.ndarray]:
-            inputs, params = to_llm_api(build_requests(batch, k, path=how))
+        def generate(rows: np.ndarray, how: str) -> dict[str, np.ndarray]:
+            inputs, params = to_llm_api(build_requests(windows[rows], k, path=how))
             outs = llm.generate(inputs, params, use_tqdm=False)
             if how == "prompt_logprobs":
-                return parse_prompt_logprobs(outs, batch, k)
-            return parse_context_logits(outs, batch, k, vocab)
+                return parse_prompt_logprobs(outs, windows[rows], k, ref_ids[rows])
+            return parse_context_logits(outs, windows[rows], k, vocab, ref_ids[rows])
 
-        parts = [generate(windows[s:s + BATCH_WINDOWS], path) for s in range(0, len(windows), BATCH_WINDOWS)]
+        everything = np.arange(len(windows))
+        parts = [generate(everything[s:s + BATCH_WINDOWS], path) for s in range(0, len(windows), BATCH_WINDOWS)]
         result = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
         missing = np.flatnonzero(~result["target_found"].all(axis=1))
         for s in range(0, len(missing), BATCH_WINDOWS):
             rows = missing[s:s + BATCH_WINDOWS]
-            exact = generate(windows[rows], "context_logits")
+            exact = generate(rows, "context_logits")
             for key in result:
                 result[key][rows] = exact[key]
     finally:
         llm.shutdown()
+    result["path"] = path
     return result
+
+
+def compare(candidate: dict, ref: dict):
+    """metrics.Comparison of the runner's arrays against the reference artifact's."""
+    from trtbuild.validate.metrics import Comparison, kl_lumped
+
+    if not candidate["target_found"].all():
+        raise TrtbuildError("TensorRT-LLM validation runner: the actual next token's log-prob is missing at "
+                            f"{int((~candidate['target_found']).sum())} positions")
+    return Comparison(kl=kl_lumped(ref["topk_logp"], candidate["logp_at_reference"]),
+                      top1=(candidate["topk_ids"][..., 0] == ref["topk_ids"][..., 0]).astype(np.float64),
+                      ref_nll=-ref["target_logp"].astype(np.float64),
+                      cand_nll=-candidate["target_logp"].astype(np.float64))
