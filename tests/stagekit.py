@@ -104,11 +104,13 @@ def counts(runs: Path) -> dict[str, int]:
 
 def record_params(ctx: StageContext) -> None:
     """A stand-in for a checkpoint or engine stage: its output is its parameters and its inputs'
-    file lists, so it changes exactly when something its key names changes."""
+    files with their contents' digests, so it changes exactly when something its key names changes."""
+    import hashlib
     import json
 
     _count(ctx)
-    seen = {role: sorted(p.name for p in path.iterdir()) for role, path in ctx.inputs.items()}
+    seen = {role: sorted((p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in path.iterdir() if p.is_file())
+            for role, path in ctx.inputs.items()}
     (ctx.out / "made.json").write_text(json.dumps({"params": ctx.params, "inputs": seen}, sort_keys=True))
 
 

@@ -197,7 +197,6 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
         """The target's accuracy against the reference. A quantized variant is validated through its
         restored ModelOpt model (the same for every parallelism: one key, computed once); an
         unquantized checkpoint through its own files read back."""
-        variant = recipe.variants[vname]
         inputs = {"reference": reference_node(), "source": SOURCE}
         if "quantized" in target_inputs:
             inputs["quantized"] = target_inputs["quantized"]
@@ -207,14 +206,62 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
         stage, missing = stage_for("validate")
         node = Node(f"{target}:validate", "validate", stage, inputs=inputs, unavailable=missing, after=[target])
         node.params["dtype"] = dtype_param()
-        gates = metrics.default_gates(variant.quant, variant.kv_cache)
-        set_gates = recipe.validation.gates.model_dump(exclude_none=True)
-        gates.update(set_gates)
-        node.params["gates"] = Param(gates, "recipe: validate.gates" if set_gates else
-                                     f"default gates for {metrics.FAMILY[variant.quant]} quantization")
+        node.params["gates"] = gates_param(vname)
         node.params["runner"] = Param("torch", "trtbuild: checkpoints are validated on torch before any engine")
         node.platform["device"] = recipe.validation.device
         node.runtime = {"device": recipe.validation.device, "target": target}
+        nodes.append(node)
+        return node.id
+
+    def gates_param(vname: str) -> Param:
+        variant = recipe.variants[vname]
+        gates = metrics.default_gates(variant.quant, variant.kv_cache)
+        set_gates = recipe.validation.gates.model_dump(exclude_none=True)
+        gates.update(set_gates)
+        return Param(gates, "recipe: validate.gates" if set_gates else
+                     f"default gates for {metrics.FAMILY[variant.quant]} quantization")
+
+    def engine_node(target, gather: bool, suffix: str = "") -> Node:
+        """An engine target, or (suffix ":twin") the copy built only to be validated: the same
+        flags plus --gather_context_logits, which TensorRT-LLM needs to return prompt logits."""
+        stage, missing = stage_for(ENGINE)
+        node = Node(target.name + suffix, ENGINE, stage, inputs={"checkpoint": target.depends_on[0]},
+                    impossible=target.reason, unavailable=missing)
+        limits = recipe.limits
+        for name in ("max_batch_size", "max_input_len", "max_num_tokens", "max_beam_width"):
+            node.params[name] = field_param(limits, name, f"limits.{name}")
+        node.params["max_seq_len"] = Param(plan.max_seq_len, "recipe: limits.max_seq_len" if limits.max_seq_len
+                                           else "model config (max_position_embeddings x rope factor)")
+        flags = trtllm.canonical_flags(recipe.engine.flags)
+        origin = "recipe: engine.flags" if recipe.engine.flags else "default: engine.flags"
+        if gather and not flags.get("gather_context_logits"):
+            flags["gather_context_logits"] = True
+            origin += f" + gather_context_logits (validate.engines: {recipe.validation.engines})"
+        node.params["flags"] = Param(flags, origin)
+        node.platform["sm"] = target.gpu
+        node.requires = (lambda sm=target.gpu, v=recipe.toolchain.tensorrt_llm: toolchain.engine_host_problem(sm, v))
+        return node
+
+    def trtllm_validate_node(target: str, vname: str, backend: str, candidate: str, platform: dict) -> str:
+        """The candidate as TensorRT-LLM serves it (an engine, or an hf-checkpoint on the PyTorch
+        backend), against the same reference and gates as its checkpoint."""
+        from trtbuild.validate import trtllm_runner
+
+        stage, missing = stage_for("validate:trtllm")
+        node_id = f"{target}:validate" if backend == "engine" else f"{target}:validate-trtllm"
+        role = "engine" if backend == "engine" else "hf_checkpoint"
+        inputs = {"reference": reference_node(), role: candidate}
+        if vname in quantized:  # to say when evaluation and calibration windows overlap
+            inputs["calibration"] = next(n.inputs["calibration"] for n in nodes if n.id == quantized[vname])
+        node = Node(node_id, "validate", stage, inputs=inputs, unavailable=missing,
+                    after=[] if backend == "engine" else [f"{target}:validate"])
+        node.params["gates"] = gates_param(vname)
+        node.params["runner"] = Param("tensorrt_llm", f"trtbuild: {'engines' if backend == 'engine' else 'hf-checkpoints'} "
+                                      "are validated as TensorRT-LLM runs them")
+        node.params["backend"] = Param(backend, "trtbuild: the TensorRT backend for engines, PyTorch for hf-checkpoints")
+        node.platform.update(platform)
+        node.runtime = {"target": target}
+        node.requires = lambda b=backend: trtllm_runner.available(b)
         nodes.append(node)
         return node.id
 
@@ -235,20 +282,20 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
             nodes.append(node)
             if validate and target.ok:
                 validations[target.name] = validate_node(target.name, target.kind, target.variant, inputs)
+                if target.kind == HF_CHECKPOINT:
+                    trtllm_validate_node(target.name, target.variant, "hf", target.name, {})
         elif target.kind == ENGINE:
-            stage, missing = stage_for(ENGINE)
-            node = Node(target.name, ENGINE, stage, inputs={"checkpoint": target.depends_on[0]},
-                        impossible=target.reason, unavailable=missing)
-            limits = recipe.limits
-            for name in ("max_batch_size", "max_input_len", "max_num_tokens", "max_beam_width"):
-                node.params[name] = field_param(limits, name, f"limits.{name}")
-            node.params["max_seq_len"] = Param(plan.max_seq_len, "recipe: limits.max_seq_len" if limits.max_seq_len
-                                               else "model config (max_position_embeddings x rope factor)")
-            node.params["flags"] = Param(trtllm.canonical_flags(recipe.engine.flags), "recipe: engine.flags"
-                                         if recipe.engine.flags else "default: engine.flags")
-            node.platform["sm"] = target.gpu
-            node.requires = (lambda sm=target.gpu, v=recipe.toolchain.tensorrt_llm: toolchain.engine_host_problem(sm, v))
-            if target.depends_on[0] in validations:  # no GPU time for a checkpoint that failed its gates
-                node.after = [validations[target.depends_on[0]]]
+            mode = recipe.validation.engines if validate and target.ok else "none"
+            checkpoint_validation = validations.get(target.depends_on[0])
+            node = engine_node(target, gather=mode == "published")
+            if checkpoint_validation:  # no GPU time for a checkpoint that failed its gates
+                node.after = [checkpoint_validation]
+            if mode == "twin":  # the twin is built and validated first; the published engine after it passes
+                twin = engine_node(target, gather=True, suffix=":twin")
+                twin.after = list(node.after)
+                nodes.append(twin)
+                node.after.append(trtllm_validate_node(target.name, target.variant, "engine", twin.id, twin.platform))
             nodes.append(node)
+            if mode == "published":
+                trtllm_validate_node(target.name, target.variant, "engine", node.id, node.platform)
     return Graph(recipe.name, nodes)

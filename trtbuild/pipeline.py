@@ -58,9 +58,9 @@ def build_graph_for(loaded: LoadedRecipe, request: BuildRequest, registry=None) 
     plan = plan_recipe(loaded, gpu_filter=gpu_filter(loaded, request.gpu))
     plan = select(plan, request.targets)
     graph = graphs.build_graph(plan, registry, validate=request.validate)
-    if request.targets:  # the chosen targets, their validations, and everything those need
+    if request.targets:  # the chosen targets, their validations (and twins), and everything those need
         chosen = {t.name for t in plan.targets}
-        graph = graph.closure(chosen | {f"{name}:validate" for name in chosen} & {n.id for n in graph.nodes})
+        graph = graph.closure(chosen | {n.id for n in graph.nodes if n.id.split(":", 1)[0] in chosen})
     return graph
 
 

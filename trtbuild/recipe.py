@@ -189,6 +189,10 @@ class Validate(_Strict):
     seq_len: PositiveInt = 512
     device: Device = "auto"
     gates: Gates = Field(default_factory=Gates)
+    engines: Literal["twin", "published", "none"] = Field(
+        "twin", description="how engines are validated (they need --gather_context_logits): `twin` builds and "
+        "validates a copy with that flag, `published` builds the published engine with it, `none` validates "
+        "only their checkpoints")
 
 
 class Publish(_Strict):

@@ -249,23 +249,19 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
     if node.impossible:
         result.status, result.reason = IMPOSSIBLE, node.impossible
         return result
-    for dep in node.inputs.values():
-        upstream = results[dep]
-        if upstream.status == FAILED:
-            result.status, result.reason = FAILED, f"needs {dep}, which failed"
-            return result
-        if not upstream.done:
-            result.reason = f"needs {dep}, which was {upstream.status}"
-            return result
-    for dep in node.after:
-        if results[dep].status == FAILED:
-            result.status, result.reason = FAILED, f"needs {dep}, which failed"
-            return result
-        if not results[dep].done:
-            result.reason = f"needs {dep}, which was {results[dep].status}"
-            return result
+    deps = [*node.inputs.values(), *node.after]
+    failed = next((dep for dep in deps if results[dep].status == FAILED), None)
+    if failed:
+        result.status, result.reason = FAILED, f"needs {failed}, which failed"
+        return result
     if options.until and STAGE_ORDER.get(node.kind, 99) > STAGE_ORDER[options.until]:
         result.reason = f"after --until {options.until}"
+        return result
+    pending = next((dep for dep in deps if not results[dep].done), None)
+    if pending:  # this host's own reason first: it is what a reader must fix
+        problem = node.requires() if node.requires else None
+        waiting = f"needs {pending}, which was {results[pending].status}"
+        result.reason = f"{problem}; and {waiting}" if problem else waiting
         return result
     if node.stage is None:  # a host that could not run the stage anyway says so first
         result.status = FAILED if options.require_all else SKIPPED
