@@ -32,7 +32,7 @@ def _row(target, kind, variant, status, **kw):
     base = {"target": target, "kind": kind, "variant": variant, "quant": None, "kv_cache": None, "tp": None,
             "pp": None, "gpu": None, "status": status, "size_bytes": None, "weights_bytes_per_gpu": None,
             "kv_tokens": None, "kld_mean": None, "kld_p99": None, "top1_agreement": None,
-            "ppl_delta_pct": None, "gates": None, "reason": None}
+            "ppl_delta_pct": None, "gates": None, "measured_by": None, "reason": None}
     base.update(kw)
     return base
 
@@ -44,7 +44,7 @@ ROWS = [
          ppl_delta_pct=0.84, gates=GATES_OK),
     _row("fp8-tp1-sm90", "engine", "fp8", "built", quant="fp8", kv_cache="fp8", tp=1, pp=1, gpu="sm90",
          size_bytes=int(8.61 * GIB), weights_bytes_per_gpu=int(8.49 * GIB), kv_tokens=1_245_184, kld_mean=0.012,
-         kld_p99=0.21, top1_agreement=0.981, ppl_delta_pct=0.84, gates=GATES_OK),
+         kld_p99=0.21, top1_agreement=0.981, ppl_delta_pct=0.84, gates=GATES_OK, measured_by="tensorrt_llm 1.2.1"),
     _row("int4-awq", "checkpoint", "int4-awq", "built", quant="int4_awq", size_bytes=int(5.73 * GIB),
          weights_bytes_per_gpu=int(5.73 * GIB), kld_mean=0.312, kld_p99=4.7, top1_agreement=0.902,
          ppl_delta_pct=7.9, gates=GATES_FAILED),
@@ -143,8 +143,8 @@ def test_report_files_table_and_plot(report):
     assert "Llama-3.1-8B <instruct> & friends" in "".join(page.text)
 
     assert page.header[:5] == ["target", "kind", "gpu", "tp/pp", "status"]
-    assert page.header[-2:] == ["gates", "reason"] and len(page.header) == 14
-    assert len(page.rows) == N and all(len(r) == 14 for r in page.rows)
+    assert page.header[-3:] == ["gates", "measured by", "reason"] and len(page.header) == 15
+    assert len(page.rows) == N and all(len(r) == 15 for r in page.rows)
     cells = {r[0].split()[0]: dict(zip(page.header, r)) for r in page.rows}
     assert list(cells) == [r["target"] for r in ROWS]
 
@@ -154,6 +154,7 @@ def test_report_files_table_and_plot(report):
     assert fp8["KL mean"] == "0.0120" and fp8["KL p99"] == "0.210"
     assert fp8["top-1 agreement"] == "98.1%" and fp8["ppl Δ%"] == "+0.840%"
     assert fp8["gates"].startswith("passed") and "FAILED" not in fp8["gates"]
+    assert fp8["measured by"] == "tensorrt_llm 1.2.1" and cells["int4-awq"]["measured by"] == "–"
 
     awq = cells["int4-awq"]
     assert awq["gates"].startswith("FAILED")

@@ -16,7 +16,8 @@ def rows(plan: Plan, store: LocalStore, lock: Optional[dict]) -> list[dict]:
         variant = plan.recipe.variants[target.variant]
         entry = locked.get(target.name)
         record = store.get_record(entry["key"]) if entry else None
-        validation = locked.get(f"{target.name}:validate")
+        # an hf-checkpoint's numbers as TensorRT-LLM serves it, when a GPU host measured them
+        validation = locked.get(f"{target.name}:validate-trtllm") or locked.get(f"{target.name}:validate")
         summary = (store.get_record(validation["key"]) or {}).get("summary", {}) if validation else {}
         if not target.ok:
             status = "impossible"
@@ -25,9 +26,12 @@ def rows(plan: Plan, store: LocalStore, lock: Optional[dict]) -> list[dict]:
         else:
             status = "failed" if summary.get("gates") and not validation.get("gates_passed", True) else "built"
         metrics = summary.get("metrics", {})
+        measured_by = summary.get("runner") if metrics else None
         if target.kind == "engine" and not metrics:  # an engine shares its checkpoint's numbers until validated itself
             checkpoint = locked.get(f"{target.depends_on[0]}:validate")
-            metrics = ((store.get_record(checkpoint["key"]) or {}).get("summary", {}) if checkpoint else {}).get("metrics", {})
+            inherited = (store.get_record(checkpoint["key"]) or {}).get("summary", {}) if checkpoint else {}
+            metrics = inherited.get("metrics", {})
+            measured_by = f"{inherited.get('runner')}, on {target.depends_on[0]}" if metrics else None
         est = target.estimate
         out.append({
             "target": target.name, "kind": target.kind, "variant": target.variant, "quant": variant.quant,
@@ -37,6 +41,6 @@ def rows(plan: Plan, store: LocalStore, lock: Optional[dict]) -> list[dict]:
             "kv_tokens": est.kv_tokens if est else None,
             "kld_mean": metrics.get("kld_mean"), "kld_p99": metrics.get("kld_p99"),
             "top1_agreement": metrics.get("top1_agreement"), "ppl_delta_pct": metrics.get("ppl_delta_pct"),
-            "gates": summary.get("gates"), "reason": target.reason,
+            "gates": summary.get("gates"), "measured_by": measured_by, "reason": target.reason,
         })
     return out

@@ -30,7 +30,7 @@ GATES = {
 STATUSES = ("built", "cached", "failed", "skipped", "impossible", "planned")
 
 COLUMNS = ("target", "kind", "gpu", "tp/pp", "status", "size on disk", "est. weights/GPU", "KV tokens",
-           "KL mean", "KL p99", "top-1 agreement", "ppl \u0394%", "gates", "reason")
+           "KL mean", "KL p99", "top-1 agreement", "ppl \u0394%", "gates", "measured by", "reason")
 NUMERIC = {"tp/pp", "size on disk", "est. weights/GPU", "KV tokens", "KL mean", "KL p99",
            "top-1 agreement", "ppl \u0394%"}
 
@@ -239,6 +239,7 @@ def _row_html(row: dict) -> str:
         _td(format_share(row.get("top1_agreement")), "top-1 agreement"),
         _td(format_pct_delta(row.get("ppl_delta_pct")), "ppl \u0394%"),
         f"<td>{_gates_cell(row)}</td>",
+        _td(row.get("measured_by") or DASH, "measured by"),
         _td(row.get("reason") or DASH, "reason", extra="reason"),
     ]
     return f'<tr class="{_esc(" ".join(classes))}">' + "".join(cells) + "</tr>"
