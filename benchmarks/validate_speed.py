@@ -50,8 +50,6 @@ def main() -> int:
             print(f"  {name:<22} {record['seconds']:7.1f} s   peak RSS {summary.get('peak_rss_mib', float('nan')):7.0f} MiB")
 
     ref_dir = Path(targets["reference"]["path"])
-    with np.load(ref_dir / "reference.npz") as data:
-        ref = {k: data[k] for k in data.files}
     windows = np.load(ref_dir / "windows.npy")
     config = json.loads((Path(targets["source"]["path"]) / "config.json").read_text())
     stored = sum(p.stat().st_size for p in ref_dir.rglob("*") if p.is_file())

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import tomllib
-from pathlib import Path
 
 import pytest
 from dockerfile_parse import DockerfileParser

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import stagekit
-from stagekit import BIG, DIE, FAIL, UPPER_INPROCESS, WRITE, counts, diamond, node
+from stagekit import DIE, FAIL, UPPER_INPROCESS, WRITE, counts, diamond, node
 from trtbuild.graph import Graph
 from trtbuild.runner import RunOptions, Silent, run_graph
 from trtbuild.store.checkout import materialize
@@ -231,9 +231,9 @@ gpus: [sm89, sm90]
 backends: [engine, hf-checkpoint]
 """)
         graph = build_graph(plan_recipe(load_recipe(recipe)), registry)
-        for node in graph.nodes:
-            node.requires = None  # the stand-in engine needs no GPU
-            node.runtime.update(runs=str(runs), node=node.id)
+        for each in graph.nodes:
+            each.requires = None  # the stand-in engine needs no GPU
+            each.runtime.update(runs=str(runs), node=each.id)
         results, _ = run_graph(graph, store)
         return statuses(results)
 

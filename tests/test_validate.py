@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import yaml
 
-import stagekit
 from tinymodels import make_model, make_tokenizer, pydoc_text
 from trtbuild.validate import metrics
 

@@ -4,7 +4,6 @@ tensorrt_llm 1.2.0rc2 (executor/result.py@a678b91a: top-k dicts only, one per pr
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
