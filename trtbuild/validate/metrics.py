@@ -155,8 +155,9 @@ def evaluate_gates(metrics: Metrics, limits: dict[str, float]) -> tuple[dict[str
     """{gate: {value, limit, passed}}, warnings where the sample cannot decide a gate, and the
     statistical tests behind them. Top-1 agreement, an accuracy, uses the two-sample test of
     reference/trtllm.md section 7: the gate is meaningless when the smallest drop the sample can
-    detect (theta) exceeds the gate's margin (1 - limit). The other metrics warn when the
-    one-sided 95% interval of the value (value -/+ z*stderr over windows) straddles the limit."""
+    detect (theta) exceeds the gate's margin (1 - limit). Every metric with a standard error also
+    warns when the one-sided 95% interval of its value (value -/+ z*stderr over windows) straddles
+    the limit: a value that close to the limit is not decided by this sample."""
     gates, warnings, tests = {}, [], {}
     values = metrics.as_json()
     for name, limit in limits.items():

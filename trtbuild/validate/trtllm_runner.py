@@ -41,7 +41,8 @@ Cost and which path is used:
   the reference's top-k tokens, and those outside the candidate's own top-k are then unknown (they
   are lumped into the tail: a lower bound, loose on flat distributions). `run` therefore takes the
   context-logits path for both backends by default (exact), and offers prompt_logprobs for
-  hf-checkpoints as a memory-lean option whose report says how much was lumped.
+  hf-checkpoints (`path="prompt_logprobs"`: less data moved), where `logp_at_reference` is NaN for
+  the lumped tokens (the validate stage reports their share).
 
 TensorRT-LLM source facts used (NVIDIA/TensorRT-LLM, file@commit; b35ac1b6 is 1.2.0rc2 by its
 tensorrt_llm/version.py):
