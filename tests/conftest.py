@@ -21,6 +21,10 @@ os.environ["AWS_EC2_METADATA_DISABLED"] = "true"  # boto3 must never probe 169.2
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"
+# Real tiny NeMo checkpoints beside the Hugging Face models they were made from: a copy of
+# ../shared/data/nemo (provenance: ../shared/reference/nemo.md section 4), kept in the repository
+# so a clean clone tests with them; tests/test_project.py checks the copy against ../shared.
+NEMO_DATA = ROOT / "tests" / "data" / "nemo"
 CONFIGS = RECIPES / "configs"
 
 # A small LLaMA-family config: 8 heads, 4 KV heads, 4 layers.

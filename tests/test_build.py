@@ -12,22 +12,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT
-from tinymodels import make_model
+from conftest import NEMO_DATA
 
-TINY_HF = ROOT.parent / "shared" / "data" / "nemo" / "hf_tiny_llama_tied_bf16"
+TINY_HF = NEMO_DATA / "hf_tiny_llama_tied_bf16"
 
 
 @pytest.fixture
 def model(tmp_path) -> Path:
     """A real Hugging Face model folder (plus files a model does not need, which must be left out)."""
     folder = tmp_path / "model"
-    if TINY_HF.exists():
-        shutil.copytree(TINY_HF, folder)
-        for path in folder.iterdir():
-            path.chmod(0o644)
-    else:  # the shared data is not beside this checkout: a tiny model of our own
-        make_model(folder, "llama", tie_word_embeddings=True)
+    shutil.copytree(TINY_HF, folder)
+    for path in folder.iterdir():
+        path.chmod(0o644)
     (folder / "README.md").write_text("not part of the model")
     (folder / "pytorch_model.bin").write_bytes(b"a duplicate in another format")
     (folder / "original").mkdir()

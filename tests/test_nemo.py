@@ -16,18 +16,17 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from conftest import NEMO_DATA
 from trtbuild.errors import InvalidInput
 from trtbuild.nemo import convert
 from trtbuild.nemo.archive import Limits
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT.parent / "shared" / "data" / "nemo"
+DATA = NEMO_DATA
 NEMO1 = DATA / "nemo1_tiny_llama_gqa_fp32_torch_dist.nemo"
 NEMO2 = DATA / "nemo2_tiny_llama_tied_bf16"
 HF_GQA = DATA / "hf_tiny_llama_gqa_fp32"
 HF_TIED = DATA / "hf_tiny_llama_tied_bf16"
 
-pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"test data folder {DATA} is absent")
 
 NH, NG, D, H, FFN, L = 4, 2, 16, 64, 160, 2  # the tiny model (nemo.md section 4)
 CONFIG_KEYS = ("architectures", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

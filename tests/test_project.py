@@ -9,7 +9,7 @@ import tomllib
 import pytest
 from dockerfile_parse import DockerfileParser
 
-from conftest import ROOT
+from conftest import NEMO_DATA, ROOT
 from trtbuild.recipe import json_schema
 
 README = (ROOT / "README.md").read_text()
@@ -67,6 +67,17 @@ def test_packaged_flag_table_matches_the_reference():
         pytest.skip("shared/reference is not beside this checkout")
     packaged = ROOT / "trtbuild" / "data" / "trtllm-build-flags.json"
     assert json.loads(packaged.read_text()) == json.loads(reference.read_text())
+
+
+def test_test_data_is_the_shared_data():
+    shared = ROOT.parent / "shared" / "data" / "nemo"
+    if not shared.exists():
+        pytest.skip("shared/data is not beside this checkout")
+
+    def files(folder):
+        return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+    assert files(NEMO_DATA) == files(shared)
 
 
 def test_cache_folder_holds_only_its_readme_in_git():

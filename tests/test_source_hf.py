@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -13,24 +14,25 @@ import pytest
 import yaml
 
 from hubserver import FakeRepo, HubServer, git_blob_id
-from conftest import ROOT
+from conftest import NEMO_DATA
 
-TINY_HF = ROOT.parent / "shared" / "data" / "nemo" / "hf_tiny_llama_tied_bf16"
+TINY_HF = NEMO_DATA / "hf_tiny_llama_tied_bf16"
 REPO = "org/tiny-llama"
 TOKEN = "hf_test_token_with_access"
 
 
-def model_files() -> dict[str, bytes]:
-    if TINY_HF.exists():
-        files = {p.name: p.read_bytes() for p in TINY_HF.iterdir()}
-    else:
-        files = {"config.json": json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
-                                            "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 100}).encode(),
-                 "model.safetensors": os.urandom(30_000)}
+@functools.lru_cache(maxsize=None)
+def _model_files() -> dict[str, bytes]:
+    files = {p.name: p.read_bytes() for p in TINY_HF.iterdir()}
     files["README.md"] = b"# a tiny llama\n"
     files["pytorch_model.bin"] = b"the same weights in another format"
     files["original/consolidated.pth"] = b"yet another format"
     return files
+
+
+def model_files() -> dict[str, bytes]:
+    """The repository's files: a real tiny LLaMA (tests/data) and files a model does not need."""
+    return dict(_model_files())
 
 
 SELECTED = {name for name in model_files() if name not in ("README.md", "pytorch_model.bin", "original/consolidated.pth")}

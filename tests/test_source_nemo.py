@@ -1,4 +1,4 @@
-"""`nemo:` sources through `trtbuild build`: the real NeMo checkpoints in shared/data/nemo become
+"""`nemo:` sources through `trtbuild build`: the real NeMo checkpoints in tests/data/nemo become
 the Hugging Face folders they came from, locally and from S3."""
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import NEMO_DATA
 
-DATA = ROOT.parent / "shared" / "data" / "nemo"
-pytestmark = pytest.mark.skipif(not DATA.exists(), reason="shared/data/nemo is not beside this checkout")
+DATA = NEMO_DATA
 
 CASES = [("nemo1_tiny_llama_gqa_fp32_torch_dist.nemo", "hf_tiny_llama_gqa_fp32"),
          ("nemo2_tiny_llama_tied_bf16", "hf_tiny_llama_tied_bf16")]

