@@ -96,7 +96,7 @@ def test_every_checkpoint_is_built_verified_and_quantized_once(llama):
 def test_nvfp4_is_skipped_on_a_cpu_host(llama):
     _, _, first = llama
     assert first["fp4-quantized"]["status"] == "skipped"
-    assert first["fp4-quantized"]["reason"].startswith("needs a CUDA GPU: NVFP4 calibration uses dynamic block quantization")
+    assert first["fp4-quantized"]["reason"].startswith("needs a CUDA GPU: quantization nvfp4: NVFP4 uses dynamic block quantization")
     assert first["fp4-tp1"]["reason"] == "needs fp4-quantized, which was skipped"
 
 

@@ -505,3 +505,23 @@ def test_streaming_peak_memory_is_far_below_model_size(tmp_path):
     assert torch.equal(rank1["transformer.layers.63.attention.dense.weight"],
                        state["model.layers.63.self_attn.o_proj.weight"][:, 256:])
     assert torch.equal(rank1["transformer.layers.63.mlp.fc.weight"], state["model.layers.63.mlp.gate_proj.weight"][384:])
+
+
+def test_hf_cast_reads_the_index_shards_only(tmp_path):
+    """Mistral repositories ship consolidated.safetensors beside the indexed shards: casting must not
+    copy the weights twice nor put foreign names into the weight map."""
+    from trtbuild.checkpoint.hf_cast import cast_checkpoint
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    out.mkdir()
+    save_file({"model.embed_tokens.weight": torch.ones(4, 2)}, src / "model-00001-of-00001.safetensors")
+    save_file({"tok_embeddings.weight": torch.ones(4, 2)}, src / "consolidated.safetensors")
+    (src / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model-00001-of-00001.safetensors"}}))
+    (src / "config.json").write_text(json.dumps({"model_type": "mistral"}))
+    report = cast_checkpoint(src, out, "bfloat16")
+    assert report["shards"] == 1 and not (out / "consolidated.safetensors").exists()
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert index["weight_map"] == {"model.embed_tokens.weight": "model-00001-of-00001.safetensors"}
+    assert load_file(out / "model-00001-of-00001.safetensors")["model.embed_tokens.weight"].dtype == torch.bfloat16

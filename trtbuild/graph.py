@@ -78,13 +78,16 @@ def calibration_text_digest(spec: str, base_dir) -> str:
 
 
 def quantize_host_problem(quant: Optional[str], kv_cache: Optional[str], device: str) -> Optional[str]:
-    """Why this host cannot calibrate: a CUDA device asked for and absent, or NVFP4 on a CPU."""
+    """Why this host cannot calibrate: a CUDA device asked for and absent, or a format that ModelOpt
+    calibrates only on CUDA (quantize.needs_cuda) with no GPU here."""
     resolved = hardware.resolve_device(device)
     if device == "cuda" and resolved != "cuda":
         return "needs a CUDA GPU (calibration.device: cuda); this machine has none"
-    if resolved == "cpu" and "nvfp4" in (quant, kv_cache):
-        return ("needs a CUDA GPU: NVFP4 calibration uses dynamic block quantization, which ModelOpt 0.47 cannot "
-                "run on a CPU (reference/modelopt.md section 3)")
+    if resolved == "cpu":
+        from trtbuild.checkpoint.quantize import needs_cuda
+
+        reason = needs_cuda(quant, kv_cache)
+        return f"needs a CUDA GPU: {reason}" if reason else None
     return None
 
 

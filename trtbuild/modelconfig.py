@@ -133,6 +133,8 @@ def read_json_object(path: Path) -> dict:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InvalidInput(f"{path}: no such file") from None
+    except OSError as exc:  # a folder, no permission, ...
+        raise InvalidInput(f"{path}: cannot read ({exc.strerror or exc})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"{path}: not JSON ({exc})") from None
     if not isinstance(data, dict):

@@ -7,10 +7,10 @@ import json
 import shutil
 from pathlib import Path
 
-from trtbuild.errors import TrtbuildError
+from trtbuild.checkpoint.trtllm_convert import weight_files
+from trtbuild.modelconfig import read_json_object
 from trtbuild.modelfiles import MODEL_FILES
 
-WEIGHT_SUFFIX = ".safetensors"
 INDEX = "model.safetensors.index.json"
 
 
@@ -20,9 +20,7 @@ def cast_checkpoint(source: Path, out: Path, dtype: str) -> dict:
     from safetensors.torch import save_file
 
     target = getattr(torch, dtype)
-    shards = sorted(p for p in source.iterdir() if p.name.endswith(WEIGHT_SUFFIX))
-    if not shards:
-        raise TrtbuildError(f"{source}: no *.safetensors weights to cast (PyTorch .bin sources are not supported here)")
+    shards = [source / name for name in weight_files(source)]  # the index's shards, not stray copies
     total_bytes, tensors, weight_map = 0, 0, {}
     for shard in shards:
         converted = {}
@@ -39,11 +37,11 @@ def cast_checkpoint(source: Path, out: Path, dtype: str) -> dict:
         tensors += len(converted)
         del converted  # one shard in memory at a time
     if (source / INDEX).exists():
-        index = json.loads((source / INDEX).read_text())
+        index = read_json_object(source / INDEX)
         index.setdefault("metadata", {})["total_size"] = total_bytes
         index["weight_map"] = weight_map
         (out / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    config = json.loads((source / "config.json").read_text())
+    config = read_json_object(source / "config.json")
     config["torch_dtype"] = dtype
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     for name in MODEL_FILES:  # tokenizer and generation config, as the source has them

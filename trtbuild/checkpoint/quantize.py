@@ -35,8 +35,11 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from trtbuild.modelfiles import MODEL_FILES
+from trtbuild.checkpoint.trtllm_convert import FAMILIES
 from trtbuild.errors import InvalidInput, TrtbuildError
+from trtbuild.modelconfig import read_json_object
+from trtbuild.modelfiles import MODEL_FILES
+from trtbuild.store.hash import file_sha256
 
 # quant name -> ModelOpt config attribute (modelopt.torch.quantization).
 QUANT_CONFIGS = {
@@ -74,8 +77,6 @@ _CUDA_ONLY = {
              "tensor for dynamic block quantization' during calibration)",
 }
 
-# model_type -> ModelOpt decoder_type (modelopt/torch/export/model_utils.py).
-DECODER_TYPES = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen"}
 
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -486,14 +487,6 @@ def _quantizer_tensors(model) -> dict:
     return {k: v for k, v in model.state_dict().items() if k.startswith(prefixes)}
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def save_quantized(model, folder: Union[Path, str]) -> dict:
     """Save what rebuilds the exact quantized model from the source checkpoint, and nothing more:
 
@@ -521,7 +514,7 @@ def save_quantized(model, folder: Union[Path, str]) -> dict:
     def cpu(t):
         return t.detach().to("cpu").contiguous().clone()
 
-    current = _digests(model)
+    current = _digests(model)  # hashed again here: the weights may have changed since calibration
     params = dict(model.named_parameters())
     scales: dict[str, Any] = {}
     weights: dict[str, Any] = {}
@@ -542,7 +535,7 @@ def save_quantized(model, folder: Union[Path, str]) -> dict:
     save_file(quantizers, str(folder / QUANTIZERS_FILE))
     save_file(scales, str(folder / SCALES_FILE))
     save_file(weights, str(folder / WEIGHTS_FILE))
-    files = {name: {"bytes": (folder / name).stat().st_size, "sha256": _file_sha256(folder / name)}
+    files = {name: {"bytes": (folder / name).stat().st_size, "sha256": file_sha256(folder / name)}
              for name in (STATE_FILE, QUANTIZERS_FILE, SCALES_FILE, WEIGHTS_FILE)}
     manifest = {
         "format": "trtbuild-modelopt-state/1",
@@ -579,7 +572,7 @@ def restore_quantized(source_dir: Union[Path, str], folder: Union[Path, str], dt
         raise InvalidInput(f"{folder}: saved by ModelOpt {manifest.get('modelopt_version')}, "
                            f"this is {modelopt.__version__}")
     for name, info in manifest["files"].items():
-        if _file_sha256(folder / name) != info["sha256"]:
+        if file_sha256(folder / name) != info["sha256"]:
             raise InvalidInput(f"{folder}: {name} does not match its sha256 in {MANIFEST_FILE}")
     _, mto = _modelopt()
     model = load_model(source_dir, dtype, "cpu")
@@ -633,10 +626,10 @@ def restore_quantized(source_dir: Union[Path, str], folder: Union[Path, str], dt
 
 def decoder_type(model) -> str:
     model_type = str(getattr(model.config, "model_type", ""))
-    if model_type not in DECODER_TYPES:
+    if model_type not in FAMILIES:
         raise InvalidInput(f"model_type {model_type!r} cannot be exported to TensorRT-LLM here "
-                           f"(supported: {', '.join(sorted(DECODER_TYPES))})")
-    return DECODER_TYPES[model_type]
+                           f"(supported: {', '.join(sorted(FAMILIES))})")
+    return FAMILIES[model_type]
 
 
 def _model_dtype(model) -> str:
@@ -649,14 +642,14 @@ def export_trtllm(model, out_dir: Union[Path, str], tp: int, pp: int, dtype: str
 
     The export mutates AWQ models (it resmooths q/k/v and gate/up to one shared pre_quant_scale,
     rewriting their weights and amax), so it runs on a deep copy unless `inplace` (for a caller
-    that no longer needs the model and cannot afford the copy). The fallback config.json (no
-    tensorrt_llm installed) is completed with what TensorRT-LLM would otherwise default wrongly:
-    qwen_type/attn_bias for Qwen2, rotary_base/rotary_scaling when missing."""
+    that no longer needs the model and cannot afford the copy). config.json is then corrected by
+    verify.fix_trtllm_config (rope fields from the HF config, Qwen's qwen_type/attn_bias, dtype and
+    mapping); `patched` lists the changes."""
     import warnings
 
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
-    from trtbuild.checkpoint.trtllm_convert import hf_rope
+    from trtbuild.checkpoint.verify import fix_trtllm_config
 
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (tp, pp)):
         raise InvalidInput(f"tp and pp must be positive integers, got tp={tp!r} pp={pp!r}")
@@ -670,26 +663,8 @@ def export_trtllm(model, out_dir: Union[Path, str], tp: int, pp: int, dtype: str
         export_tensorrt_llm_checkpoint(work, decoder_type=decoder, dtype=_torch_dtype(dtype), export_dir=out_dir,
                                        inference_tensor_parallel=tp, inference_pipeline_parallel=pp)
     del work
-    config_path = out_dir / "config.json"
-    config = json.loads(config_path.read_text())
-    hf = model.config.to_dict()
-    patched = []
-    base, scaling = hf_rope(hf)
-    if "rotary_base" not in config:
-        config["rotary_base"] = base
-        patched.append("rotary_base")
-    if scaling and "rotary_scaling" not in config:
-        config["rotary_scaling"] = scaling
-        patched.append("rotary_scaling")
-    if decoder == "qwen":
-        if config.get("qwen_type") != hf["model_type"]:
-            config["qwen_type"] = hf["model_type"]
-            patched.append("qwen_type")
-        if "attn_bias" not in config:
-            config["attn_bias"] = True
-            patched.append("attn_bias")
-    if patched:
-        config_path.write_text(json.dumps(config, indent=4) + "\n")
+    patched = fix_trtllm_config(out_dir, model.config.to_dict(), {"dtype": dtype, "tp": tp, "pp": pp})
+    config = read_json_object(out_dir / "config.json")
     return {
         "decoder_type": decoder, "tp": tp, "pp": pp, "dtype": dtype,
         "quantization": config.get("quantization"), "patched": patched,
@@ -711,9 +686,9 @@ def kv_cache_format(model) -> Optional[str]:
     return found.pop() if found else None
 
 
-def export_hf(model, out_dir: Union[Path, str], source_dir: Union[Path, str]) -> dict:
-    """A unified Hugging Face checkpoint (export_hf_checkpoint on a deep copy: it mutates the
-    model), with the tokenizer files and generation_config.json of the source. Checks that
+def export_hf(model, out_dir: Union[Path, str], source_dir: Union[Path, str], inplace: bool = False) -> dict:
+    """A unified Hugging Face checkpoint (export_hf_checkpoint on a deep copy, unless `inplace`: it
+    mutates the model), with the tokenizer files and generation_config.json of the source. Checks that
     config.json has a quantization_config and that, for a 16-bit model, no tensor is float32
     except the quantization scales ModelOpt keeps float32 by design (HF_FLOAT32_BY_DESIGN)."""
     import warnings
@@ -730,7 +705,7 @@ def export_hf(model, out_dir: Union[Path, str], source_dir: Union[Path, str]) ->
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     dtype = _model_dtype(model)
-    work = copy.deepcopy(model)
+    work = model if inplace else copy.deepcopy(model)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*tensorrt_llm.*")
         export_hf_checkpoint(work, dtype=_torch_dtype(dtype), export_dir=out_dir)
@@ -740,7 +715,7 @@ def export_hf(model, out_dir: Union[Path, str], source_dir: Union[Path, str]) ->
         if (source_dir / name).is_file():
             shutil.copy2(source_dir / name, out_dir / name)
             copied.append(name)
-    config = json.loads((out_dir / "config.json").read_text())
+    config = read_json_object(out_dir / "config.json")
     qc = config.get("quantization_config")
     if not isinstance(qc, dict):
         raise TrtbuildError(f"{out_dir}/config.json has no quantization_config")
@@ -758,7 +733,7 @@ def export_hf(model, out_dir: Union[Path, str], source_dir: Union[Path, str]) ->
                             f"{', '.join(unexpected[:5])}")
     hf_quant = None
     if (out_dir / "hf_quant_config.json").is_file():
-        hf_quant = json.loads((out_dir / "hf_quant_config.json").read_text()).get("quantization")
+        hf_quant = read_json_object(out_dir / "hf_quant_config.json").get("quantization")
     return {
         "dtype": dtype, "quantization": hf_quant, "quant_algo": qc.get("quant_algo"),
         "tensors": tensors, "float32_tensors": len(float32), "copied": copied,

@@ -41,10 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
 
-from trtbuild.modelconfig import read_json_object
 from trtbuild import __version__
 from trtbuild.errors import InvalidInput
-from trtbuild.modelconfig import padded_vocab, parse_config
+from trtbuild.modelconfig import padded_vocab, parse_config, read_json_object
 
 # model_type -> ModelOpt's decoder_type (modelopt/torch/export/model_utils.py).
 FAMILIES = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen"}
@@ -279,34 +278,39 @@ def read_safetensors_header(path: Path) -> dict[str, dict]:
     return header
 
 
-load_json = read_json_object  # config.json files of checkpoints, with the project's one-line errors
-
-
 # --------------------------------------------------------------------------------------------
 # Source checkpoint and the per-rank plan
 # --------------------------------------------------------------------------------------------
+
+def weight_files(folder: Path) -> list[str]:
+    """The safetensors files that hold a HF checkpoint's weights: the index's shards, else
+    model.safetensors, else every top-level *.safetensors (never a stray copy beside an index,
+    such as Mistral's consolidated.safetensors)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise InvalidInput(f"{index}: no weight_map")
+        files = sorted(set(weight_map.values()))
+        missing = [name for name in files if not (folder / name).is_file()]
+        if missing:
+            raise InvalidInput(f"{index}: names {missing[0]}, which is missing")
+        return files
+    if (folder / "model.safetensors").is_file():
+        return ["model.safetensors"]
+    files = sorted(p.name for p in folder.glob("*.safetensors"))
+    if not files:
+        raise InvalidInput(f"{folder}: no *.safetensors weights (PyTorch .bin checkpoints are not supported)")
+    return files
+
 
 class _Source:
     """The tensors of a HF safetensors folder (single file, or sharded with an index)."""
 
     def __init__(self, folder: Path) -> None:
-        index = folder / "model.safetensors.index.json"
-        if index.is_file():
-            weight_map = load_json(index).get("weight_map")
-            if not isinstance(weight_map, dict) or not weight_map:
-                raise InvalidInput(f"{index}: no weight_map")
-            files = sorted(set(weight_map.values()))
-        elif (folder / "model.safetensors").is_file():
-            files = ["model.safetensors"]
-        else:
-            files = sorted(p.name for p in folder.glob("*.safetensors"))
-        if not files:
-            raise InvalidInput(f"{folder}: no *.safetensors weights (only safetensors checkpoints can be streamed)")
         self.entries: dict[str, tuple[Path, str, tuple[int, ...]]] = {}
-        for name in files:
+        for name in weight_files(folder):
             path = folder / name
-            if not path.is_file():
-                raise InvalidInput(f"{index}: names {name}, which is missing")
             for key, info in read_safetensors_header(path).items():
                 self.entries[key] = (path, str(info["dtype"]), tuple(int(d) for d in info["shape"]))
 
@@ -561,7 +565,7 @@ def convert_hf_to_trtllm(src: Union[Path, str], out: Union[Path, str], tp: int, 
     started = time.monotonic()
     rss_start = _rss_now()
     src, out = Path(src), Path(out)
-    hf = load_json(src / "config.json")
+    hf = read_json_object(src / "config.json")
     if hf.get("quantization_config"):
         raise InvalidInput(f"{src / 'config.json'}: has a quantization_config; the streaming converter takes "
                            f"unquantized checkpoints only")

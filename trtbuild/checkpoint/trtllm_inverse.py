@@ -28,11 +28,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Union
 
-from trtbuild.checkpoint.trtllm_convert import hf_layout, load_json
+from trtbuild.checkpoint.trtllm_convert import hf_layout
 from trtbuild.checkpoint.verify import _mapping, verify_trtllm_checkpoint
 from trtbuild.errors import TrtbuildError
+from trtbuild.modelconfig import read_json_object
 
-_DTYPES = ("float16", "bfloat16", "float32")
 
 
 class _Parts:
@@ -65,7 +65,7 @@ def trtllm_to_hf_state(ckpt_dir: Union[Path, str], hf_config: dict) -> dict:
     import torch
 
     ckpt_dir = Path(ckpt_dir)
-    cfg = load_json(ckpt_dir / "config.json")
+    cfg = read_json_object(ckpt_dir / "config.json")
     quant = cfg.get("quantization") if isinstance(cfg.get("quantization"), dict) else {}
     algo, kv_algo = quant.get("quant_algo"), quant.get("kv_cache_quant_algo")
     if algo is not None or kv_algo is not None:

@@ -45,11 +45,10 @@ from trtbuild.checkpoint.trtllm_convert import (
     HFLayout,
     check_parallel,
     hf_layout,
-    load_json,
     read_safetensors_header,
 )
 from trtbuild.errors import InvalidInput, TrtbuildError
-from trtbuild.modelconfig import padded_vocab
+from trtbuild.modelconfig import padded_vocab, read_json_object
 from trtbuild.trtllm import ENGINE_ARCHITECTURES
 
 QUANT_ALGOS = (None, "FP8", "FP8_PER_CHANNEL_PER_TOKEN", "W8A8_SQ_PER_CHANNEL", "W4A16_AWQ", "W4A8_AWQ",
@@ -278,7 +277,8 @@ def _config_problems(cfg: dict, layout: HFLayout) -> list[str]:
             bad(f"quantization.quant_algo {quant.get('quant_algo')!r} is not one of "
                 f"{', '.join(str(a) for a in QUANT_ALGOS)}")
         if quant.get("kv_cache_quant_algo") not in KV_CACHE_ALGOS:
-            bad(f"quantization.kv_cache_quant_algo {quant.get('kv_cache_quant_algo')!r} is not one of None, FP8, INT8")
+            bad(f"quantization.kv_cache_quant_algo {quant.get('kv_cache_quant_algo')!r} is not one of "
+                f"{', '.join(str(a) for a in KV_CACHE_ALGOS)}")
         if quant.get("quant_algo") in _AWQ:
             group = quant.get("group_size", 128)
             if not isinstance(group, int) or group <= 0:
@@ -308,7 +308,7 @@ def verify_trtllm_checkpoint(folder: Path, hf_config: dict) -> None:
     """Raise TrtbuildError (one line per problem, at most 20) unless `folder` is a TensorRT-LLM
     checkpoint of the model `hf_config` describes, in the layout config.json claims."""
     folder = Path(folder)
-    cfg = load_json(folder / "config.json")
+    cfg = read_json_object(folder / "config.json")
     layout = hf_layout(hf_config, "HF config.json")
     problems = _config_problems(cfg, layout)
     tp, pp, world = _mapping(cfg)
@@ -385,7 +385,7 @@ def fix_trtllm_config(folder: Path, hf_config: dict, requested: dict) -> list[st
     `requested` ({"dtype": ..., "tp": ..., "pp": ...}; "tp_size"/"pp_size" are accepted too)."""
     folder = Path(folder)
     path = folder / "config.json"
-    cfg = load_json(path)
+    cfg = read_json_object(path)
     layout = hf_layout(hf_config, "HF config.json")
     changes: list[str] = []
 

@@ -16,7 +16,6 @@ verified (names, shapes and dtypes per rank) before they are stored.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from pathlib import Path
 
@@ -31,7 +30,9 @@ def _peak_rss_mib() -> float:
 
 
 def _hf_config(source: Path) -> dict:
-    return json.loads((source / "config.json").read_text())
+    from trtbuild.modelconfig import read_json_object
+
+    return read_json_object(source / "config.json")
 
 
 def make_windows(ctx: StageContext) -> None:
@@ -81,13 +82,16 @@ def convert_checkpoint(ctx: StageContext) -> None:
 
 def export_checkpoint(ctx: StageContext) -> None:
     from trtbuild.checkpoint import quantize as mq
+    from trtbuild.checkpoint.verify import verify_trtllm_checkpoint
 
     started = time.monotonic()
     source = ctx.inputs["source"]
     model = mq.restore_quantized(source, ctx.inputs["quantized"], ctx.params["dtype"], "cpu")
-    report = mq.export_trtllm(model, ctx.out, ctx.params["tp"], ctx.params["pp"], ctx.params["dtype"])
-    changed = _fix_and_verify(ctx.out, source, ctx)
-    ctx.report({**report, "config_fixes": changed, "seconds": round(time.monotonic() - started, 2),
+    # restored for this export only: no deep copy (a second model in memory)
+    report = mq.export_trtllm(model, ctx.out, ctx.params["tp"], ctx.params["pp"], ctx.params["dtype"], inplace=True)
+    del model
+    verify_trtllm_checkpoint(ctx.out, _hf_config(source))
+    ctx.report({**report, "config_fixes": report.pop("patched"), "seconds": round(time.monotonic() - started, 2),
                 "peak_rss_mib": round(_peak_rss_mib(), 1)})
 
 
@@ -103,5 +107,5 @@ def export_hf(ctx: StageContext) -> None:
 
     source = ctx.inputs["source"]
     model = mq.restore_quantized(source, ctx.inputs["quantized"], ctx.params["dtype"], "cpu")
-    report = mq.export_hf(model, ctx.out, source)
+    report = mq.export_hf(model, ctx.out, source, inplace=True)
     ctx.report({**report, "peak_rss_mib": round(_peak_rss_mib(), 1)})
