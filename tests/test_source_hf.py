@@ -231,3 +231,14 @@ def test_explain_shows_the_commit_and_file_hashes(env, hub):
     assert fields["source.revision"]["value"] == "main"
     weights = hashlib.sha256(model_files()["model.safetensors"]).hexdigest()
     assert fields["source.files.model.safetensors"]["value"] == f"sha256:{weights}"
+
+
+def test_an_invalid_repository_id_is_one_line(tmp_path):
+    """The recipe schema admits ids huggingface_hub refuses (`--`, `..`): plan says so in one line."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("schema: 1\nname: r\nsource: {hf: org/a--b, revision: main}\ngpus: [sm90]\n")
+    result = subprocess.run([sys.executable, "-m", "trtbuild", "plan", str(recipe)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().endswith("source.hf: 'org/a--b' is not a valid repository id "
+                                          "(Cannot have -- or .. in repo_id: 'org/a--b'.)")

@@ -158,3 +158,23 @@ def test_a_nemo_object_on_s3_builds_into_its_twin(server, bucket, tmp_path, key)
     assert source["status"] == "built"
     ours, theirs = load_file(Path(source["path"]) / "model.safetensors"), load_file(twin / "model.safetensors")
     assert set(ours) == set(theirs) and all(torch.equal(ours[n], theirs[n]) for n in theirs)
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"AWS_PROFILE": "nope"}, "s3://bucket/model/: AWS profile 'nope' is not configured (AWS_PROFILE)"),
+    ({"AWS_ENDPOINT_URL": "not-a-url", "AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b"},
+     "s3://bucket/model/: Invalid endpoint: not-a-url (AWS_ENDPOINT_URL)"),
+])
+def test_broken_aws_settings_are_one_line(env, message, tmp_path):
+    """A client that cannot even be made (no such profile, a malformed endpoint) is bad input, not a traceback."""
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                      "hidden_size": 64, "intermediate_size": 128,
+                                                      "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                      "vocab_size": 512, "max_position_embeddings": 256}))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("schema: 1\nname: r\nsource: {s3: s3://bucket/model, config: config.json}\ngpus: [sm90]\n")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    result = subprocess.run([sys.executable, "-m", "trtbuild", "build", str(recipe), "--store", str(tmp_path / "store")],
+                            capture_output=True, text=True, env={**clean, "AWS_EC2_METADATA_DISABLED": "true", **env},
+                            timeout=120)
+    assert result.returncode == 2 and result.stderr.strip() == message and "Traceback" not in result.stderr

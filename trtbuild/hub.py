@@ -24,6 +24,8 @@ def hub_error(repo: str, revision: str, exc: Exception) -> TrtbuildError:
     """One line that names the repository and says what to do."""
     from huggingface_hub import errors
 
+    if isinstance(exc, errors.HFValidationError):
+        return InvalidInput(f"source.hf: {repo!r} is not a valid repository id ({' '.join(str(exc).split())[:200]})")
     if isinstance(exc, errors.GatedRepoError):
         return InvalidInput(f"source.hf: {repo} is gated: request access at {hub_url(repo)} and set HF_TOKEN "
                             "to a token of an account that has it")
@@ -45,12 +47,12 @@ def config_json(repo: str, revision: str) -> Optional[Path]:
     """config.json from the user's Hugging Face cache, else (online) downloaded into it."""
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
-    found = try_to_load_from_cache(repo, "config.json", revision=revision)
-    if isinstance(found, str):
-        return Path(found)
-    if offline():
-        return None
     try:
+        found = try_to_load_from_cache(repo, "config.json", revision=revision)
+        if isinstance(found, str):
+            return Path(found)
+        if offline():
+            return None
         return Path(hf_hub_download(repo, "config.json", revision=revision))
     except Exception as exc:
         raise hub_error(repo, revision, exc) from None

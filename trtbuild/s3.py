@@ -39,6 +39,10 @@ def error(url: str, exc: Exception) -> TrtbuildError:
     """One line naming the object: input problems (exit 2) vs. the service being unreachable (exit 1)."""
     from botocore import exceptions as bex
 
+    if isinstance(exc, bex.ProfileNotFound):
+        return InvalidInput(f"{url}: AWS profile {exc.kwargs.get('profile')!r} is not configured (AWS_PROFILE)")
+    if isinstance(exc, ValueError) and "endpoint" in str(exc).lower():
+        return InvalidInput(f"{url}: {' '.join(str(exc).split())[:200]} (AWS_ENDPOINT_URL)")
     if isinstance(exc, (bex.NoCredentialsError, bex.PartialCredentialsError)):
         return InvalidInput(f"{url}: no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)")
     if isinstance(exc, bex.ClientError):

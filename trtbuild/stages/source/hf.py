@@ -10,7 +10,6 @@ hashes. Offline (HF_HUB_OFFLINE=1), the lock file or the Hugging Face cache supp
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Optional
 from trtbuild.errors import InvalidInput
 from trtbuild.hub import hub_error, offline
 from trtbuild.keys import canonical_json
+from trtbuild.modelconfig import read_json_object
 from trtbuild.stages.base import StageContext
 from trtbuild.modelfiles import select_model_files
 from trtbuild.stages.source.common import Resolved, SourceContext
@@ -113,20 +113,17 @@ def download(ctx: StageContext) -> None:
         path = snapshot / name
         if not path.is_file():
             raise InvalidInput(f"source.hf: {repo}@{commit[:12]}: {name} is missing from the download")
-        actual = (SHA256 + (ctx.state.sha256(path) if ctx.state else _sha256(path)) if expected.startswith(SHA256)
+        # hashed at the blob the snapshot links to: the path the store's ingest hashes again, so its
+        # stat cache answers there instead of reading the file a second time
+        actual = (SHA256 + ctx.state.sha256(path.resolve()) if expected.startswith(SHA256)
                   else GIT + git_blob_id(path))
         if actual != expected:
             raise InvalidInput(f"source.hf: {repo}@{commit[:12]}: {name} does not match the hub's hash "
                                f"(expected {expected}, got {actual})")
-    config = json.loads((snapshot / "config.json").read_text())
+    config = read_json_object(snapshot / "config.json")
     if config.get("auto_map") and not ctx.runtime.get("trust_remote_code"):
         raise InvalidInput(f"source.hf: {repo} runs custom code (config.json has auto_map); set "
                            "source.trust_remote_code: true only if you trust it")
     # snapshot files are links into the repository's blobs/: allow links that stay in that folder
     ctx.adopt(snapshot, files.__contains__, links_within=snapshot.parent.parent, link=True)
 
-
-def _sha256(path: Path) -> str:
-    from trtbuild.store.hash import file_sha256
-
-    return file_sha256(path)

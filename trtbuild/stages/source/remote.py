@@ -60,7 +60,10 @@ def fetch(s3, state: StatCache, downloads: Path, bucket: str, key: str, sha256: 
 
 
 def fetch_all(state: StatCache, downloads: Path, bucket: str, objects: dict[str, dict], workers: int = 4) -> None:
-    s3 = s3lib.client()
+    try:
+        s3 = s3lib.client()
+    except Exception as exc:  # a missing profile, a malformed endpoint: one line, not a traceback
+        raise s3lib.error(f"s3://{bucket}", exc) from None
     with ThreadPoolExecutor(max_workers=workers) as pool:
         list(pool.map(lambda o: fetch(s3, state, downloads, bucket, o["key"], o["sha256"]), objects.values()))
 
@@ -69,8 +72,8 @@ def listing(url: str, folder: bool) -> tuple[object, str, str, list[s3lib.S3Obje
     """(client, bucket, prefix without a trailing slash, objects). A folder lists `prefix/`; an
     object lists its own key."""
     bucket, prefix = s3lib.parse_url(url.rstrip("/"))
-    s3 = s3lib.client()
     try:
+        s3 = s3lib.client()
         objects = s3lib.list_objects(s3, bucket, prefix + "/" if folder else prefix)
     except Exception as exc:
         raise s3lib.error(url, exc) from None
