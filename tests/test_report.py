@@ -234,3 +234,19 @@ def test_report_in_headless_chromium(report, tmp_path):
     assert run.returncode == 0 and shot.exists(), run.stderr[-2000:]
     assert _png_size(shot) == (1400, 1000)
     assert shot.stat().st_size > 20_000  # a blank page is a few KB; the table and the plot are not
+
+
+def test_a_malformed_lock_reads_as_not_built(ws, tmp_path):
+    """A hand-edited lock (entries that are not {key, digest}) must not crash the report."""
+    from conftest import minimal
+    from trtbuild.plan import plan_recipe
+    from trtbuild.recipe import load_recipe
+    from trtbuild.report.collect import rows
+    from trtbuild.store.local import LocalStore
+
+    plan = plan_recipe(load_recipe(ws.recipe(minimal())))
+    lock = {"targets": {"base-tp1": "garbage", "base-tp1:validate": {"digest": "no key"}, "base-tp1-sm90": None}}
+    found = {r["target"]: r for r in rows(plan, LocalStore(tmp_path / "store"), lock)}
+    assert found["base-tp1"]["status"] == "planned" and found["base-tp1"]["kld_mean"] is None
+    assert found["base-tp1-sm90"]["status"] == "planned" and found["base-tp1-sm90"]["measured_by"] is None
+    assert rows(plan, LocalStore(tmp_path / "store"), {"targets": ["not", "a", "mapping"]})[0]["status"] == "planned"

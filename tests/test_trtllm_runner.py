@@ -135,6 +135,10 @@ def test_available_checks_version_and_gpu(monkeypatch):
     monkeypatch.setattr(runner, "_trtllm_version", lambda: "1.20.0")
     assert "tensorrt_llm 1.20.0" in available()
     assert available("hf") is None  # hf-checkpoints run on the PyTorch backend of any 1.x
+    # engines need the recipe's pinned line (toolchain.tensorrt_llm), which names itself in the reason
+    assert available("engine", "1.20") is None
+    assert available("engine", "1.3") == ("needs tensorrt_llm 1.3.x and an NVIDIA GPU "
+                                          "(this machine: tensorrt_llm 1.20.0)")
     monkeypatch.setattr(runner, "_trtllm_version", lambda: "0.21.0")
     assert "tensorrt_llm 0.21.0" in available("hf")
 

@@ -76,7 +76,7 @@ def test_hf_backend_agrees_with_the_torch_runner(standin, models):
 
 def test_engine_backend_needs_gathered_logits_and_cuts_vocab_padding(standin, models):
     folder, source, other, windows, ref, model = models
-    with pytest.raises(ValueError, match="gather_context_logits"):
+    with pytest.raises(TrtbuildError, match="the engine was built without --gather_context_logits"):
         trtllm_runner.run(engine_dir(folder, source, gather=False), windows, ref["topk_ids"], "engine")
     with pytest.raises(TrtbuildError, match="engines use context_logits"):
         trtllm_runner.run(engine_dir(folder, source, gather=True), windows, ref["topk_ids"], "engine", "prompt_logprobs")

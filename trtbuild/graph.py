@@ -91,6 +91,12 @@ def quantize_host_problem(quant: Optional[str], kv_cache: Optional[str], device:
     return None
 
 
+def _trtllm_host_problem(backend: str, series: str) -> Optional[str]:
+    from trtbuild.validate import trtllm_runner
+
+    return trtllm_runner.available(backend, series)
+
+
 def field_param(model: BaseModel, name: str, path: str, value: Any = None) -> Param:
     """A recipe field with its origin: set in the recipe, or the schema's default."""
     origin = "recipe" if name in model.model_fields_set else "default"
@@ -189,6 +195,7 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
         for name in ("samples", "seq_len"):
             node.params[name] = field_param(settings, name, f"validate.{name}")
         node.params["seed"] = Param(0, "fixed: evaluation windows do not move")
+        node.params["dtype"] = dtype_param()  # the candidates' dtype: only quantization may differ
         node.params["top_k"] = Param(metrics.TOP_K, "trtbuild: top-k log-probabilities stored per position")
         node.platform["device"] = settings.device
         node.runtime = {"text": settings.text, "base_dir": str(loaded.base_dir), "device": settings.device}
@@ -248,8 +255,6 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
     def trtllm_validate_node(target: str, vname: str, backend: str, candidate: str, platform: dict) -> str:
         """The candidate as TensorRT-LLM serves it (an engine, or an hf-checkpoint on the PyTorch
         backend), against the same reference and gates as its checkpoint."""
-        from trtbuild.validate import trtllm_runner
-
         stage, missing = stage_for("validate:trtllm")
         node_id = f"{target}:validate" if backend == "engine" else f"{target}:validate-trtllm"
         role = "engine" if backend == "engine" else "hf_checkpoint"
@@ -264,7 +269,8 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
         node.params["backend"] = Param(backend, "trtbuild: the TensorRT backend for engines, PyTorch for hf-checkpoints")
         node.platform.update(platform)
         node.runtime = {"target": target}
-        node.requires = lambda b=backend: trtllm_runner.available(b)
+        series = ".".join(recipe.toolchain.tensorrt_llm.split(".")[:2])  # engines: the recipe's pinned line
+        node.requires = lambda b=backend, s=series: _trtllm_host_problem(b, s)
         nodes.append(node)
         return node.id
 

@@ -310,11 +310,11 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
         result.summary = record.get("summary", {})
         failed_gates = [f"{name} {g['value']:.4g} (limit {g['limit']:g})"
                         for name, g in (result.summary.get("gates") or {}).items() if not g["passed"]]
-        if failed_gates:  # the report stays in the store for inspection; the target fails
-            result.status, result.reason = FAILED, f"failed its gates: {', '.join(failed_gates)}; report: {materialize(store, result.digest)}/report.md"
-        store.update_ref(graph.recipe, node.id, result.digest, key)
-        if options.materialize:
+        if options.materialize or failed_gates:  # checked out once, for the path and the report's place
             result.path = str(materialize(store, result.digest))
+        if failed_gates:  # the report stays in the store for inspection; the target fails
+            result.status, result.reason = FAILED, f"failed its gates: {', '.join(failed_gates)}; report: {result.path}/report.md"
+        store.update_ref(graph.recipe, node.id, result.digest, key)
     except InvalidInput:  # a source that is not there, a lock that does not match: stop the run
         raise
     except (StageFailed, CorruptStore) as exc:

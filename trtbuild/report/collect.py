@@ -9,15 +9,23 @@ from trtbuild.plan import Plan
 from trtbuild.store.local import LocalStore
 
 
+def _entry(locked: dict, name: str) -> Optional[dict]:
+    """A lock entry with a key, or None (a hand-edited or foreign lock is read as "not built")."""
+    entry = locked.get(name)
+    return entry if isinstance(entry, dict) and isinstance(entry.get("key"), str) else None
+
+
 def rows(plan: Plan, store: LocalStore, lock: Optional[dict]) -> list[dict]:
     locked = (lock or {}).get("targets") or {}
+    if not isinstance(locked, dict):
+        locked = {}
     out = []
     for target in plan.targets:
         variant = plan.recipe.variants[target.variant]
-        entry = locked.get(target.name)
+        entry = _entry(locked, target.name)
         record = store.get_record(entry["key"]) if entry else None
         # an hf-checkpoint's numbers as TensorRT-LLM serves it, when a GPU host measured them
-        validation = locked.get(f"{target.name}:validate-trtllm") or locked.get(f"{target.name}:validate")
+        validation = _entry(locked, f"{target.name}:validate-trtllm") or _entry(locked, f"{target.name}:validate")
         summary = (store.get_record(validation["key"]) or {}).get("summary", {}) if validation else {}
         if not target.ok:
             status = "impossible"
@@ -28,7 +36,7 @@ def rows(plan: Plan, store: LocalStore, lock: Optional[dict]) -> list[dict]:
         metrics = summary.get("metrics", {})
         measured_by = summary.get("runner") if metrics else None
         if target.kind == "engine" and not metrics:  # an engine shares its checkpoint's numbers until validated itself
-            checkpoint = locked.get(f"{target.depends_on[0]}:validate")
+            checkpoint = _entry(locked, f"{target.depends_on[0]}:validate")
             inherited = (store.get_record(checkpoint["key"]) or {}).get("summary", {}) if checkpoint else {}
             metrics = inherited.get("metrics", {})
             measured_by = f"{inherited.get('runner')}, on {target.depends_on[0]}" if metrics else None

@@ -7,12 +7,14 @@ next to it, and the plot is also described in text so the page reads without the
 from __future__ import annotations
 
 import html
+import io
 import math
 from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
 from trtbuild.errors import TrtbuildError
+from trtbuild.store.hash import atomic_write
 
 DASH = "\u2013"  # shown for every missing value
 GIB = 1024**3
@@ -363,7 +365,9 @@ def _render_png(title: str, points: list[dict], path: Path) -> dict:
                     color="#6b7280")
             ax.set_xticks([])
             ax.set_yticks([])
-    fig.savefig(path, format="png", metadata={"Software": None})
+    png = io.BytesIO()
+    fig.savefig(png, format="png", metadata={"Software": None})
+    atomic_write(Path(path), png.getvalue())  # an interrupted report leaves the old file, not half a PNG
     return {"log_kl": log_kl, "kl_limit": kl_limit, "top1_limit": top1_limit, "any_estimated": any_estimated}
 
 
@@ -466,5 +470,5 @@ def render_report(title: str, rows: list[dict], out_dir: Path) -> tuple[Path, Pa
 </body>
 </html>
 """
-    html_path.write_text(page, encoding="utf-8")
+    atomic_write(html_path, page.encode("utf-8"))
     return html_path, png_path

@@ -28,11 +28,6 @@ def _device(ctx: StageContext) -> str:
     return hardware.resolve_device(ctx.runtime.get("device", "auto"))
 
 
-def _dtype(source: Path) -> str:
-    config = json.loads((source / "config.json").read_text())
-    return str(config.get("torch_dtype") or config.get("dtype") or "float32")
-
-
 def make_reference(ctx: StageContext) -> None:
     from trtbuild.checkpoint.calibration import make_windows
     from trtbuild.validate import torch_runner
@@ -42,7 +37,7 @@ def make_reference(ctx: StageContext) -> None:
     source, device = ctx.inputs["source"], _device(ctx)
     text = read_eval_text(ctx.runtime["text"], Path(ctx.runtime["base_dir"]))
     windows, meta = make_windows(source, text, ctx.params["samples"], ctx.params["seq_len"], ctx.params["seed"])
-    model = torch_runner.load_source(source, device, _dtype(source))
+    model = torch_runner.load_source(source, device, ctx.params["dtype"])
     ref = torch_runner.reference(model, windows, device, ctx.params["top_k"],
                                  progress=lambda d, t: report_progress(d, t, "reference windows"))
     np.save(ctx.out / WINDOWS, windows)
@@ -119,7 +114,8 @@ def _write_report(ctx: StageContext, windows: np.ndarray, comparison, started: f
 
         reference = ctx.inputs["reference"]
         overlap = metrics.window_overlap(windows, load_windows(ctx.inputs["calibration"]))
-        same_text = _text_sha(reference) is not None and _text_sha(reference) == _text_sha(ctx.inputs["calibration"])
+        evaluated_on = _text_sha(reference)
+        same_text = evaluated_on is not None and evaluated_on == _text_sha(ctx.inputs["calibration"])
         if same_text:
             warnings.append("the evaluation text is the calibration text: the gates are unreliable (they flatter "
                             "the model); point validate.text at other text")

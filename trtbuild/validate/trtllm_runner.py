@@ -76,12 +76,8 @@ tensorrt_llm/version.py):
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
-import json
 import math
 import re
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -89,6 +85,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from trtbuild.errors import TrtbuildError
+from trtbuild.modelconfig import read_json_object
 
 NEEDS = {"engine": "needs tensorrt_llm 1.2.x and an NVIDIA GPU",  # the TensorRT engine backend ends with 1.2
          "hf": "needs tensorrt_llm (PyTorch backend, 1.0 or later) and an NVIDIA GPU"}
@@ -101,48 +98,41 @@ BATCH_WINDOWS = 8  # windows per generate() call: bounds the context logits held
 # --------------------------------------------------------------------------------------------
 
 def _trtllm_version() -> Optional[str]:
-    """The installed tensorrt_llm version, without importing it; None when it is not installed."""
-    if importlib.util.find_spec("tensorrt_llm") is None:
-        return None
-    for dist in ("tensorrt_llm", "tensorrt-llm"):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "unknown"
+    """The installed tensorrt_llm version, from package metadata (no import); None when absent."""
+    from trtbuild import toolchain
+
+    return toolchain.package_version("tensorrt_llm")
 
 
 def _gpu_visible() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return shutil.which("nvidia-smi") is not None
-    try:
-        return bool(torch.cuda.is_available() and torch.cuda.device_count() > 0)
-    except Exception:  # a broken driver is no GPU
-        return False
+    """A GPU visible through NVML (hardware.detect_gpus: probed once, no torch import)."""
+    from trtbuild import hardware
+
+    return bool(hardware.detect_gpus())
 
 
-def _version_fits(version: str, backend: str) -> bool:
-    if backend == "engine":
-        return re.match(r"^1\.2(\.|$|rc)", version) is not None
+def _version_fits(version: str, backend: str, series: str) -> bool:
+    if backend == "engine":  # the recipe's engine toolchain, e.g. 1.2 for toolchain.tensorrt_llm 1.2.1
+        return version == series or version.startswith(series + ".") or version.startswith(series + "rc")
     major = re.match(r"^(\d+)\.", version)
     return major is not None and int(major.group(1)) >= 1
 
 
-def available(backend: str = "engine") -> Optional[str]:
-    """None when this host can run `backend` ("engine": tensorrt_llm 1.2.x; "hf": the PyTorch
-    backend of tensorrt_llm 1.0 or later) on a visible GPU, else the reason."""
+def available(backend: str = "engine", series: str = "1.2") -> Optional[str]:
+    """None when this host can run `backend` ("engine": tensorrt_llm of the engines' `series`, 1.2
+    by default; "hf": the PyTorch backend of tensorrt_llm 1.0 or later) on a visible GPU, else the
+    reason."""
     problems = []
     version = _trtllm_version()
     if version is None:
         problems.append("no tensorrt_llm")
-    elif not _version_fits(version, backend):
+    elif not _version_fits(version, backend, series):
         problems.append(f"tensorrt_llm {version}")
     if not _gpu_visible():
         problems.append("no NVIDIA GPU visible")
     if problems:
-        return f"{NEEDS[backend]} (this machine: {', '.join(problems)})"
+        need = NEEDS[backend].replace("1.2.x", f"{series}.x")
+        return f"{need} (this machine: {', '.join(problems)})"
     return None
 
 
@@ -357,14 +347,18 @@ def run(folder: Path, windows: np.ndarray, ref_ids: np.ndarray, backend: str, pa
     windows = np.asarray(windows)
     k = int(ref_ids.shape[-1])
     if backend == "engine":
+        config = read_json_object(folder / "config.json")
+        if not (config.get("build_config") or {}).get("gather_context_logits"):
+            raise TrtbuildError(f"{folder}: the engine was built without --gather_context_logits, so TensorRT-LLM "
+                                "returns no prompt logits to validate it with (validate.engines: twin or published "
+                                "builds one with it)")
         from tensorrt_llm._tensorrt_engine import LLM
 
-        config = json.loads((folder / "config.json").read_text())
         vocab = (config.get("pretrained_config") or {}).get("vocab_size")
     else:
         from tensorrt_llm import LLM
 
-        vocab = json.loads((folder / "config.json").read_text()).get("vocab_size")
+        vocab = read_json_object(folder / "config.json").get("vocab_size")
     llm = LLM(model=str(folder), skip_tokenizer_init=True)
     try:
         def generate(rows: np.ndarray, how: str) -> dict[str, np.ndarray]:
