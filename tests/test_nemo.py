@@ -305,6 +305,7 @@ def test_zarr_nemo2_bf16(tmp_path):
     report = convert(folder, tmp_path / "out")
     assert (report["weights"], report["dtype"]) == ("zarr", "bfloat16")
     assert_like_twin(tmp_path / "out", HF_TIED)
+    assert not (folder / "weights" / "BOOM").exists()  # the planted pickle was never unpickled
 
 
 @pytest.mark.parametrize("te_norms", [True, False], ids=["te-names", "local-spec-names"])

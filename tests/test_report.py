@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("matplotlib", reason="the report extra (matplotlib) is not installed")
 
 from trtbuild.report.html import render_report  # noqa: E402
 

@@ -167,5 +167,6 @@ def test_tied_lm_head_must_equal_embedding(hf_model, converted, tmp_path):
 
 def test_checkpoint_of_another_model_rejected(hf_model, converted):
     # The verifier runs first: a Mixtral checkpoint is not a Llama one.
-    with pytest.raises(TrtbuildError):
+    with pytest.raises(TrtbuildError, match=r"config.json: architecture expected 'LlamaForCausalLM' "
+                                             r"\(the HF architectures\[0\]\), found 'MixtralForCausalLM'"):
         trtllm_to_hf_state(converted("mixtral", 1, 1), hf_config(hf_model("llama")))

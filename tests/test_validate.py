@@ -101,6 +101,9 @@ def test_engines_wait_for_validation(built):
     _, _, targets = built
     assert targets["fp8-tp1-sm90"]["status"] == "skipped"  # no GPU here, but only after the validation passed
     assert targets["fp8-tp1-sm90"]["reason"].startswith("needs sm90 GPU")
+    # its checkpoint's validation passed; what it still waits for is its own (its twin's) validation
+    assert targets["fp8-tp1:validate"]["status"] == "built"
+    assert targets["fp8-tp1-sm90"]["reason"].endswith("; and needs fp8-tp1-sm90:validate, which was skipped")
 
 
 def test_what_tensorrt_llm_must_validate_is_skipped_here_with_the_reason(built):
