@@ -69,6 +69,8 @@ def test_a_malformed_archive_is_one_line_and_leaves_nothing(tmp_path):
     assert result.returncode == 2 and result.stdout == ""
     [line] = result.stderr.strip().splitlines()
     assert line.startswith(f"{bad}: malformed .nemo archive (")
+    log = Path(line.rsplit("(log: ", 1)[1].rstrip(")"))  # the stage's log is kept, as for any failure
+    assert log.is_dir() and any(p.read_text().strip() for p in log.iterdir())
     assert not list((tmp_path / "store" / "ac").glob("*.json"))
     assert not [p for p in (tmp_path / "store" / "tmp").iterdir()]
 

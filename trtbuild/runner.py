@@ -160,7 +160,11 @@ def execute(node: Node, store: LocalStore, key: str, inputs: dict[str, Path], re
                                         preexec_fn=_die_with_parent)
                 returncode = _follow(proc, log, reporter)
             if returncode != 0:
-                raise StageFailed(f"{_failure_reason(log, returncode)} (log: {_keep_failure(store, work, key)})")
+                try:
+                    reason = _failure_reason(log, returncode)
+                except InvalidInput as exc:  # still a stage that ran: its log is kept like any failure's
+                    raise InvalidInput(f"{exc} (log: {_keep_failure(store, work, key)})") from None
+                raise StageFailed(f"{reason} (log: {_keep_failure(store, work, key)})")
             manifest = store.ingest(out, progress=reporter.advance)
         else:
             ctx = StageContext(out=out, inputs=inputs, params=node.param_values(), runtime=node.runtime, state=store.state)

@@ -16,7 +16,7 @@ from trtbuild.errors import InvalidInput
 from trtbuild.stages.base import StageContext
 
 ERROR_PREFIX = "TRTBUILD-ERROR: "
-INPUT_ERROR_PREFIX = "TRTBUILD-INPUT-ERROR: "  # the stage's input is wrong: exit 2, like any input error
+INPUT_ERROR_PREFIX = "TRTBUILD-INPUT-ERROR: "  # the stage's input is wrong: trtbuild exits 2, like any input error
 PROGRESS_PREFIX = "TRTBUILD-PROGRESS: "  # `done/total label`: the runner shows it as a progress bar
 
 
