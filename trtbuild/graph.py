@@ -130,6 +130,7 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
 
     calibrations: dict[tuple, str] = {}  # calibration settings -> node id (shared by variants)
     quantized: dict[str, str] = {}  # variant -> node id of its quantized model
+    calibration_of: dict[str, str] = {}  # quantized node id -> its calibration node id
 
     def dtype_param() -> Param:
         return Param(plan.dtype, "recipe: dtype" if recipe.dtype else "model config (or float16)")
@@ -179,6 +180,7 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
         node.runtime["device"] = device
         node.requires = (lambda q=variant.quant, kv=variant.kv_cache, d=device: quantize_host_problem(q, kv, d))
         quantized[vname] = node.id
+        calibration_of[node.id] = calibration
         nodes.append(node)
         return node.id
 
@@ -210,7 +212,7 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
         inputs = {"reference": reference_node(), "source": SOURCE}
         if "quantized" in target_inputs:
             inputs["quantized"] = target_inputs["quantized"]
-            inputs["calibration"] = next(n.inputs["calibration"] for n in nodes if n.id == target_inputs["quantized"])
+            inputs["calibration"] = calibration_of[target_inputs["quantized"]]
         else:
             inputs["checkpoint" if kind == CHECKPOINT else "hf_checkpoint"] = target
         stage, missing = stage_for("validate")
@@ -260,7 +262,7 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
         role = "engine" if backend == "engine" else "hf_checkpoint"
         inputs = {"reference": reference_node(), role: candidate}
         if vname in quantized:  # to say when evaluation and calibration windows overlap
-            inputs["calibration"] = next(n.inputs["calibration"] for n in nodes if n.id == quantized[vname])
+            inputs["calibration"] = calibration_of[quantized[vname]]
         node = Node(node_id, "validate", stage, inputs=inputs, unavailable=missing,
                     after=[] if backend == "engine" else [f"{target}:validate"])
         node.params["gates"] = gates_param(vname)

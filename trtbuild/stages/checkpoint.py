@@ -20,13 +20,8 @@ import time
 from pathlib import Path
 
 from trtbuild.stages.base import StageContext
-from trtbuild.stages.worker import report_progress
+from trtbuild.stages.worker import peak_rss_mib, report_progress
 
-
-def _peak_rss_mib() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _hf_config(source: Path) -> dict:
@@ -58,7 +53,7 @@ def quantize(ctx: StageContext) -> None:
                                        windows, device, progress=lambda done, total: report_progress(done, total, "calibration batches"))
     mq.save_quantized(model, ctx.out)
     ctx.report({**report, "device": device, "seconds": round(time.monotonic() - started, 2),
-                "peak_rss_mib": round(_peak_rss_mib(), 1)})
+                "peak_rss_mib": peak_rss_mib()})
 
 
 def _fix_and_verify(out: Path, source: Path, ctx: StageContext) -> list[str]:
@@ -77,7 +72,7 @@ def convert_checkpoint(ctx: StageContext) -> None:
     source = ctx.inputs["source"]
     report = convert_hf_to_trtllm(source, ctx.out, ctx.params["tp"], ctx.params["pp"], ctx.params["dtype"])
     changed = _fix_and_verify(ctx.out, source, ctx)
-    ctx.report({**report, "config_fixes": changed, "peak_rss_mib": round(_peak_rss_mib(), 1)})
+    ctx.report({**report, "config_fixes": changed, "peak_rss_mib": peak_rss_mib()})
 
 
 def export_checkpoint(ctx: StageContext) -> None:
@@ -92,14 +87,14 @@ def export_checkpoint(ctx: StageContext) -> None:
     del model
     verify_trtllm_checkpoint(ctx.out, _hf_config(source))
     ctx.report({**report, "config_fixes": report.pop("patched"), "seconds": round(time.monotonic() - started, 2),
-                "peak_rss_mib": round(_peak_rss_mib(), 1)})
+                "peak_rss_mib": peak_rss_mib()})
 
 
 def convert_hf(ctx: StageContext) -> None:
     from trtbuild.checkpoint.hf_cast import cast_checkpoint
 
     report = cast_checkpoint(ctx.inputs["source"], ctx.out, ctx.params["dtype"])
-    ctx.report({**report, "peak_rss_mib": round(_peak_rss_mib(), 1)})
+    ctx.report({**report, "peak_rss_mib": peak_rss_mib()})
 
 
 def export_hf(ctx: StageContext) -> None:
@@ -108,4 +103,4 @@ def export_hf(ctx: StageContext) -> None:
     source = ctx.inputs["source"]
     model = mq.restore_quantized(source, ctx.inputs["quantized"], ctx.params["dtype"], "cpu")
     report = mq.export_hf(model, ctx.out, source, inplace=True)
-    ctx.report({**report, "peak_rss_mib": round(_peak_rss_mib(), 1)})
+    ctx.report({**report, "peak_rss_mib": peak_rss_mib()})

@@ -25,6 +25,13 @@ def report_progress(done: int, total: int, label: str) -> None:
     print(f"{PROGRESS_PREFIX}{done}/{total} {label}", flush=True)
 
 
+def peak_rss_mib() -> float:
+    """This worker's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
 def load_entry(entry: str):
     module, _, name = entry.partition(":")
     return getattr(importlib.import_module(module), name)
