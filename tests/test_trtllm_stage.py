@@ -21,6 +21,7 @@ from trtbuild import toolchain
 from trtbuild.errors import TrtbuildError
 from trtbuild.stages.base import StageContext
 from trtbuild.validate import metrics, torch_runner, trtllm_runner
+from trtbuild.validate.gates import default_gates
 
 STANDIN = Path(__file__).resolve().parent / "standin_trtllm"
 
@@ -117,7 +118,7 @@ def test_the_stage_writes_a_report_that_names_its_toolchain(standin, models, tmp
     np.savez(reference / REFERENCE_NPZ, **ref)
     out = tmp_path / "out"
     out.mkdir()
-    gates = metrics.default_gates(None, None)
+    gates = default_gates(None, None)
     ctx = StageContext(out=out, inputs={"reference": reference, "hf_checkpoint": source},
                        params={"gates": gates, "runner": "tensorrt_llm", "backend": "hf"}, runtime={"target": "base-hf"})
     validate_trtllm(ctx)

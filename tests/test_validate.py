@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tinymodels import make_model, make_tokenizer, pydoc_text
-from trtbuild.validate import metrics
+from trtbuild.validate import gates, metrics
 
 TESTS = Path(__file__).resolve().parent
 
@@ -86,7 +86,7 @@ def test_quantized_numbers_are_plausible_and_gated(built):
     m = entry["metrics"]
     assert 0 < m["kld_mean"] < m["kld_p99"] and 0 < m["top1_agreement"] <= 1
     assert set(entry["gates"]) == {"kld_mean", "kld_p99", "top1_agreement", "ppl_delta_pct"}
-    assert entry["gates"]["kld_mean"] == {"value": m["kld_mean"], "limit": metrics.DEFAULT_GATES["8bit"]["kld_mean"],
+    assert entry["gates"]["kld_mean"] == {"value": m["kld_mean"], "limit": gates.DEFAULT_GATES["8bit"]["kld_mean"],
                                           "passed": True}
     report = Path(entry["path"])
     assert "| KL divergence, mean |" in (report / "report.md").read_text()

@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 from pydantic import BaseModel
 
 from trtbuild import hardware, toolchain, trtllm
-from trtbuild.validate import metrics
+from trtbuild.validate import gates
 from trtbuild.plan import CHECKPOINT, ENGINE, HF_CHECKPOINT, Plan
 from trtbuild.stages.base import Stage
 from trtbuild.stages.registry import NOT_YET, STAGES
@@ -198,7 +198,7 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
             node.params[name] = field_param(settings, name, f"validate.{name}")
         node.params["seed"] = Param(0, "fixed: evaluation windows do not move")
         node.params["dtype"] = dtype_param()  # the candidates' dtype: only quantization may differ
-        node.params["top_k"] = Param(metrics.TOP_K, "trtbuild: top-k log-probabilities stored per position")
+        node.params["top_k"] = Param(gates.TOP_K, "trtbuild: top-k log-probabilities stored per position")
         node.platform["device"] = settings.device
         node.runtime = {"text": settings.text, "base_dir": str(loaded.base_dir), "device": settings.device}
         node.resolve = lambda spec=settings.text: {"text": evaluation_text_digest(spec, loaded.base_dir)}
@@ -227,11 +227,11 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
 
     def gates_param(vname: str) -> Param:
         variant = recipe.variants[vname]
-        gates = metrics.default_gates(variant.quant, variant.kv_cache)
+        limits = gates.default_gates(variant.quant, variant.kv_cache)
         set_gates = recipe.validation.gates.model_dump(exclude_none=True)
-        gates.update(set_gates)
-        return Param(gates, "recipe: validate.gates" if set_gates else
-                     f"default gates for {metrics.FAMILY[variant.quant]} quantization")
+        limits.update(set_gates)
+        return Param(limits, "recipe: validate.gates" if set_gates else
+                     f"default gates for {gates.FAMILY[variant.quant]} quantization")
 
     def engine_node(target, gather: bool, suffix: str = "") -> Node:
         """An engine target, or (suffix ":twin") the copy built only to be validated: the same

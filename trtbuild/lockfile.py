@@ -13,6 +13,7 @@ from typing import Optional
 import yaml
 
 from trtbuild.errors import InvalidInput
+from trtbuild.validate import gates
 from trtbuild.keys import canonical_json
 from trtbuild.recipe import LoadedRecipe
 from trtbuild.store.hash import atomic_write, bytes_sha256
@@ -78,7 +79,7 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
             if "gates" in r.summary:  # validation: the headline numbers and whether the gates passed
                 targets[r.id]["metrics"] = {k: float(f"{v:.6g}") if isinstance(v, float) else v
                                             for k, v in r.summary["metrics"].items()}
-                targets[r.id]["gates_passed"] = all(g["passed"] for g in r.summary["gates"].values())
+                targets[r.id]["gates_passed"] = not gates.failed_gates(r.summary)
     data = {
         "schema": LOCK_SCHEMA,
         "recipe": {"name": loaded.recipe.name, "digest": digest},

@@ -21,6 +21,7 @@ from trtbuild.stages.base import StageContext
 from trtbuild.stages.worker import ERROR_PREFIX, INPUT_ERROR_PREFIX, PROGRESS_PREFIX, load_entry
 from trtbuild.store.checkout import materialize
 from trtbuild.store.local import CorruptStore, LocalStore
+from trtbuild.validate import gates
 
 BUILT, CACHED, FAILED, IMPOSSIBLE, SKIPPED = "built", "cached", "failed", "impossible", "skipped"
 
@@ -312,8 +313,7 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
             result.status = CACHED
         result.digest = record["digest"]
         result.summary = record.get("summary", {})
-        failed_gates = [f"{name} {g['value']:.4g} (limit {g['limit']:g})"
-                        for name, g in (result.summary.get("gates") or {}).items() if not g["passed"]]
+        failed_gates = gates.failed_gates(result.summary)
         if options.materialize or failed_gates:  # checked out once, for the path and the report's place
             result.path = str(materialize(store, result.digest))
         if failed_gates:  # the report stays in the store for inspection; the target fails

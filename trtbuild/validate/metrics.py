@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Optional
 
 import numpy as np
 
-TOP_K = 256  # top-64 underestimated KL by 15% on SmolLM2 FP8; 256 costs 2 MB (benchmarks/RESULTS.md)
+from trtbuild.validate.gates import HIGHER_IS_BETTER, TOP_K  # numpy-free tables the graph reads too
+
 Z_95 = 1.6448536269514722  # one-sided 95% (reference/trtllm.md section 7 uses alpha = 0.05)
 # The one-tailed two-sample test of TensorRT-LLM's accuracy CI (reference/trtllm.md section 7):
 # defaults alpha = 0.05 (false failures), beta = 0.2 (missed drops, i.e. power 0.8).
@@ -104,26 +104,6 @@ def summarize(c: Comparison) -> Metrics:
         stderr={"kld_mean": _se(c.kl.mean(axis=1)), "top1_agreement": _se(c.top1.mean(axis=1)),
                 "ppl_delta_pct": _se(per_window_delta)},
     )
-
-
-# Default gates per quantization family: generous enough that a healthy quantization passes on a
-# small model (measured on SmolLM2-135M, benchmarks/RESULTS.md), tight enough that a broken one
-# (a permuted layer, token salad) fails by orders of magnitude. A recipe's validate.gates override.
-DEFAULT_GATES: dict[str, dict[str, float]] = {
-    "none": {"kld_mean": 0.01, "kld_p99": 0.1, "top1_agreement": 0.97, "ppl_delta_pct": 1.0},
-    "8bit": {"kld_mean": 0.15, "kld_p99": 2.0, "top1_agreement": 0.80, "ppl_delta_pct": 15.0},
-    "4bit": {"kld_mean": 0.5, "kld_p99": 5.0, "top1_agreement": 0.65, "ppl_delta_pct": 50.0},
-}
-FAMILY = {None: "none", "fp8": "8bit", "int8_sq": "8bit", "int8_wo": "8bit",
-          "int4_awq": "4bit", "w4a8_awq": "4bit", "int4_wo": "4bit", "nvfp4": "4bit"}
-HIGHER_IS_BETTER = {"top1_agreement"}
-
-
-def default_gates(quant: Optional[str], kv_cache: Optional[str]) -> dict[str, float]:
-    family = FAMILY[quant]
-    if family == "none" and kv_cache is not None:  # a quantized KV cache alone behaves like 8-bit
-        family = "8bit" if kv_cache in ("fp8", "int8") else "4bit"
-    return dict(DEFAULT_GATES[family])
 
 
 def two_sample_test(n: float, sigma: float, alpha: float = ALPHA, beta: float = BETA) -> dict[str, float]:
