@@ -40,6 +40,7 @@ class Node:
     requires: Optional[Callable[[], Optional[str]]] = None  # why this host cannot build it
     after: list[str] = field(default_factory=list)  # nodes that must succeed first, not part of the key
     resolve: Optional[Callable[[], dict[str, str]]] = None  # key inputs read at key time (a text's digest)
+    serves: Optional[str] = None  # the target this node exists for (its validations, an engine's twin)
 
     def param_values(self) -> dict[str, Any]:
         return {k: p.value for k, p in self.params.items()}
@@ -216,7 +217,8 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
         else:
             inputs["checkpoint" if kind == CHECKPOINT else "hf_checkpoint"] = target
         stage, missing = stage_for("validate")
-        node = Node(f"{target}:validate", "validate", stage, inputs=inputs, unavailable=missing, after=[target])
+        node = Node(f"{target}:validate", "validate", stage, inputs=inputs, unavailable=missing, after=[target],
+                    serves=target)
         node.params["dtype"] = dtype_param()
         node.params["gates"] = gates_param(vname)
         node.params["runner"] = Param("torch", "trtbuild: checkpoints are validated on torch before any engine")
@@ -238,7 +240,7 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
         flags plus --gather_context_logits, which TensorRT-LLM needs to return prompt logits."""
         stage, missing = stage_for(ENGINE)
         node = Node(target.name + suffix, ENGINE, stage, inputs={"checkpoint": target.depends_on[0]},
-                    impossible=target.reason, unavailable=missing)
+                    impossible=target.reason, unavailable=missing, serves=target.name if suffix else None)
         limits = recipe.limits
         for name in ("max_batch_size", "max_input_len", "max_num_tokens", "max_beam_width"):
             node.params[name] = field_param(limits, name, f"limits.{name}")
@@ -264,7 +266,7 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
         if vname in quantized:  # to say when evaluation and calibration windows overlap
             inputs["calibration"] = calibration_of[quantized[vname]]
         node = Node(node_id, "validate", stage, inputs=inputs, unavailable=missing,
-                    after=[] if backend == "engine" else [f"{target}:validate"])
+                    after=[] if backend == "engine" else [f"{target}:validate"], serves=target)
         node.params["gates"] = gates_param(vname)
         node.params["runner"] = Param("tensorrt_llm", f"trtbuild: {'engines' if backend == 'engine' else 'hf-checkpoints'} "
                                       "are validated as TensorRT-LLM runs them")

@@ -60,7 +60,7 @@ def build_graph_for(loaded: LoadedRecipe, request: BuildRequest, registry=None) 
     graph = graphs.build_graph(plan, registry, validate=request.validate)
     if request.targets:  # the chosen targets, their validations (and twins), and everything those need
         chosen = {t.name for t in plan.targets}
-        graph = graph.closure(chosen | {n.id for n in graph.nodes if n.id.split(":", 1)[0] in chosen})
+        graph = graph.closure(chosen | {n.id for n in graph.nodes if n.serves in chosen})
     return graph
 
 
