@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import fnmatch
+import shutil
+from pathlib import Path
 from typing import Iterable
 
 # Files a model contributes: config, tokenizer and weights, top level only (`original/` and the
@@ -13,8 +15,20 @@ MODEL_FILES = (
     "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
     "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja", "chat_template.json",
 )
+TOKENIZER_FILES = tuple(n for n in MODEL_FILES if n not in ("config.json", "generation_config.json"))
 SAFETENSORS = ("*.safetensors", "model.safetensors.index.json")
 TORCH_BINS = ("pytorch_model*.bin", "pytorch_model.bin.index.json")
+
+
+def copy_companion_files(source: Path, out: Path) -> list[str]:
+    """Copy the tokenizer files and generation_config.json the source has (everything of
+    MODEL_FILES but config.json and the weights, which a stage writes itself); returns their names."""
+    copied = []
+    for name in MODEL_FILES:
+        if name != "config.json" and (source / name).is_file():
+            shutil.copyfile(source / name, out / name)
+            copied.append(name)
+    return copied
 
 
 def select_model_files(names: Iterable[str]) -> set[str]:

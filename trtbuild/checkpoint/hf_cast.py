@@ -4,12 +4,11 @@ dtype, streamed tensor by tensor (never the whole model in memory)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from trtbuild.checkpoint.trtllm_convert import weight_files
 from trtbuild.modelconfig import read_json_object
-from trtbuild.modelfiles import MODEL_FILES
+from trtbuild.modelfiles import copy_companion_files
 
 INDEX = "model.safetensors.index.json"
 
@@ -44,7 +43,5 @@ def cast_checkpoint(source: Path, out: Path, dtype: str) -> dict:
     config = read_json_object(source / "config.json")
     config["torch_dtype"] = dtype
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    for name in MODEL_FILES:  # tokenizer and generation config, as the source has them
-        if name != "config.json" and (source / name).is_file():
-            shutil.copyfile(source / name, out / name)
+    copy_companion_files(source, out)  # tokenizer and generation config, as the source has them
     return {"tensors": tensors, "bytes": total_bytes, "dtype": dtype, "shards": len(shards)}

@@ -27,7 +27,6 @@ import copy
 import hashlib
 import json
 import resource
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ import numpy as np
 from trtbuild.checkpoint.trtllm_convert import FAMILIES
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.modelconfig import read_json_object
-from trtbuild.modelfiles import MODEL_FILES
+from trtbuild.modelfiles import copy_companion_files
 from trtbuild.store.hash import file_sha256
 
 # quant name -> ModelOpt config attribute (modelopt.torch.quantization).
@@ -86,8 +85,6 @@ SCALES_FILE = "scales.safetensors"
 WEIGHTS_FILE = "weights.safetensors"
 MANIFEST_FILE = "quantized.json"
 
-# Tokenizer files copied next to an exported HF checkpoint: the model files that are not config or weights.
-TOKENIZER_FILES = tuple(n for n in MODEL_FILES if n not in ("config.json", "generation_config.json"))
 
 # Tensors of a unified HF checkpoint that ModelOpt keeps float32 whatever the model dtype:
 # quantization scales (weight_scale, weight_scale_2, input_scale, k_scale, v_scale).
@@ -710,11 +707,7 @@ def export_hf(model, out_dir: Union[Path, str], source_dir: Union[Path, str], in
         warnings.filterwarnings("ignore", message=".*tensorrt_llm.*")
         export_hf_checkpoint(work, dtype=_torch_dtype(dtype), export_dir=out_dir)
     del work
-    copied = []
-    for name in TOKENIZER_FILES + ("generation_config.json",):
-        if (source_dir / name).is_file():
-            shutil.copy2(source_dir / name, out_dir / name)
-            copied.append(name)
+    copied = copy_companion_files(source_dir, out_dir)
     config = read_json_object(out_dir / "config.json")
     qc = config.get("quantization_config")
     if not isinstance(qc, dict):

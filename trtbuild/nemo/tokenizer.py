@@ -11,13 +11,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trtbuild.errors import InvalidInput
+from trtbuild.modelfiles import TOKENIZER_FILES
 from trtbuild.nemo.config import NemoConfig
 
 _UUID_PREFIX = re.compile(r"^[0-9a-f]{32}_")  # artifacts are stored as <uuid4 hex>_<basename> (nemo.md §1)
-_HF_TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "vocab.json", "merges.txt", "vocab.txt", "spiece.model", "chat_template.jinja", "chat_template.json",
-)
+_HF_TOKENIZER_FILES = TOKENIZER_FILES + ("spiece.model",)  # NeMo's T5-style SentencePiece name too
 
 
 @dataclass
