@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config
 
-from trtbuild.checkpoint.trtllm_convert import convert_hf_to_trtllm
+from trtbuild.checkpoint.trtllm_convert import convert_hf_to_trtllm, read_safetensors_header
 from trtbuild.checkpoint.verify import fix_trtllm_config, verify_trtllm_checkpoint
 from trtbuild.errors import TrtbuildError
 
@@ -525,3 +525,17 @@ def test_hf_cast_reads_the_index_shards_only(tmp_path):
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert index["weight_map"] == {"model.embed_tokens.weight": "model-00001-of-00001.safetensors"}
     assert load_file(out / "model-00001-of-00001.safetensors")["model.embed_tokens.weight"].dtype == torch.bfloat16
+
+
+def test_progress_counts_every_byte_of_tensor_data(hf_model, tmp_path):
+    seen = []
+    report = convert_hf_to_trtllm(hf_model("llama"), tmp_path / "out", 2, 1, "bfloat16",
+                                  lambda written, total: seen.append((written, total)), chunk_bytes=512)
+    totals = {total for _, total in seen}
+    assert len(seen) > 10 and len(totals) == 1  # many blocks, one total
+    written = [w for w, _ in seen]
+    assert written == sorted(written) and written[-1] == totals.pop()
+    data = sum(end - start for r in range(2)
+               for start, end in (info["data_offsets"] for info in
+                                  read_safetensors_header(tmp_path / "out" / f"rank{r}.safetensors").values()))
+    assert written[-1] == data and report["bytes"] > data  # the files add their headers

@@ -555,12 +555,12 @@ def _rss_now() -> Optional[int]:
 
 
 def convert_hf_to_trtllm(src: Union[Path, str], out: Union[Path, str], tp: int, pp: int, dtype: str,
-                         progress: Optional[Callable[[int], None]] = None, *,
+                         progress: Optional[Callable[[int, int], None]] = None, *,
                          chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
     """Convert the unquantized HF checkpoint folder `src` into a TensorRT-LLM checkpoint in `out`.
 
-    `progress`, if given, is called with the number of bytes written after each block (it fits
-    trtbuild.progress.ConsoleReporter.advance). Returns a report: per-rank tensor counts and bytes,
+    `progress`, if given, is called after each block with (bytes written so far, bytes in all).
+    Returns a report: per-rank tensor counts and bytes,
     seconds, and peak RSS (resource.getrusage, the whole process's high-water mark)."""
     started = time.monotonic()
     rss_start = _rss_now()
@@ -584,10 +584,17 @@ def convert_hf_to_trtllm(src: Union[Path, str], out: Union[Path, str], tp: int, 
             stale.unlink()
     (out / "config.json").unlink(missing_ok=True)  # written last: its presence marks a finished checkpoint
 
+    total, written = sum(o.nbytes for plan in plans for o in plan), 0
+
+    def advance(nbytes: int) -> None:
+        nonlocal written
+        written += nbytes
+        progress(written, total)
+
     ranks = []
     for r, plan in enumerate(plans):
         path = out / f"rank{r}.safetensors"
-        size = _write_rank(path, plan, source, chunk_bytes, progress)
+        size = _write_rank(path, plan, source, chunk_bytes, advance if progress else None)
         ranks.append({"rank": r, "file": path.name, "tensors": len(plan), "bytes": size})
 
     # ModelOpt writes this for unquantized exports too; TRT-LLM reads it only for MIXED_PRECISION.

@@ -70,7 +70,15 @@ def convert_checkpoint(ctx: StageContext) -> None:
     from trtbuild.checkpoint.trtllm_convert import convert_hf_to_trtllm
 
     source = ctx.inputs["source"]
-    report = convert_hf_to_trtllm(source, ctx.out, ctx.params["tp"], ctx.params["pp"], ctx.params["dtype"])
+    shown = {"percent": -1}
+
+    def progress(written: int, total: int) -> None:  # a line per percent, not per block
+        percent = written * 100 // max(total, 1)
+        if percent != shown["percent"]:
+            shown["percent"] = percent
+            report_progress(written >> 20, max(total >> 20, 1), "MiB written")
+
+    report = convert_hf_to_trtllm(source, ctx.out, ctx.params["tp"], ctx.params["pp"], ctx.params["dtype"], progress)
     changed = _fix_and_verify(ctx.out, source, ctx)
     ctx.report({**report, "config_fixes": changed, "peak_rss_mib": peak_rss_mib()})
 
