@@ -120,8 +120,6 @@ def read_nemo1(path: Path, label: str | None = None) -> NemoConfig:
     """model_config.yaml: keys at the top level (nemo.md section 1). `label` names it in messages."""
     cfg = _load_yaml(path)
     src = label or path.name
-    heads = _int(cfg, "num_attention_heads", src)
-    hidden = _int(cfg, "hidden_size", src)
     activation = str(cfg.get("activation", "gelu")).lower()
     base = activation[5:] if activation.startswith("fast-") else activation
     gated = activation.endswith("glu")  # megatron_base_model: gated_linear_unit = activation.endswith('glu')
@@ -144,42 +142,51 @@ def read_nemo1(path: Path, label: str | None = None) -> NemoConfig:
     return NemoConfig(
         source=src,
         nemo_version=1,
+        **_shared_fields(cfg, src),
+        normalization=norm,
+        zero_centered_gamma=zero_centered,
+        activation=activation,
+        hidden_act=_NEMO1_GLU_ACT.get(base) if gated else None,
+        gated=gated,
+        bias=bool(cfg.get("bias", True)),
+        qkv_bias=bool(cfg.get("qkv_bias", False)),
+        rotary_percent=float(cfg.get("rotary_percentage", 1.0)),
+        llama3_scaling=llama3,
+        vocab_size=cfg.get("override_vocab_size"),
+        max_position_embeddings=cfg.get("max_position_embeddings") or cfg.get("encoder_seq_length"),
+        dtype=_precision_dtype(cfg.get("precision", 32)),
+        mcore_gpt=bool(cfg.get("mcore_gpt", False)),
+        megatron_amp_O2=bool(cfg.get("megatron_amp_O2", False)),
+        tokenizer=dict(cfg.get("tokenizer") or {}),
+        unsupported=unsupported + (["megatron_legacy: true (old [3, np, hn] QKV layout)"]
+                                   if cfg.get("megatron_legacy") else []),
+    )
+
+
+def _shared_fields(cfg: dict, src: str) -> dict:
+    """The fields NeMo 1 (model_config.yaml) and NeMo 2 (mcore TransformerConfig) spell the same way."""
+    heads = _int(cfg, "num_attention_heads", src)
+    hidden = _int(cfg, "hidden_size", src)
+    return dict(
         num_layers=_int(cfg, "num_layers", src),
         hidden_size=hidden,
         ffn_hidden_size=_int(cfg, "ffn_hidden_size", src),
         num_attention_heads=heads,
         num_query_groups=cfg.get("num_query_groups") or heads,  # null means MHA
         kv_channels=cfg.get("kv_channels") or hidden // heads,
-        normalization=norm,
-        zero_centered_gamma=zero_centered,
         layernorm_epsilon=float(cfg.get("layernorm_epsilon", 1e-5)),
-        activation=activation,
-        hidden_act=_NEMO1_GLU_ACT.get(base) if gated else None,
-        gated=gated,
-        bias=bool(cfg.get("bias", True)),
-        qkv_bias=bool(cfg.get("qkv_bias", False)),
         position_embedding_type=str(cfg.get("position_embedding_type", "learned_absolute")),
         rotary_base=float(cfg.get("rotary_base", 10000.0)),
-        rotary_percent=float(cfg.get("rotary_percentage", 1.0)),
         rotary_interleaved=bool(cfg.get("rotary_interleaved", False)),
         seq_len_interpolation_factor=cfg.get("seq_len_interpolation_factor"),
-        llama3_scaling=llama3,
         tied=bool(cfg.get("share_embeddings_and_output_weights", True)),
-        vocab_size=cfg.get("override_vocab_size"),
         make_vocab_size_divisible_by=int(cfg.get("make_vocab_size_divisible_by", 128)),
-        max_position_embeddings=cfg.get("max_position_embeddings") or cfg.get("encoder_seq_length"),
-        dtype=_precision_dtype(cfg.get("precision", 32)),
         tp=int(cfg.get("tensor_model_parallel_size", 1) or 1),
         pp=int(cfg.get("pipeline_model_parallel_size", 1) or 1),
         vp=cfg.get("virtual_pipeline_model_parallel_size"),
-        mcore_gpt=bool(cfg.get("mcore_gpt", False)),
-        megatron_amp_O2=bool(cfg.get("megatron_amp_O2", False)),
-        tokenizer=dict(cfg.get("tokenizer") or {}),
         num_moe_experts=int(cfg.get("num_moe_experts") or 0),
         init_method_std=float(cfg.get("init_method_std", 0.02)),
         attention_dropout=float(cfg.get("attention_dropout", 0.0) or 0.0),
-        unsupported=unsupported + (["megatron_legacy: true (old [3, np, hn] QKV layout)"]
-                                   if cfg.get("megatron_legacy") else []),
     )
 
 
@@ -190,8 +197,6 @@ def read_nemo2(path: Path, label: str | None = None) -> NemoConfig:
     src = label or "context/model.yaml"
     if not isinstance(cfg, dict):
         raise InvalidInput(f"{src}: no 'config:' mapping (not a NeMo 2 GPT model context)")
-    heads = _int(cfg, "num_attention_heads", src)
-    hidden = _int(cfg, "hidden_size", src)
     act_target = _target(cfg.get("activation_func", "torch.nn.functional.gelu"))
     gated = bool(cfg.get("gated_linear_unit", False))
     norm = str(cfg.get("normalization", "LayerNorm")).lower()
@@ -212,40 +217,22 @@ def read_nemo2(path: Path, label: str | None = None) -> NemoConfig:
     return NemoConfig(
         source=src,
         nemo_version=2,
-        num_layers=_int(cfg, "num_layers", src),
-        hidden_size=hidden,
-        ffn_hidden_size=_int(cfg, "ffn_hidden_size", src),
-        num_attention_heads=heads,
-        num_query_groups=cfg.get("num_query_groups") or heads,
-        kv_channels=cfg.get("kv_channels") or hidden // heads,
+        **_shared_fields(cfg, src),
         normalization=norm,
         zero_centered_gamma=bool(cfg.get("layernorm_zero_centered_gamma", False)),
-        layernorm_epsilon=float(cfg.get("layernorm_epsilon", 1e-5)),
         activation=act_target,
         hidden_act=_NEMO2_ACT.get(act_target),
         gated=gated,
         bias=bool(cfg.get("add_bias_linear", True)),
         qkv_bias=bool(cfg.get("add_qkv_bias", False)),
-        position_embedding_type=str(cfg.get("position_embedding_type", "learned_absolute")),
-        rotary_base=float(cfg.get("rotary_base", 10000.0)),
         rotary_percent=float(cfg.get("rotary_percent", 1.0)),
-        rotary_interleaved=bool(cfg.get("rotary_interleaved", False)),
-        seq_len_interpolation_factor=cfg.get("seq_len_interpolation_factor"),
         llama3_scaling=llama3,
-        tied=bool(cfg.get("share_embeddings_and_output_weights", True)),
         vocab_size=cfg.get("vocab_size"),
-        make_vocab_size_divisible_by=int(cfg.get("make_vocab_size_divisible_by", 128)),
         max_position_embeddings=cfg.get("seq_length"),
         dtype=dtype,
-        tp=int(cfg.get("tensor_model_parallel_size", 1) or 1),
-        pp=int(cfg.get("pipeline_model_parallel_size", 1) or 1),
-        vp=cfg.get("virtual_pipeline_model_parallel_size"),
         mcore_gpt=True,
         megatron_amp_O2=False,
         tokenizer=dict(tok) if isinstance(tok, dict) else {},
-        num_moe_experts=int(cfg.get("num_moe_experts") or 0),
-        init_method_std=float(cfg.get("init_method_std", 0.02)),
-        attention_dropout=float(cfg.get("attention_dropout", 0.0) or 0.0),
         unsupported=_common_unsupported(cfg),
     )
 
