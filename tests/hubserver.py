@@ -334,7 +334,8 @@ class _Handler(BaseHTTPRequestHandler):
         split = urlsplit(self.path)
         segs = [unquote(s) for s in split.path.split("/")[1:]]
         self._query = parse_qs(split.query)
-        self._status, self._content = 500, False
+        self._status, self._content, self._recorded = 500, False, False
+        self._split = split
         try:
             if segs[:2] == ["api", "models"] and len(segs) > 2:
                 self._api(segs[2:])
@@ -348,13 +349,21 @@ class _Handler(BaseHTTPRequestHandler):
                 headers["X-Error-Code"] = e.code
             self._reply(e.status, json.dumps({"error": e.message}).encode(), "application/json", headers)
         finally:
-            self.hub.calls.append(Call(self.command, unquote(split.path), self._query,
-                                       {k.lower(): v for k, v in self.headers.items()}, self._status, self._content))
+            if not self._recorded:  # no reply was sent (a crash in the fake itself)
+                self._record()
+
+    def _record(self) -> None:
+        # Recorded before the reply goes out: a client that has its answer must find its request in
+        # hub.requests (recording afterwards raced with tests reading it on a loaded machine).
+        self._recorded = True
+        self.hub.calls.append(Call(self.command, unquote(self._split.path), self._query,
+                                   {k.lower(): v for k, v in self.headers.items()}, self._status, self._content))
 
     # ---- responses
     def _reply(self, status: int, body: bytes, ctype: str, headers: dict | None = None,
                content: bool = False) -> None:
         self._status, self._content = status, content and self.command == "GET"
+        self._record()
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
