@@ -127,6 +127,7 @@ def counting(ctx: StageContext) -> None:
     """Reports counted progress the way long stages do (calibration batches)."""
     from trtbuild.stages.worker import report_progress
 
+    print(f"counting in process {os.getpid()}", flush=True)  # a log line that differs every run
     for done in range(1, ctx.params["steps"] + 1):
         report_progress(done, ctx.params["steps"], "batches")
         time.sleep(0.3)

@@ -41,14 +41,14 @@ def statuses(results) -> dict[str, str]:
 
 def test_second_run_builds_nothing(store, tmp_path):
     runs = tmp_path / "runs.log"
-    first, _ = run_graph(diamond(runs), store)
+    first = run_graph(diamond(runs), store).results
     assert statuses(first) == dict.fromkeys(["a", "b", "A", "B", "ab"], "built")
     out = materialize(store, first[-1].digest)
     assert (out / "text.txt").read_text() == "ALPHA!+BETA!"
     assert (out / "bin" / "tool.sh").stat().st_mode & 0o111
-    assert (out / "logs" / "concat.log").exists()  # the stage's log is part of its artifact
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == ["bin/tool.sh", "text.txt"]
 
-    second, _ = run_graph(diamond(runs), store)
+    second = run_graph(diamond(runs), store).results
     assert statuses(second) == dict.fromkeys(["a", "b", "A", "B", "ab"], "cached")
     assert [r.digest for r in second] == [r.digest for r in first]
     assert counts(runs) == dict.fromkeys(["a", "b", "A", "B", "ab"], 1)
@@ -56,12 +56,12 @@ def test_second_run_builds_nothing(store, tmp_path):
 
 def test_changing_one_parameter_rebuilds_only_its_subtree(store, tmp_path):
     runs = tmp_path / "runs.log"
-    first, _ = run_graph(diamond(runs), store)
-    changed, _ = run_graph(diamond(runs, b_text="gamma"), store)
+    first = run_graph(diamond(runs), store).results
+    changed = run_graph(diamond(runs, b_text="gamma"), store).results
     assert statuses(changed) == {"a": "cached", "A": "cached", "b": "built", "B": "built", "ab": "built"}
     assert counts(runs) == {"a": 1, "A": 1, "b": 2, "B": 2, "ab": 2}
     assert (materialize(store, changed[-1].digest) / "text.txt").read_text() == "ALPHA!+GAMMA!"
-    again, _ = run_graph(diamond(runs, b_text="gamma"), store)
+    again = run_graph(diamond(runs, b_text="gamma"), store).results
     assert set(statuses(again).values()) == {"cached"}
 
 
@@ -69,8 +69,8 @@ def test_keys_hold_input_digests_so_equal_bytes_do_not_cascade(store, tmp_path):
     runs = tmp_path / "runs.log"
     g1 = Graph("g", [node("a", WRITE, runs, text="same", delay=0), node("A", UPPER_INPROCESS, runs, inputs={"src": "a"})])
     g2 = Graph("g", [node("a", WRITE, runs, text="same", delay=0.01), node("A", UPPER_INPROCESS, runs, inputs={"src": "a"})])
-    r1, _ = run_graph(g1, store)
-    r2, _ = run_graph(g2, store)
+    r1 = run_graph(g1, store).results
+    r2 = run_graph(g2, store).results
     assert r2[0].status == "built" and r2[0].key != r1[0].key  # a new parameter: a new key, built
     assert r2[0].digest == r1[0].digest  # ... to the same bytes
     assert r2[1].status == "cached"  # so what depends on those bytes is not rebuilt
@@ -81,7 +81,7 @@ def test_a_failing_stage_fails_its_dependents_with_one_line_and_keeps_its_log(st
     runs = tmp_path / "runs.log"
     graph = Graph("g", [node("bad", FAIL, runs), node("after", UPPER_INPROCESS, runs, inputs={"src": "bad"}),
                         node("other", WRITE, runs, text="fine")])
-    results, _ = run_graph(graph, store)
+    results = run_graph(graph, store).results
     bad, after, other = results
     assert bad.status == "failed"
     assert bad.reason.startswith("ValueError: the input is not what this stage expects second line (log: ")
@@ -93,7 +93,7 @@ def test_a_failing_stage_fails_its_dependents_with_one_line_and_keeps_its_log(st
 
 
 def test_a_stage_killed_by_the_kernel_does_not_kill_the_runner(store, tmp_path):
-    results, _ = run_graph(Graph("g", [node("oom", DIE, tmp_path / "runs.log")]), store)
+    results = run_graph(Graph("g", [node("oom", DIE, tmp_path / "runs.log")]), store).results
     assert results[0].status == "failed"
     assert results[0].reason.startswith("stage process killed by SIGKILL (out of memory?)")
 
@@ -104,13 +104,13 @@ def test_until_and_unavailable_stages_are_skipped(store, tmp_path):
     graph.nodes[0].kind = graph.nodes[1].kind = "checkpoint"
     graph.nodes[2].kind = "engine"
     graph.nodes[2].requires = lambda: "needs sm90 GPU with tensorrt_llm 1.2.x (this machine: no GPU)"
-    results, _ = run_graph(graph, store, RunOptions(until="checkpoint"))
+    results = run_graph(graph, store, RunOptions(until="checkpoint")).results
     assert [(r.id, r.status, r.reason) for r in results] == [
         ("a", "built", None), ("A", "built", None), ("later", "skipped", "after --until checkpoint")]
-    results, _ = run_graph(graph, store)
+    results = run_graph(graph, store).results
     assert [r.status for r in results] == ["cached", "cached", "skipped"]
     assert results[2].reason == "needs sm90 GPU with tensorrt_llm 1.2.x (this machine: no GPU)"
-    results, _ = run_graph(graph, store, RunOptions(require_all=True))
+    results = run_graph(graph, store, RunOptions(require_all=True)).results
     assert results[2].status == "failed"
 
 
@@ -121,7 +121,7 @@ from pathlib import Path
 import stagekit
 from trtbuild.runner import run_graph
 from trtbuild.store.local import LocalStore
-results, _ = run_graph(stagekit.diamond(Path({runs!r}), a_text="slow"), LocalStore(Path({store!r})))
+results = run_graph(stagekit.diamond(Path({runs!r}), a_text="slow"), LocalStore(Path({store!r}))).results
 print(json.dumps({{r.id: [r.status, r.digest] for r in results}}))
 """
 
@@ -151,8 +151,8 @@ graph = Graph("big", [stagekit.node("big", stagekit.BIG, Path({runs!r}), mib={mi
                       stagekit.node("small", stagekit.UPPER_INPROCESS, None, inputs={{"src": "big"}})])
 graph.nodes[1].stage = stagekit.WRITE
 graph.nodes[1].params["text"] = stagekit.Param("after", "test")
-results, _ = run_graph(graph, LocalStore(Path({store!r})))
-print([r.status for r in results])
+results = run_graph(graph, LocalStore(Path({store!r}))).results
+print([r.status.value for r in results])
 """
 
 
@@ -195,7 +195,7 @@ def test_a_runner_killed_mid_write_leaves_a_valid_store_and_the_next_run_complet
         assert set(ast.literal_eval(done.stdout.strip())) <= {"built", "cached"}
         assert verify(store) == []
         for record in store.records():
-            materialize(store, record["digest"])  # every recorded artifact is whole
+            materialize(store, record.digest)  # every recorded artifact is whole
     assert caught_mid_ingest, "the kill did not land between the first blob and the record"
 
 
@@ -234,7 +234,7 @@ backends: [engine, hf-checkpoint]
         for each in graph.nodes:
             each.requires = None  # the stand-in engine needs no GPU
             each.runtime.update(runs=str(runs), node=each.id)
-        results, _ = run_graph(graph, store)
+        results = run_graph(graph, store).results
         return statuses(results)
 
     first = build("fp8")
@@ -263,9 +263,102 @@ def test_stage_progress_lines_reach_the_reporter(store):
             self.steps.append((done, total, label))
 
     reporter = Recorder()
-    results, _ = run_graph(Graph("g", [node("count", stagekit.COUNTING, steps=4)]), store, reporter=reporter)
+    results = run_graph(Graph("g", [node("count", stagekit.COUNTING, steps=4)]), store, reporter=reporter).results
     assert results[0].status == "built"
     assert reporter.steps and reporter.steps[-1] == (4, 4, "batches")
     assert [s[0] for s in reporter.steps] == sorted(s[0] for s in reporter.steps)
-    log = (materialize(store, results[0].digest) / "logs" / "counting.log").read_text()
-    assert "TRTBUILD-PROGRESS: 4/4 batches" in log
+    log = store.get_record(results[0].key).execution.logs["counting.log"]
+    assert "TRTBUILD-PROGRESS: 4/4 batches" in store.blob_path(log.hash).read_text()
+
+
+# ---- what the store gives back is what was stored ---------------------------------------------------
+
+def test_the_log_and_the_run_figures_live_in_the_action_record_not_the_artifact(store, tmp_path):
+    """Two builds of the same graph into two stores (a log line, seconds and peak memory that differ
+    every run) give the same digests; the log is a blob named by the record, with its size."""
+    other = LocalStore(tmp_path / "other")
+    first = run_graph(Graph("g", [node("count", stagekit.COUNTING, steps=3)]), store).results[0]
+    second = run_graph(Graph("g", [node("count", stagekit.COUNTING, steps=3)]), other).results[0]
+    assert first.digest == second.digest and first.key == second.key
+    record = store.get_record(first.key)
+    assert sorted(e.path for e in store.get_manifest(first.digest).entries) == ["done.txt"]
+    log = record.execution.logs["counting.log"]
+    assert log.size_bytes == store.blob_path(log.hash).stat().st_size > 0
+    assert record.execution.peak_rss_mib > 0 and record.execution.seconds > 0
+    assert record.artifact.size_bytes == store.get_manifest(first.digest).size
+
+
+def _first_blob(store: LocalStore, digest: str) -> Path:
+    return store.blob_path(store.get_manifest(digest).entries[0].sha256)
+
+
+def test_a_deleted_blob_is_rebuilt_not_reported_cached(store, tmp_path):
+    runs = tmp_path / "runs.log"
+    first = run_graph(diamond(runs), store).results
+    _first_blob(store, first[-1].digest).unlink()  # ab's artifact loses a file
+    again = run_graph(diamond(runs), store).results
+    assert statuses(again) == {"a": "cached", "b": "cached", "A": "cached", "B": "cached", "ab": "built"}
+    assert again[-1].digest == first[-1].digest and counts(runs)["ab"] == 2
+    assert verify(store) == []
+
+
+def test_a_flipped_byte_with_its_mtime_restored_is_rebuilt(store, tmp_path):
+    runs = tmp_path / "runs.log"
+    first = run_graph(diamond(runs), store).results
+    blob = _first_blob(store, first[0].digest)
+    st = blob.stat()
+    blob.chmod(0o644)
+    data = bytearray(blob.read_bytes())
+    data[0] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))
+    again = run_graph(diamond(runs), store).results
+    assert statuses(again)["a"] == "built" and again[0].digest == first[0].digest
+    assert counts(runs)["a"] == 2 and verify(store) == []
+
+
+def test_rebuild_builds_the_named_node_again_and_nothing_else(store, tmp_path):
+    runs = tmp_path / "runs.log"
+    run_graph(diamond(runs), store)
+    again = run_graph(diamond(runs), store, RunOptions(rebuild=frozenset({"B"}))).results
+    assert statuses(again) == {"a": "cached", "b": "cached", "A": "cached", "B": "built", "ab": "cached"}
+    assert counts(runs)["B"] == 2
+
+
+def test_a_damaged_artifact_that_this_host_cannot_rebuild_fails_with_one_line(store, tmp_path):
+    runs = tmp_path / "runs.log"
+    first = run_graph(diamond(runs), store).results
+    _first_blob(store, first[-1].digest).unlink()
+    graph = diamond(runs)
+    graph.nodes[-1].requires = lambda: "needs sm90 GPU (this machine: no GPU)"
+    ab = run_graph(graph, store).results[-1]
+    blob = store.get_manifest(first[-1].digest).entries[0].sha256
+    assert (ab.status, ab.reason) == ("failed", f"the stored artifact is damaged (blob {blob} (bin/tool.sh) is missing "
+                                                f"from {store.root / 'cas'}) and needs sm90 GPU (this machine: no GPU)")
+
+
+def test_refs_move_only_once_every_validation_of_the_node_passed(store, tmp_path):
+    runs = tmp_path / "runs.log"
+    graph = Graph("g", [node("ckpt", WRITE, runs, text="x"), node("ckpt:validate", FAIL, runs, inputs={"c": "ckpt"})])
+    graph.nodes[1].kind, graph.nodes[1].serves = "validate", "ckpt"
+    ckpt, validation = run_graph(graph, store).results
+    assert ckpt.status == "built" and validation.status == "failed"
+    assert ckpt.ref == "ref not moved: ckpt:validate was failed"
+    assert store.read_ref("g", "ckpt") is None and store.read_ref("g", "ckpt:validate") is None
+    graph.nodes[1].stage, graph.nodes[1].params = UPPER_INPROCESS, {}
+    graph.nodes[1].inputs = {"src": "ckpt"}
+    ckpt, validation = run_graph(graph, store).results
+    assert (ckpt.status, validation.status, ckpt.ref) == ("cached", "built", None)
+    assert store.read_ref("g", "ckpt").digest == ckpt.digest
+
+
+def test_two_recipes_with_one_name_cannot_move_each_others_refs(store, tmp_path):
+    from trtbuild.errors import InvalidInput
+
+    runs = tmp_path / "runs.log"
+    run_graph(diamond(runs), store, RunOptions(recipe_identity="recipes/a.yaml"))
+    with pytest.raises(InvalidInput) as caught:
+        run_graph(diamond(runs, b_text="other"), store, RunOptions(recipe_identity="copy/a.yaml"))
+    assert str(caught.value) == (f"recipe copy/a.yaml: name 'diamond' already belongs to recipes/a.yaml in store "
+                                 f"{store.root}; give this recipe another `name:`")
+    assert counts(runs)["b"] == 1  # refused before anything ran

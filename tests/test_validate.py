@@ -151,7 +151,7 @@ def test_a_damaged_checkpoint_fails_its_gate_and_blocks_its_engines(project, tmp
     registry = {**STAGES, "checkpoint:convert": Stage("checkpoint", 1, "stagekit:damaged_checkpoint")}
     graph = build_graph(plan_recipe(load_recipe(recipe)), registry)
     graph = graph.closure({"bf16-tp1-sm90"})
-    results = {r.id: r for r in run_graph(graph, LocalStore(tmp_path / "store"))[0]}
+    results = {r.id: r for r in run_graph(graph, LocalStore(tmp_path / "store")).results}
     bad = results["bf16-tp1:validate"]
     assert bad.status == "failed" and bad.digest is not None  # kept in the store for inspection
     assert bad.reason.startswith("failed its gates: kld_mean ")

@@ -126,8 +126,10 @@ def _load(recipe: Path | None):
 @click.option("--locked", is_flag=True, help="Refuse to run if the recipe or its source no longer match the lock file.")
 @click.option("--no-validate", "no_validate", is_flag=True,
               help="Skip accuracy validation (for people who know what they are doing; the lock file records it).")
+@click.option("--rebuild", "rebuild", multiple=True, metavar="GLOB",
+              help="Build these nodes anew even when the store has them; the new artifact replaces the recorded one.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary (with read-only artifact paths).")
-def build(recipe: Path | None, targets, until, gpu, store_url, require_all, locked, no_validate, as_json) -> None:
+def build(recipe: Path | None, targets, until, gpu, store_url, require_all, locked, no_validate, rebuild, as_json) -> None:
     """Build RECIPE's targets through the artifact store (default: the embedded demo recipe).
 
     Each stage's output is stored by content under an action key naming everything that shaped it:
@@ -143,7 +145,7 @@ def build(recipe: Path | None, targets, until, gpu, store_url, require_all, lock
     loaded = _load(recipe)
     store = open_store(store_url)
     request = BuildRequest(targets=list(targets), until=until, gpu=gpu, require_all=require_all, locked=locked,
-                           materialize=as_json, embedded=recipe is None, validate=not no_validate)
+                           materialize=as_json, embedded=recipe is None, validate=not no_validate, rebuild=list(rebuild))
     with ConsoleReporter() as reporter:
         outcome = run_build(loaded, store, request, reporter)
     if as_json:
@@ -197,11 +199,13 @@ def cache_ls(store_url, as_json) -> None:
     """List action records: what was built, from which recipe and target, when, how big."""
     from trtbuild.store.local import open_store
 
-    records = sorted(open_store(store_url).records(), key=lambda r: r.get("created", ""))
+    records = sorted(open_store(store_url).records(), key=lambda r: r.created)
     if as_json:
         import json
 
-        click.echo(json.dumps([{k: v for k, v in r.items() if k != "fields"} for r in records], indent=2))
+        from trtbuild.records import dump
+
+        click.echo(json.dumps([{k: v for k, v in dump(r).items() if k != "fields"} for r in records], indent=2))
     else:
         from trtbuild import render
 

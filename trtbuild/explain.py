@@ -6,10 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from trtbuild import keys
+from trtbuild import nodekeys
 from trtbuild.errors import InvalidInput
 from trtbuild.graph import Graph
-from trtbuild.runner import key_fields, resolve_source
 from trtbuild.store.local import LocalStore
 
 
@@ -42,7 +41,7 @@ def explain(graph: Graph, target: str, store: LocalStore, lock: Optional[dict] =
     digests: dict[str, Optional[str]] = {}
     out = []
     for node in chain:
-        ex = NodeExplanation(node.id, node.stage.name if node.stage else node.kind)
+        ex = NodeExplanation(node.id, node.stage.ident if node.stage else node.kind)
         out.append(ex)
         digests[node.id] = None
         if node.impossible:
@@ -51,43 +50,25 @@ def explain(graph: Graph, target: str, store: LocalStore, lock: Optional[dict] =
         if node.stage is None:
             ex.note = node.unavailable
             continue
-        inputs: dict[str, str] = {}
-        origins: dict[str, str] = {}
         missing = [dep for dep in node.inputs.values() if digests.get(dep) is None]
         if missing:
             ex.note = f"key unknown until {', '.join(missing)} is in the store"
             continue
-        for role, dep in node.inputs.items():
-            inputs[role] = digests[dep]
-            origins[role] = f"artifact of {dep}"
-        resolution = None
-        if node.kind == "source":
-            resolution = resolve_source(node, store, locked=(lock or {}).get("source"))
-            inputs[resolution.role] = resolution.digest
-            pinned = ((lock or {}).get("source") or {}).get("digest")
-            origins[resolution.role] = resolution.origin + (" (matches the lock file)" if pinned == resolution.digest
-                                                            else " (differs from the lock file)" if pinned else "")
-        if node.resolve is not None:
-            for role, digest in node.resolve().items():
-                inputs[role] = digest
-                origins[role] = f"sha256 of the {role} ({node.runtime.get(role, role)}), not of its file names"
-        fields = key_fields(node, inputs)
-        ex.key = keys.action_key(fields)
-        record = store.get_record(ex.key)
-        ex.in_store = record is not None and store.has_manifest(record["digest"])
-        ex.digest = record["digest"] if ex.in_store else None
+        keyed = nodekeys.key_node(node, {role: digests[dep] for role, dep in node.inputs.items()}, store,
+                                  locked_source=(lock or {}).get("source"))
+        ex.key = keyed.key
+        found = nodekeys.lookup(store, keyed.key)
+        ex.in_store = found.hit
+        ex.digest = found.record.digest if found.hit else None
+        if found.problem:
+            ex.note = f"recorded, but the artifact is damaged and will be rebuilt: {found.problem}"
         digests[node.id] = ex.digest
-        ex.fields.append(FieldLine("stage", fields["stage"], "stage"))
-        ex.fields.append(FieldLine("stage_version", fields["stage_version"], "stage code"))
-        for role, value in fields["inputs"].items():
-            ex.fields.append(FieldLine(f"inputs.{role}", value, origins[role]))
-        for name, param in node.params.items():
-            ex.fields.append(FieldLine(f"params.{name}", param.value, param.origin))
-        for name, value in fields["toolchain"].items():
-            ex.fields.append(FieldLine(f"toolchain.{name}", value, "toolchain probe (installed package)"))
-        for name, value in fields["platform"].items():
-            origin = "target" if name == "sm" else "recipe calibration.device (auto resolved on this host)"
-            ex.fields.append(FieldLine(f"platform.{name}", value, origin))
+        for name in ("stage", "stage_version"):
+            ex.fields.append(FieldLine(name, keyed.fields[name], keyed.origins[name]))
+        for part in ("inputs", "params", "toolchain", "platform"):
+            for name, value in keyed.fields[part].items():
+                ex.fields.append(FieldLine(f"{part}.{name}", value, keyed.origins[f"{part}.{name}"]))
+        resolution = keyed.resolution
         if resolution is not None:  # what went into the source digest
             for name, value in resolution.lock.items():
                 if name == "files":

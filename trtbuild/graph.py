@@ -33,7 +33,7 @@ class Node:
     stage: Optional[Stage]
     inputs: dict[str, str] = field(default_factory=dict)  # role -> node id
     params: dict[str, Param] = field(default_factory=dict)
-    platform: dict[str, Any] = field(default_factory=dict)
+    platform: dict[str, Param] = field(default_factory=dict)  # keyed like params: the SM, the device
     runtime: dict[str, Any] = field(default_factory=dict)  # never in the key
     impossible: Optional[str] = None  # from the plan
     unavailable: Optional[str] = None  # no stage for this kind yet
@@ -177,7 +177,9 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
         node.params["dtype"] = dtype_param()
         variant_params(node, vname)
         device = recipe.calibration_for(vname).device
-        node.platform["device"] = device
+        overridden = variant.calibration is not None and "device" in variant.calibration.model_fields_set
+        node.platform["device"] = (Param(device, f"recipe: variants.{vname}.calibration.device") if overridden
+                                   else field_param(recipe.calibration, "device", "calibration.device"))
         node.runtime["device"] = device
         node.requires = (lambda q=variant.quant, kv=variant.kv_cache, d=device: quantize_host_problem(q, kv, d))
         quantized[vname] = node.id
@@ -200,7 +202,7 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
         node.params["seed"] = Param(0, "fixed: evaluation windows do not move")
         node.params["dtype"] = dtype_param()  # the candidates' dtype: only quantization may differ
         node.params["top_k"] = Param(gates.TOP_K, "trtbuild: top-k log-probabilities stored per position")
-        node.platform["device"] = settings.device
+        node.platform["device"] = field_param(settings, "device", "validate.device")
         node.runtime = {"text": settings.text, "base_dir": str(loaded.base_dir), "device": settings.device}
         node.resolve = lambda spec=settings.text: {"text": evaluation_text_digest(spec, loaded.base_dir)}
         nodes.append(node)
@@ -222,7 +224,7 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
         node.params["dtype"] = dtype_param()
         node.params["gates"] = gates_param(vname)
         node.params["runner"] = Param("torch", "trtbuild: checkpoints are validated on torch before any engine")
-        node.platform["device"] = recipe.validation.device
+        node.platform["device"] = field_param(recipe.validation, "device", "validate.device")
         node.runtime = {"device": recipe.validation.device, "target": target}
         nodes.append(node)
         return node.id
@@ -252,7 +254,7 @@ def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = Non
             flags["gather_context_logits"] = True
             origin += f" + gather_context_logits (validate.engines: {recipe.validation.engines})"
         node.params["flags"] = Param(flags, origin)
-        node.platform["sm"] = target.gpu
+        node.platform["sm"] = Param(target.gpu, "target: the engine's GPU architecture")
         node.requires = (lambda sm=target.gpu, v=recipe.toolchain.tensorrt_llm: toolchain.engine_host_problem(sm, v))
         return node
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -25,6 +26,7 @@ class BuildRequest:
     materialize: bool = False
     embedded: bool = False  # the recipe is the package's default
     validate: bool = True  # False: --no-validate (the lock file says so)
+    rebuild: list[str] = field(default_factory=list)  # globs: build these anew even when the store has them
 
 
 @dataclass
@@ -75,24 +77,51 @@ def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, report
     options = RunOptions(until=request.until, require_all=request.require_all, materialize=request.materialize,
                          expected_source=expected.get("digest"), lock_name=str(lock_path),
                          locked_source=(previous or {}).get("source"))
-    results, resolutions = run_graph(graph, store, options, reporter)
+    options.recipe_identity = recipe_identity(loaded, request.embedded)
+    options.rebuild = frozenset(_rebuilt(graph, request.rebuild))
+    run = run_graph(graph, store, options, reporter)
+    results, resolutions = run.results, run.resolutions
     if request.require_all:  # (the runner already fails what this host cannot build)
         for r in results:
             if r.status == IMPOSSIBLE:
                 r.reason = f"--require-all: {r.reason}"
                 r.status = FAILED
     source = resolutions["source"].lock if "source" in resolutions else None
-    toolchains = {n.id: toolchain.fingerprint(n.stage.toolchain) for n in graph.nodes if n.stage and n.stage.toolchain}
     if any(r.digest for r in results):
-        lockfile.write(lock_path, loaded, source, results, _by_stage(graph, toolchains), validated=request.validate)
+        lockfile.write(lock_path, loaded, source, results, _toolchains(graph, results), validated=request.validate)
         store.register_lockfile(lock_path)
     return BuildOutcome(loaded.recipe.name, results, lock_path)
 
 
-def _by_stage(graph: graphs.Graph, per_node: dict[str, dict]) -> dict[str, dict]:
-    """The lock records the toolchain once per stage, not per node."""
+def recipe_identity(loaded: LoadedRecipe, embedded: bool) -> str:
+    """What makes a recipe the same recipe on every host: its path inside its git work tree (CI
+    checkouts differ only above it), else its absolute path; the package's default is `embedded:`."""
+    if embedded:
+        return f"embedded:{loaded.path.name}"
+    path = loaded.path.resolve()
+    for folder in path.parents:
+        if (folder / ".git").exists():
+            return path.relative_to(folder).as_posix()
+    return str(path)
+
+
+def _rebuilt(graph: graphs.Graph, patterns: list[str]) -> set[str]:
+    """--rebuild GLOB: the matching nodes; a pattern matching nothing is a typo, refused."""
+    chosen: set[str] = set()
+    for pattern in patterns:
+        matched = {n.id for n in graph.nodes if fnmatch.fnmatchcase(n.id, pattern)}
+        if not matched:
+            raise InvalidInput(f"--rebuild {pattern}: matches no node of {graph.recipe} ({', '.join(n.id for n in graph.nodes)})")
+        chosen |= matched
+    return chosen
+
+
+def _toolchains(graph: graphs.Graph, results: list[NodeResult]) -> dict[str, dict]:
+    """The lock records the toolchain once per stage id (`checkpoint:convert` and `checkpoint:export`
+    are different stages with different packages), from the nodes this run keyed."""
+    keyed = {r.id for r in results if r.key}
     out: dict[str, dict] = {}
     for node in graph.nodes:
-        if node.id in per_node:
-            out.setdefault(node.stage.name, per_node[node.id])
+        if node.id in keyed and node.stage and node.stage.toolchain:
+            out.setdefault(node.stage.ident, toolchain.fingerprint(node.stage.toolchain))
     return out

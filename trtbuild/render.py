@@ -105,10 +105,11 @@ def print_records(records, console) -> None:
     from rich.table import Table
 
     table = Table()
-    for column in ("key", "recipe", "target", "stage", "created", "size", "seconds", "digest"):
+    for column in ("key", "recipe", "target", "stage", "created", "size", "seconds", "toolchain", "digest"):
         table.add_column(column, overflow="fold")
     for r in records:
-        table.add_row(r["key"][:12], r.get("recipe", "-"), r.get("target", "-"), r.get("stage", "-"), r.get("created", "-"),
-                      format_bytes(r.get("size", 0)), f"{r.get('seconds', 0):.1f}", r["digest"][:12])
+        made_with = ", ".join(f"{name} {version}" for name, version in sorted(r.toolchain.items()) if version) or "-"
+        table.add_row(r.key[:12], r.recipe, r.target, r.stage, r.created, format_bytes(r.size),
+                      f"{r.execution.seconds:.1f}", made_with, r.digest[:12])
     console.print(table)
     console.print(f"{len(records)} records", highlight=False)

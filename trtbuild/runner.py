@@ -1,29 +1,48 @@
 """Walk a stage graph against a store: key hit -> done; miss -> run the stage in a fresh folder ->
-ingest -> record. Two processes that want one key build it once (per-key lock, then re-check)."""
+ingest -> record. Two processes that want one key build it once (per-key lock, then re-check).
+A record whose artifact is damaged is never served: the key is rebuilt. Refs move last, and only
+to artifacts that passed every validation the graph holds for them."""
 
 from __future__ import annotations
 
+import enum
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-from trtbuild import hardware, keys, toolchain
+from trtbuild import nodekeys
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.graph import STAGE_ORDER, Graph, Node
-from trtbuild.stages import source as sources
-from trtbuild.stages.source import Resolved, SourceContext
+from trtbuild.records import ActionRecord, Digest, Execution
 from trtbuild.stages.base import StageContext
+from trtbuild.stages.source import Resolved
 from trtbuild.stages.worker import ERROR_PREFIX, INPUT_ERROR_PREFIX, PROGRESS_PREFIX, load_entry
 from trtbuild.store.checkout import materialize
 from trtbuild.store.local import CorruptStore, LocalStore
+from trtbuild.store.tree import Manifest
 from trtbuild.validate import gates
 
-BUILT, CACHED, FAILED, IMPOSSIBLE, SKIPPED = "built", "cached", "failed", "impossible", "skipped"
+
+class Status(str, enum.Enum):
+    """What happened to a node in one run."""
+
+    BUILT = "built"  # the stage ran and its artifact was stored
+    CACHED = "cached"  # the store had the key, with every byte of its artifact intact
+    FAILED = "failed"  # the stage failed, a gate failed, or an input failed
+    IMPOSSIBLE = "impossible"  # the plan rules it out (the reason says which rule)
+    SKIPPED = "skipped"  # not this run: --until, a host that cannot run it, an input not built
+
+    def __str__(self) -> str:
+        return self.value
+
+
+BUILT, CACHED, FAILED, IMPOSSIBLE, SKIPPED = Status.BUILT, Status.CACHED, Status.FAILED, Status.IMPOSSIBLE, Status.SKIPPED
 
 
 @dataclass
@@ -31,21 +50,23 @@ class NodeResult:
     id: str
     kind: str
     stage: Optional[str]
-    status: str
+    status: Status
     key: Optional[str] = None
     digest: Optional[str] = None
     seconds: float = 0.0
     reason: Optional[str] = None
     path: Optional[str] = None
     summary: dict = field(default_factory=dict)
+    ref: Optional[str] = None  # why the node's ref did not move, when it is done but not validated
 
     @property
     def done(self) -> bool:
         return self.status in (BUILT, CACHED)
 
     def as_json(self) -> dict:
-        out = {"name": self.id, "stage": self.stage or self.kind, "status": self.status, "key": self.key,
-               "digest": self.digest, "seconds": round(self.seconds, 3), "reason": self.reason, "path": self.path}
+        out = {"name": self.id, "stage": self.stage or self.kind, "status": self.status.value, "key": self.key,
+               "digest": self.digest, "seconds": round(self.seconds, 3), "reason": self.reason, "path": self.path,
+               "ref": self.ref}
         if "metrics" in self.summary:  # validation entries
             out.update(metrics=self.summary["metrics"], gates=self.summary.get("gates"),
                        warnings=self.summary.get("warnings", []))
@@ -58,9 +79,22 @@ class RunOptions:
     require_all: bool = False
     materialize: bool = False  # give every built or cached artifact a read-only `path`
     recipe_name: Optional[str] = None
+    recipe_identity: Optional[str] = None  # claims refs/<recipe>/ for this recipe (see LocalStore.claim_recipe)
     expected_source: Optional[str] = None  # --locked: the source digest the lock file pins
     lock_name: Optional[str] = None
     locked_source: Optional[dict] = None  # the lock file's source entry (offline hub builds use it)
+    rebuild: frozenset[str] = frozenset()  # --rebuild: node ids built anew even when the store has them
+
+
+@dataclass
+class RunResult:
+    """One run of a graph: a result per node (in graph order) and the source's resolution."""
+
+    results: list[NodeResult]
+    resolutions: dict[str, Resolved]
+
+    def by_id(self) -> dict[str, NodeResult]:
+        return {r.id: r for r in self.results}
 
 
 class StageFailed(TrtbuildError):
@@ -87,40 +121,14 @@ class Silent:
         pass
 
 
-# ---- keys ----------------------------------------------------------------------------------------
-
-def resolved_platform(node: Node) -> dict[str, Any]:
-    platform = dict(node.platform)
-    if "device" in platform:  # the device calibrates differently: the key holds the real one
-        platform["device"] = hardware.resolve_device(platform["device"])
-    return platform
-
-
-def resolve_source(node: Node, store: LocalStore, progress=None, locked: Optional[dict] = None) -> Resolved:
-    """Identify what a source node reads (hashes through the stat cache, hub or bucket metadata):
-    nothing is copied or converted. The lock entry names the source as the recipe does."""
-    node.runtime.update(downloads=str(store.root / "downloads"), state_db=str(store.root / "index.db"))
-    ctx = SourceContext(runtime=node.runtime, state=store.state, downloads=store.root / "downloads",
-                        locked=locked, progress=progress)
-    found = sources.resolve(ctx)
-    node.runtime.update(found.runtime)
-    lock = {"kind": node.runtime["kind"], "location": node.runtime["location"], "digest": found.digest, **found.lock}
-    return Resolved(found.role, found.digest, lock, found.runtime, found.origin)
-
-
-def key_fields(node: Node, input_digests: dict[str, str]) -> dict[str, Any]:
-    stage = node.stage
-    return {
-        "stage": stage.name,
-        "stage_version": stage.version,
-        "inputs": input_digests,
-        "params": node.param_values(),
-        "toolchain": toolchain.fingerprint(stage.toolchain),
-        "platform": resolved_platform(node),
-    }
-
-
 # ---- running one stage ---------------------------------------------------------------------------
+
+@dataclass
+class Executed:
+    manifest: Manifest
+    summary: dict
+    execution: Execution
+
 
 def _failure_reason(log: Path, returncode: int) -> str:
     if returncode < 0:
@@ -141,19 +149,23 @@ def _failure_reason(log: Path, returncode: int) -> str:
     return f"stage process exited with status {returncode}"
 
 
-def execute(node: Node, store: LocalStore, key: str, inputs: dict[str, Path], reporter) -> tuple[Any, dict, float]:
-    """Run the node's stage into a fresh folder under the store's tmp/ and ingest the result."""
+def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path], reporter) -> Executed:
+    """Run the node's stage into a fresh folder under the store's tmp/ and ingest the result. The
+    stage's log is written beside that folder, not in it: it is stored as a blob of its own and
+    named in the action record, so the artifact holds only what the key's inputs determine."""
+    node, key = keyed.node, keyed.key
     stage = node.stage
     work = store.tmpdir(f"{node.kind}-{key[:12]}")
     out = work / "out"
     out.mkdir()
+    (work / "logs").mkdir()
+    log = work / "logs" / f"{stage.name}.log"
     started = time.monotonic()
+    peak_rss_mib, figures = None, {}
     try:
         if stage.isolated:
-            (out / "logs").mkdir()
-            log = out / "logs" / f"{stage.name}.log"
             spec = {"entry": stage.entry, "out": str(out), "inputs": {k: str(v) for k, v in inputs.items()},
-                    "params": node.param_values(), "runtime": node.runtime}
+                    "params": node.param_values(), "runtime": keyed.runtime, "execution": str(work / "execution.json")}
             (work / "spec.json").write_text(json.dumps(spec))
             with open(log, "wb") as handle:
                 proc = subprocess.Popen([sys.executable, "-m", "trtbuild.stages.worker", str(work / "spec.json")],
@@ -164,17 +176,20 @@ def execute(node: Node, store: LocalStore, key: str, inputs: dict[str, Path], re
                 try:
                     reason = _failure_reason(log, returncode)
                 except InvalidInput as exc:  # still a stage that ran: its log is kept like any failure's
-                    raise InvalidInput(f"{exc} (log: {_keep_failure(store, work, key)})") from None
-                raise StageFailed(f"{reason} (log: {_keep_failure(store, work, key)})")
+                    raise InvalidInput(f"{exc} (log: {store.keep_failure(key, work / 'logs')})") from None
+                raise StageFailed(f"{reason} (log: {store.keep_failure(key, work / 'logs')})")
+            measured = json.loads((work / "execution.json").read_text())
+            peak_rss_mib, figures = measured["peak_rss_mib"], measured["figures"]
             manifest = store.ingest(out, progress=reporter.advance)
         else:
-            ctx = StageContext(out=out, inputs=inputs, params=node.param_values(), runtime=node.runtime, state=store.state)
+            ctx = StageContext(out=out, inputs=inputs, params=node.param_values(), runtime=keyed.runtime, state=store.state)
             try:
                 load_entry(stage.entry)(ctx)
             except TrtbuildError:
                 raise
             except Exception as exc:
                 raise StageFailed(" ".join(f"{type(exc).__name__}: {exc}".split())) from exc
+            figures = ctx.figures
             if ctx.adopted is not None:
                 manifest = store.ingest(ctx.adopted["folder"], progress=reporter.advance, include=ctx.adopted["include"],
                                         links_within=ctx.adopted["links_within"], link=ctx.adopted["link"])
@@ -184,7 +199,12 @@ def execute(node: Node, store: LocalStore, key: str, inputs: dict[str, Path], re
         report = out / "report.json"
         if report.exists():
             summary = json.loads(report.read_text())
-        return manifest, summary, time.monotonic() - started
+        logs: dict[str, Digest] = {}
+        if log.exists() and log.stat().st_size:
+            logs[log.name] = store.put_file_blob(log)
+        execution = Execution(seconds=round(time.monotonic() - started, 3), peak_rss_mib=peak_rss_mib,
+                              host=socket.gethostname(), figures=figures, logs=logs)
+        return Executed(manifest, summary, execution)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -223,34 +243,33 @@ def _die_with_parent() -> None:
         pass
 
 
-def _keep_failure(store: LocalStore, work: Path, key: str) -> Path:
-    """Keep a failed run's logs for inspection (not its partial output, which can be large):
-    failed/<key>/ holds the latest failure of a key until `cache gc` sees the key built."""
-    dest = store.root / "failed" / key
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(work / "out" / "logs", dest / "logs")
-    return dest / "logs"
-
-
 # ---- the walk ------------------------------------------------------------------------------------
 
-def run_graph(graph: Graph, store: LocalStore, options: Optional[RunOptions] = None, reporter=None) -> tuple[list[NodeResult], dict[str, Resolved]]:
+def run_graph(graph: Graph, store: LocalStore, options: Optional[RunOptions] = None, reporter=None) -> RunResult:
     options = options or RunOptions()
     reporter = reporter or Silent()
     results: dict[str, NodeResult] = {}
     resolutions: dict[str, Resolved] = {}
     with store.using():
+        if options.recipe_identity:
+            store.claim_recipe(graph.recipe, options.recipe_identity)
         for node in graph.nodes:
             result = _run_node(graph, node, store, options, results, resolutions, reporter)
             results[node.id] = result
             reporter.finished(result)
-    return [results[n.id] for n in graph.nodes], resolutions
+        _move_refs(graph, store, results)
+    return RunResult([results[n.id] for n in graph.nodes], resolutions)
+
+
+def _cannot_run_here(node: Node, platform: dict) -> Optional[str]:
+    """Why this host cannot run the node's stage: the node's own host check (a GPU, tensorrt_llm),
+    then the stage's (its packages)."""
+    return (node.requires() if node.requires else None) or node.stage.unavailable(platform)
 
 
 def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, results: dict[str, NodeResult],
               resolutions: dict[str, Resolved], reporter) -> NodeResult:
-    result = NodeResult(node.id, node.kind, node.stage.name if node.stage else node.kind, SKIPPED)
+    result = NodeResult(node.id, node.kind, node.stage.ident if node.stage else node.kind, SKIPPED)
     if node.impossible:
         result.status, result.reason = IMPOSSIBLE, node.impossible
         return result
@@ -262,63 +281,61 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
     if options.until and STAGE_ORDER.get(node.kind, 99) > STAGE_ORDER[options.until]:
         result.reason = f"after --until {options.until}"
         return result
+    if node.stage is None:  # no stage at all comes before anything a host could change
+        result.status = FAILED if options.require_all else SKIPPED
+        result.reason = node.unavailable
+        return result
     pending = next((dep for dep in deps if not results[dep].done), None)
     if pending:  # this host's own reason first: it is what a reader must fix
         problem = node.requires() if node.requires else None
         waiting = f"needs {pending}, which was {results[pending].status}"
         result.reason = f"{problem}; and {waiting}" if problem else waiting
         return result
-    if node.stage is None:  # a host that could not run the stage anyway says so first
-        result.status = FAILED if options.require_all else SKIPPED
-        result.reason = (node.requires() if node.requires else None) or node.unavailable
-        return result
 
     started = time.monotonic()
     try:
-        inputs = {role: results[dep].digest for role, dep in node.inputs.items()}
-        if node.kind == "source":
-            resolution = resolve_source(node, store, reporter.started(node, "resolving").advance, options.locked_source)
-            if options.expected_source and resolution.digest != options.expected_source:
-                raise LockMismatch(f"--locked: the source resolves to {resolution.digest[:16]}..., but "
+        input_digests = {role: results[dep].digest for role, dep in node.inputs.items()}
+        keyed = nodekeys.key_node(node, input_digests, store, options.locked_source,
+                                  reporter.started(node, "resolving").advance if node.kind == "source" else None)
+        if keyed.resolution is not None:
+            if options.expected_source and keyed.resolution.digest != options.expected_source:
+                raise LockMismatch(f"--locked: the source resolves to {keyed.resolution.digest[:16]}..., but "
                                    f"{options.lock_name} pins {options.expected_source[:16]}...; rebuild without --locked")
-            resolutions[node.id] = resolution
-            inputs[resolution.role] = resolution.digest
-        if node.resolve is not None:
-            inputs.update(node.resolve())
-        fields = key_fields(node, inputs)
-        key = keys.action_key(fields)
-        result.key = key
-        record = _hit(store, key)
-        if record is None:
-            problem = (node.requires() if node.requires else None) or node.stage.unavailable(fields["platform"])
+            resolutions[node.id] = keyed.resolution
+        result.key = keyed.key
+        rebuild = node.id in options.rebuild
+        found = nodekeys.lookup(store, keyed.key)
+        if rebuild or not found.hit:
+            problem = _cannot_run_here(node, keyed.fields["platform"])
             if problem:
-                result.status = FAILED if options.require_all else SKIPPED
-                result.reason = problem
+                result.status = FAILED if (options.require_all or found.problem) else SKIPPED
+                result.reason = f"the stored artifact is damaged ({found.problem}) and {problem}" if found.problem else problem
                 return result
-            with store.key_lock(key):
-                record = _hit(store, key)  # another process may have built it while we waited
-                if record is None:
-                    reporter.started(node, "building")
+            with store.key_lock(keyed.key):
+                found = nodekeys.lookup(store, keyed.key)  # another process may have built it while we waited
+                if rebuild or not found.hit:
+                    reporter.started(node, "rebuilding" if found.problem or rebuild else "building")
                     input_paths = {role: materialize(store, results[dep].digest) for role, dep in node.inputs.items()}
-                    manifest, summary, seconds = execute(node, store, key, input_paths, reporter)
-                    record = store.put_record({
-                        "key": key, "digest": manifest.digest, "stage": node.stage.name,
-                        "stage_version": node.stage.version, "target": node.id, "recipe": options.recipe_name or graph.recipe,
-                        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                        "toolchain": fields["toolchain"], "seconds": round(seconds, 3), "summary": summary,
-                        "size": manifest.size, "fields": fields,
-                    })
+                    done = execute(keyed, store, input_paths, reporter)
+                    record = ActionRecord(
+                        key=keyed.key, artifact=Digest(hash=done.manifest.digest, size_bytes=done.manifest.size),
+                        stage=node.stage.ident, stage_version=node.stage.version, target=node.id,
+                        recipe=options.recipe_name or graph.recipe,
+                        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        toolchain=keyed.fields["toolchain"], summary=done.summary, fields=keyed.fields,
+                        execution=done.execution)
+                    # a damaged or unwanted first artifact gives way; otherwise the first one stays
+                    found = nodekeys.Lookup(store.put_record(record, replace=rebuild or found.problem is not None))
                     result.status = BUILT
         if result.status != BUILT:
             result.status = CACHED
-        result.digest = record["digest"]
-        result.summary = record.get("summary", {})
+        result.digest = found.record.digest
+        result.summary = found.record.summary
         failed_gates = gates.failed_gates(result.summary)
         if options.materialize or failed_gates:  # checked out once, for the path and the report's place
             result.path = str(materialize(store, result.digest))
         if failed_gates:  # the report stays in the store for inspection; the target fails
             result.status, result.reason = FAILED, f"failed its gates: {', '.join(failed_gates)}; report: {result.path}/report.md"
-        store.update_ref(graph.recipe, node.id, result.digest, key)
     except InvalidInput:  # a source that is not there, a lock that does not match: stop the run
         raise
     except (StageFailed, CorruptStore) as exc:
@@ -330,8 +347,19 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
     return result
 
 
-def _hit(store: LocalStore, key: str) -> Optional[dict]:
-    record = store.get_record(key)
-    if record is not None and store.has_manifest(record["digest"]):
-        return record
-    return None
+def _move_refs(graph: Graph, store: LocalStore, results: dict[str, NodeResult]) -> None:
+    """Point each done node's ref at its artifact, but only once every validation that serves it
+    passed in this run: a ref never names an artifact that has not passed what the recipe asks."""
+    validations: dict[str, list[str]] = {}
+    for node in graph.nodes:
+        if node.kind == "validate" and node.serves:
+            validations.setdefault(node.serves, []).append(node.id)
+    for node in graph.nodes:
+        result = results[node.id]
+        if not result.done:
+            continue
+        pending = [v for v in validations.get(node.id, []) if not results[v].done]
+        if pending:
+            result.ref = f"ref not moved: {pending[0]} was {results[pending[0]].status}"
+            continue
+        store.update_ref(graph.recipe, node.id, result.digest, result.key)

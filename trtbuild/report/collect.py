@@ -15,6 +15,11 @@ def _entry(locked: dict, name: str) -> Optional[dict]:
     return entry if isinstance(entry, dict) and isinstance(entry.get("key"), str) else None
 
 
+def _summary(store: LocalStore, entry: Optional[dict]) -> dict:
+    record = store.get_record(entry["key"]) if entry else None
+    return record.summary if record else {}
+
+
 def rows(plan: Plan, store: LocalStore, lock: Optional[dict]) -> list[dict]:
     locked = (lock or {}).get("targets") or {}
     if not isinstance(locked, dict):
@@ -26,7 +31,7 @@ def rows(plan: Plan, store: LocalStore, lock: Optional[dict]) -> list[dict]:
         record = store.get_record(entry["key"]) if entry else None
         # an hf-checkpoint's numbers as TensorRT-LLM serves it, when a GPU host measured them
         validation = _entry(locked, f"{target.name}:validate-trtllm") or _entry(locked, f"{target.name}:validate")
-        summary = (store.get_record(validation["key"]) or {}).get("summary", {}) if validation else {}
+        summary = _summary(store, validation)
         if not target.ok:
             status = "impossible"
         elif record is None:
@@ -37,14 +42,14 @@ def rows(plan: Plan, store: LocalStore, lock: Optional[dict]) -> list[dict]:
         measured_by = summary.get("runner") if metrics else None
         if target.kind == "engine" and not metrics:  # an engine shares its checkpoint's numbers until validated itself
             checkpoint = _entry(locked, f"{target.depends_on[0]}:validate")
-            inherited = (store.get_record(checkpoint["key"]) or {}).get("summary", {}) if checkpoint else {}
+            inherited = _summary(store, checkpoint)
             metrics = inherited.get("metrics", {})
             measured_by = f"{inherited.get('runner')}, on {target.depends_on[0]}" if metrics else None
         est = target.estimate
         out.append({
             "target": target.name, "kind": target.kind, "variant": target.variant, "quant": variant.quant,
             "kv_cache": variant.kv_cache, "tp": target.tp, "pp": target.pp, "gpu": target.gpu, "status": status,
-            "size_bytes": record.get("size") if record else None,
+            "size_bytes": record.size if record else None,
             "weights_bytes_per_gpu": est.weights_bytes_per_gpu if est else None,
             "kv_tokens": est.kv_tokens if est else None,
             "kld_mean": metrics.get("kld_mean"), "kld_p99": metrics.get("kld_p99"),

@@ -18,6 +18,11 @@ class Stage:
     needs: tuple[str, ...] = ()  # packages that must be installed to run it
     isolated: bool = True  # run in a subprocess: a crash or OOM fails the stage, not the runner
     requires: Optional[Callable[[dict], Optional[str]]] = None  # why it cannot run here (given platform)
+    id: str = ""  # the registry's name for it (`checkpoint:export`); the lock file's toolchain is per id
+
+    @property
+    def ident(self) -> str:
+        return self.id or self.name
 
     def unavailable(self, platform: dict) -> Optional[str]:
         absent = toolchain.missing(self.needs)
@@ -34,6 +39,7 @@ class StageContext:
     runtime: dict[str, Any] = field(default_factory=dict)  # local paths etc.: never in the key
     state: Any = None  # the store's stat cache, for stages that run in the runner's process
     adopted: Optional[dict] = None  # what to ingest instead of `out` (see adopt)
+    figures: dict[str, Any] = field(default_factory=dict)  # measurements for the action record (see measure)
 
     def adopt(self, folder: Path, include=None, links_within: Optional[Path] = None, link: bool = False) -> None:
         """Make `folder` (filtered by `include`) the artifact without copying it into `out` first.
@@ -43,7 +49,14 @@ class StageContext:
         self.adopted = {"folder": folder, "include": include, "links_within": links_within, "link": link}
 
     def report(self, summary: dict) -> None:
-        """A short summary that goes into the action record (and `cache ls`)."""
+        """The artifact's report.json, also copied into the action record (and `cache ls`). It is
+        part of the artifact, so it holds only what the inputs determine: no timings, hosts or
+        memory figures (those go to `measure`)."""
         import json
 
         (self.out / "report.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+    def measure(self, **figures: Any) -> None:
+        """Measurements of this run (seconds of a step, tokens per second): kept in the action
+        record's `execution`, never in the artifact, since they differ between runs and hosts."""
+        self.figures.update(figures)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 from trtbuild.stages.base import Stage
@@ -37,5 +38,8 @@ STAGES: dict[str, Optional[Stage]] = {
     "validate:trtllm": Stage("validate", 1, "trtbuild.stages.validate:validate_trtllm",
                              toolchain=("tensorrt_llm", "tensorrt", "cuda"), needs=("tensorrt_llm",)),
 }
+
+# Each stage knows its registry name: the lock file records the toolchain per stage id.
+STAGES = {kind: (replace(stage, id=kind) if stage else None) for kind, stage in STAGES.items()}
 
 NOT_YET = "this version of trtbuild has no {kind} stage yet"

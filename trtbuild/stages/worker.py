@@ -1,7 +1,9 @@
 """Runs one stage in a subprocess: `python -m trtbuild.stages.worker SPEC.json`.
 
-The runner sends stdout and stderr to the artifact's logs/; the last line of a failure is
-`TRTBUILD-ERROR: <one line>`, which the runner shows as the reason.
+The runner sends stdout and stderr to a log beside the output folder (stored as a blob and named in
+the action record, never inside the artifact); the last line of a failure is
+`TRTBUILD-ERROR: <one line>`, which the runner shows as the reason. On success the worker writes
+its peak memory and the stage's measurements to the spec's `execution` file.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ def main(spec_path: str) -> int:
     if ctx.adopted is not None:
         print(f"{ERROR_PREFIX}an isolated stage cannot adopt a folder", file=sys.stderr, flush=True)
         return 1
+    if spec.get("execution"):
+        Path(spec["execution"]).write_text(json.dumps({"peak_rss_mib": peak_rss_mib(), "figures": ctx.figures}))
     return 0
 
 

@@ -32,19 +32,19 @@ def gc(store: LocalStore, pinned: set[str], keep_last: Optional[int] = None, max
     report = GcReport()
     with store.using(exclusive=True, wait=False):
         refs = list(store.refs())
-        protected = set(pinned) | {ref["digest"] for _, _, ref in refs if "digest" in ref}
+        protected = set(pinned) | {ref.digest for _, _, ref in refs}
         records = store.records()
         keep = set(protected)
         if keep_last is None:
-            keep |= {r["digest"] for r in records}
+            keep |= {r.digest for r in records}
         else:
             for _, _, ref in refs:
                 recent: list[str] = []
-                for item in reversed(ref.get("history", [])):
-                    if item["digest"] not in recent:
-                        recent.append(item["digest"])
+                for item in reversed(ref.history):
+                    if item.digest not in recent:
+                        recent.append(item.digest)
                 keep |= set(recent[:keep_last])
-        doomed = [r for r in records if r["digest"] not in keep]
+        doomed = [r for r in records if r.digest not in keep]
 
         def size_of(digests: set[str]) -> int:
             seen: dict[str, int] = {}
@@ -56,25 +56,25 @@ def gc(store: LocalStore, pinned: set[str], keep_last: Optional[int] = None, max
 
         survivors = [r for r in records if r not in doomed]
         if max_size is not None:
-            survivors.sort(key=lambda r: r.get("created", ""))
-            while size_of({r["digest"] for r in survivors} | protected) > max_size:
-                victim = next((r for r in survivors if r["digest"] not in protected), None)
+            survivors.sort(key=lambda r: r.created)
+            while size_of({r.digest for r in survivors} | protected) > max_size:
+                victim = next((r for r in survivors if r.digest not in protected), None)
                 if victim is None:
                     report.over_budget = True
                     break
                 survivors.remove(victim)
                 doomed.append(victim)
 
-        live = {r["digest"] for r in survivors} | protected
+        live = {r.digest for r in survivors} | protected
         live_blobs: set[str] = set()
         for digest in live:
             if store.has_manifest(digest):
                 live_blobs |= {e.sha256 for e in store.get_manifest(digest).entries}
 
-        report.records = sorted(r["key"] for r in doomed)
+        report.records = sorted(r.key for r in doomed)
         if not dry_run:
             for r in doomed:
-                store.delete_record(r["key"])
+                store.delete_record(r.key)
         for digest in store.manifest_digests():
             if digest not in live:
                 report.manifests += 1

@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from filelock import FileLock
+from pydantic import ValidationError
 
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.keys import canonical_json
+from trtbuild.records import ActionRecord, Digest, RecipeClaim, Ref, RefEntry, dump
 from trtbuild.store.hash import Progress, atomic_write, bytes_sha256, copy_with_sha256, fsync_dir, is_digest
 from trtbuild.store.state import StatCache
 from trtbuild.store.tree import BadTree, Manifest, build_manifest
@@ -30,6 +32,15 @@ DEFAULT_ROOT = "cache"
 
 class CorruptStore(TrtbuildError):
     """Bytes in the store do not match their digest."""
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    return f"{'.'.join(str(p) for p in error['loc']) or 'record'}: {error['msg']}"
 
 
 def open_store(url: Optional[str] = None) -> "LocalStore":
@@ -70,6 +81,22 @@ class LocalStore:
     def checkout_path(self, digest: str) -> Path:
         return self.root / "checkouts" / digest
 
+    def downloads_dir(self) -> Path:
+        """Where sources put files they fetched (S3 objects without a checksum, NeMo archives)."""
+        return self.root / "downloads"
+
+    def state_db_path(self) -> Path:
+        return self.root / "index.db"
+
+    def keep_failure(self, key: str, logs: Path) -> Path:
+        """Keep a failed run's logs for inspection (not its partial output, which can be large):
+        failed/<key>/logs holds the latest failure of a key until `cache gc` sees the key built."""
+        dest = self.root / "failed" / key
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(logs, dest / "logs")
+        return dest / "logs"
+
     def tmpdir(self, prefix: str) -> Path:
         return Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=self.root / "tmp"))
 
@@ -102,7 +129,9 @@ class LocalStore:
         tmp/) are hard-linked, so ingest moves no bytes; anything else is copied and re-verified."""
         blob = self.blob_path(digest)
         if blob.exists():
-            return
+            if self.state.sha256(blob) == digest:
+                return
+            self.discard_blob(digest)  # a damaged copy: the new bytes replace it
         blob.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.root / "tmp" / f"blob-{digest[:16]}-{os.getpid()}-{os.urandom(4).hex()}"
         try:
@@ -185,44 +214,98 @@ class LocalStore:
     def manifest_digests(self) -> list[str]:
         return sorted(p.stem for p in (self.root / "manifests").glob("*.json") if is_digest(p.stem))
 
+    # ---- artifacts -------------------------------------------------------------------------------
+    def artifact_problem(self, digest: str) -> Optional[str]:
+        """Why the artifact cannot be served as it is (manifest missing or tampered, a blob missing,
+        of the wrong size or corrupt), or None. Blobs are checked through the stat cache: a blob the
+        store wrote and protected is trusted while its stat (ctime included) is unchanged."""
+        try:
+            manifest = self.get_manifest(digest)
+        except CorruptStore as exc:
+            return str(exc)
+        for entry in manifest.entries:
+            blob = self.blob_path(entry.sha256)
+            try:
+                size = blob.stat().st_size
+            except FileNotFoundError:
+                return f"blob {entry.sha256} ({entry.path}) is missing from {self.root / 'cas'}"
+            if size != entry.size:
+                return f"blob {blob} ({entry.path}) has {size} bytes, its manifest says {entry.size}"
+            try:
+                self.verify_blob(entry.sha256)
+            except CorruptStore as exc:
+                return str(exc)
+        return None
+
+    def discard_blob(self, digest: str) -> None:
+        """Remove one bad blob so that the next ingest writes it anew (ingest skips blobs it has)."""
+        blob = self.blob_path(digest)
+        blob.unlink(missing_ok=True)
+        self.state.forget(blob)
+
+    def put_file_blob(self, path: Path) -> Digest:
+        """Store one file (a stage's log) as a blob; returns its digest with its size."""
+        digest = self.state.sha256(path)
+        self._add_blob(path, digest, owned=Path(os.path.abspath(path)).is_relative_to(self.root / "tmp"))
+        return Digest(hash=digest, size_bytes=path.stat().st_size)
+
     # ---- action records --------------------------------------------------------------------------
-    def get_record(self, key: str) -> Optional[dict]:
+    def get_record(self, key: str) -> Optional[ActionRecord]:
+        """The record under `key`; None when there is none, or only one of an older layout (it is
+        rebuilt and replaced). A record that does not parse is a corrupt store."""
         path = self.record_path(key)
         try:
-            record = json.loads(path.read_bytes())
+            raw = json.loads(path.read_bytes())
         except FileNotFoundError:
             return None
         except (ValueError, UnicodeDecodeError):
-            raise CorruptStore(f"action record {path} is not valid JSON; run `trtbuild cache verify`") from None
-        if not isinstance(record, dict) or record.get("key") != key or not is_digest(str(record.get("digest"))):
-            raise CorruptStore(f"action record {path} is malformed or names another key")
+            raise CorruptStore(f"action record {path} is not valid JSON; run `trtbuild cache verify --repair`") from None
+        if isinstance(raw, dict) and raw.get("schema") is None:
+            return None  # written before records were versioned
+        try:
+            record = ActionRecord.model_validate(raw)
+        except ValidationError as exc:
+            raise CorruptStore(f"action record {path} is malformed ({_first_error(exc)}); "
+                               "run `trtbuild cache verify --repair`") from None
+        if record.key != key:
+            raise CorruptStore(f"action record {path} names another key ({record.key})")
         return record
 
-    def put_record(self, record: dict) -> dict:
+    def put_record(self, record: ActionRecord, replace: bool = False) -> ActionRecord:
         """Record key -> artifact. The first artifact stored under a key stays; a later, different
-        one is kept as a divergence beside it, never written over it (design.md s.4)."""
-        key = record["key"]
+        one is kept as a divergence beside it, never written over it (design.md s.4). `replace`
+        (the first one is lost or damaged, or the user asked for --rebuild) makes the new one the
+        record, and keeps the old digest among the divergences."""
+        key = record.key
         existing = self.get_record(key)
-        if existing is None:
-            atomic_write(self.record_path(key), canonical_json(record) + b"\n")
+        if existing is None or (replace and existing.digest != record.digest):
+            if existing is not None:
+                self._note_divergence(key, existing.digest, existing.created)
+            atomic_write(self.record_path(key), canonical_json(dump(record)) + b"\n")
             return record
-        if existing["digest"] != record["digest"]:
-            path = self.root / "ac" / f"{key}.divergent.json"
-            seen = json.loads(path.read_text()) if path.exists() else []
-            if record["digest"] not in {d["digest"] for d in seen}:
-                seen.append({"digest": record["digest"], "created": record.get("created")})
-                atomic_write(path, canonical_json(seen) + b"\n")
+        if existing.digest != record.digest:
+            self._note_divergence(key, record.digest, record.created)
         return existing
 
-    def records(self) -> list[dict]:
+    def _note_divergence(self, key: str, digest: str, created: str) -> None:
+        path = self.root / "ac" / f"{key}.divergent.json"
+        seen = json.loads(path.read_text()) if path.exists() else []
+        if digest not in {d["digest"] for d in seen}:
+            seen.append({"digest": digest, "created": created})
+            atomic_write(path, canonical_json(seen) + b"\n")
+
+    def records(self) -> list[ActionRecord]:
+        """Every readable record of the current layout (`cache verify` names the others)."""
         out = []
         for path in sorted((self.root / "ac").glob("*.json")):
             if path.name.endswith(".divergent.json"):
                 continue
             try:
-                out.append(json.loads(path.read_bytes()))
-            except (ValueError, UnicodeDecodeError):
-                continue  # `cache verify` names it
+                record = self.get_record(path.stem)
+            except CorruptStore:
+                continue
+            if record is not None:
+                out.append(record)
         return out
 
     def delete_record(self, key: str) -> None:
@@ -230,32 +313,55 @@ class LocalStore:
         (self.root / "ac" / f"{key}.divergent.json").unlink(missing_ok=True)
 
     # ---- refs ------------------------------------------------------------------------------------
-    def read_ref(self, recipe: str, target: str) -> Optional[dict]:
+    def read_ref(self, recipe: str, target: str) -> Optional[Ref]:
         path = self.ref_path(recipe, target)
         try:
-            return json.loads(path.read_bytes())
+            return Ref.model_validate_json(path.read_bytes())
         except FileNotFoundError:
             return None
-        except (ValueError, UnicodeDecodeError):
-            raise CorruptStore(f"ref {path} is not valid JSON") from None
+        except ValidationError as exc:
+            raise CorruptStore(f"ref {path} is malformed ({_first_error(exc)}); run `trtbuild cache verify --repair`") from None
 
     def update_ref(self, recipe: str, target: str, digest: str, key: str) -> None:
         """Point refs/<recipe>/<target> at `digest`, appending to its history."""
         path = self.ref_path(recipe, target)
         with FileLock(str(self.root / "locks" / f"ref-{bytes_sha256(f'{recipe}/{target}'.encode())[:32]}.lock")):
-            ref = self.read_ref(recipe, target) or {"history": []}
-            if ref.get("digest") == digest and ref.get("key") == key:
-                return
-            ref["history"].append({"digest": digest, "key": key, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-            ref.update(digest=digest, key=key)
-            atomic_write(path, canonical_json(ref) + b"\n")
-
-    def refs(self) -> Iterator[tuple[str, str, dict]]:
-        for path in sorted((self.root / "refs").glob("*/*")):
             try:
-                yield path.parent.name, path.name, json.loads(path.read_bytes())
-            except (ValueError, UnicodeDecodeError):
+                ref = self.read_ref(recipe, target)
+            except CorruptStore:
+                ref = None  # a damaged ref is replaced by the artifact that just passed
+            if ref is not None and ref.digest == digest and ref.key == key:
+                return
+            history = [*(ref.history if ref else []), RefEntry(digest=digest, key=key, time=_now())]
+            atomic_write(path, canonical_json(dump(Ref(digest=digest, key=key, history=history))) + b"\n")
+
+    def delete_ref(self, recipe: str, target: str) -> None:
+        self.ref_path(recipe, target).unlink(missing_ok=True)
+
+    def refs(self) -> Iterator[tuple[str, str, Ref]]:
+        for path in sorted((self.root / "refs").glob("*/*")):
+            if path.name.startswith("."):
                 continue
+            try:
+                yield path.parent.name, path.name, Ref.model_validate_json(path.read_bytes())
+            except ValidationError:
+                continue  # `cache verify` names it
+
+    def claim_recipe(self, name: str, identity: str) -> None:
+        """Refs under refs/<name>/ belong to one recipe: the first to build under that name. Another
+        recipe with the same `name:` is refused, so it cannot move the first one's refs."""
+        path = self.root / "refs" / name / ".recipe.json"
+        with FileLock(str(self.root / "locks" / f"claim-{bytes_sha256(name.encode())[:32]}.lock")):
+            try:
+                claim = RecipeClaim.model_validate_json(path.read_bytes())
+            except FileNotFoundError:
+                atomic_write(path, canonical_json(dump(RecipeClaim(name=name, identity=identity))) + b"\n")
+                return
+            except ValidationError:
+                raise CorruptStore(f"{path} is malformed; remove it to let a recipe claim the name {name!r}") from None
+        if claim.identity != identity:
+            raise InvalidInput(f"recipe {identity}: name {name!r} already belongs to {claim.identity} in store "
+                               f"{self.root}; give this recipe another `name:`")
 
     # ---- lock files that pin artifacts (gc roots) ------------------------------------------------
     def register_lockfile(self, lock_path: Path) -> None:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from trtbuild.errors import TrtbuildError
 from trtbuild.store.hash import bytes_sha256, file_sha256, is_digest
 from trtbuild.store.local import LocalStore
 from trtbuild.store.tree import BadTree, Manifest
@@ -50,16 +50,16 @@ def verify(store: LocalStore, progress=None) -> list[str]:
         if path.name.endswith(".divergent.json"):
             continue
         try:
-            record = json.loads(path.read_bytes())
-        except (ValueError, UnicodeDecodeError):
-            problems.append(f"{path}: action record is not valid JSON")
+            record = store.get_record(path.stem)
+        except TrtbuildError as exc:
+            problems.append(str(exc))
             continue
-        if not isinstance(record, dict) or record.get("key") != path.stem:
-            problems.append(f"{path}: action record names another key")
-        elif record.get("digest") not in manifests and not (store.manifest_path(str(record.get("digest"))).exists()):
-            problems.append(f"{path}: names artifact {record.get('digest')}, whose manifest is missing")
+        if record is None:
+            problems.append(f"{path}: action record of an older layout (it is rebuilt at the next build)")
+        elif record.digest not in manifests and not store.manifest_path(record.digest).exists():
+            problems.append(f"{path}: names artifact {record.digest}, whose manifest is missing")
 
     for recipe, target, ref in store.refs():
-        if ref.get("digest") not in manifests:
-            problems.append(f"{store.ref_path(recipe, target)}: points at artifact {ref.get('digest')}, whose manifest is missing or bad")
+        if ref.digest not in manifests:
+            problems.append(f"{store.ref_path(recipe, target)}: points at artifact {ref.digest}, whose manifest is missing or bad")
     return problems
