@@ -11,8 +11,20 @@ import signal
 import time
 from pathlib import Path
 
-from trtbuild.graph import Graph, Node, Param
+from dataclasses import dataclass
+
+from trtbuild.graph import Graph, HostNeed, Node, Param
 from trtbuild.stages.base import Stage, StageContext
+
+
+@dataclass(frozen=True)
+class Lacking(HostNeed):
+    """A host need this host never meets (a GPU the test machine has not)."""
+
+    reason: str
+
+    def problem(self) -> str:
+        return self.reason
 
 
 def _count(ctx: StageContext) -> None:

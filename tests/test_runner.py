@@ -103,7 +103,7 @@ def test_until_and_unavailable_stages_are_skipped(store, tmp_path):
                         node("later", UPPER_INPROCESS, inputs={"src": "A"})])
     graph.nodes[0].kind = graph.nodes[1].kind = "checkpoint"
     graph.nodes[2].kind = "engine"
-    graph.nodes[2].requires = lambda: "needs sm90 GPU with tensorrt_llm 1.2.x (this machine: no GPU)"
+    graph.nodes[2].host = stagekit.Lacking("needs sm90 GPU with tensorrt_llm 1.2.x (this machine: no GPU)")
     results = run_graph(graph, store, RunOptions(until="checkpoint")).results
     assert [(r.id, r.status, r.reason) for r in results] == [
         ("a", "built", None), ("A", "built", None), ("later", "skipped", "after --until checkpoint")]
@@ -232,7 +232,7 @@ backends: [engine, hf-checkpoint]
 """)
         graph = build_graph(plan_recipe(load_recipe(recipe)), registry)
         for each in graph.nodes:
-            each.requires = None  # the stand-in engine needs no GPU
+            each.host = None  # the stand-in engine needs no GPU
             each.runtime.update(runs=str(runs), node=each.id)
         results = run_graph(graph, store).results
         return statuses(results)
@@ -330,7 +330,7 @@ def test_a_damaged_artifact_that_this_host_cannot_rebuild_fails_with_one_line(st
     first = run_graph(diamond(runs), store).results
     _first_blob(store, first[-1].digest).unlink()
     graph = diamond(runs)
-    graph.nodes[-1].requires = lambda: "needs sm90 GPU (this machine: no GPU)"
+    graph.nodes[-1].host = stagekit.Lacking("needs sm90 GPU (this machine: no GPU)")
     ab = run_graph(graph, store).results[-1]
     blob = store.get_manifest(first[-1].digest).entries[0].sha256
     assert (ab.status, ab.reason) == ("failed", f"the stored artifact is damaged (blob {blob} (bin/tool.sh) is missing "

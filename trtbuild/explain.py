@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from trtbuild import nodekeys
 from trtbuild.errors import InvalidInput
-from trtbuild.graph import Graph
+from trtbuild.graph import Blocker, Graph
 from trtbuild.store.local import LocalStore
 
 
@@ -44,11 +44,9 @@ def explain(graph: Graph, target: str, store: LocalStore, lock: Optional[dict] =
         ex = NodeExplanation(node.id, node.stage.ident if node.stage else node.kind)
         out.append(ex)
         digests[node.id] = None
-        if node.impossible:
-            ex.note = f"impossible: {node.impossible}"
-            continue
-        if node.stage is None:
-            ex.note = node.unavailable
+        ruled_out = node.ruled_out()
+        if ruled_out:
+            ex.note = f"{ruled_out.kind.value}: {ruled_out.reason}" if ruled_out.kind == Blocker.PLAN else ruled_out.reason
             continue
         missing = [dep for dep in node.inputs.values() if digests.get(dep) is None]
         if missing:

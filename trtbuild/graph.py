@@ -1,24 +1,143 @@
 """The stage graph of a plan: one node per artifact (the source, each checkpoint, each engine), with
-the parameters each stage's key holds and where every value came from (for `explain`)."""
+the parameters each stage's key holds and where every value came from (for `explain`).
+
+The graph is plain data: nodes hold values, and what a node needs of a host (a GPU, tensorrt_llm)
+is a small frozen record that checks itself (`HostNeed`). `GraphBuilder` has one method per kind
+of node. Why a node cannot run is one notion, `CannotRun`, with a kind and a reason."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from pathlib import Path
+from typing import Any, Optional
 
 from pydantic import BaseModel
 
 from trtbuild import hardware, toolchain, trtllm
-from trtbuild.validate import gates
-from trtbuild.plan import CHECKPOINT, ENGINE, HF_CHECKPOINT, Plan
+from trtbuild.plan import CHECKPOINT, ENGINE, HF_CHECKPOINT, Plan, Target
 from trtbuild.stages.base import Stage
 from trtbuild.stages.registry import NOT_YET, STAGES
+from trtbuild.validate import gates
 
 SOURCE = "source"
 # `--until STAGE` keeps the nodes at or before STAGE. Checkpoints are validated before any engine.
 STAGE_ORDER = {"source": 0, "calibration": 1, "quantize": 1, "checkpoint": 1, "hf-checkpoint": 1,
                "reference": 2, "validate": 2, "engine": 3}
 
+
+# ---- node ids: made and parsed here only -----------------------------------------------------------
+
+def validate_id(target: str) -> str:
+    """The torch validation of a checkpoint, or the TensorRT-LLM validation of an engine."""
+    return f"{target}:validate"
+
+
+def trtllm_validate_id(target: str) -> str:
+    """An hf-checkpoint's validation as TensorRT-LLM's PyTorch backend serves it."""
+    return f"{target}:validate-trtllm"
+
+
+def twin_id(engine: str) -> str:
+    """The engine built with --gather_context_logits only to be validated."""
+    return f"{engine}:twin"
+
+
+def quantized_id(variant: str) -> str:
+    return f"{variant}-quantized"
+
+
+def target_of(node_id: str) -> str:
+    """The target a node id belongs to (`fp8-tp1:validate` -> `fp8-tp1`)."""
+    return node_id.split(":", 1)[0]
+
+
+# ---- why a node cannot run ----------------------------------------------------------------------
+
+class Blocker(str, enum.Enum):
+    PLAN = "impossible"  # the plan rules the target out: status impossible
+    NO_STAGE = "no-stage"  # this version of trtbuild has no stage for the node: skipped
+    HOST = "host"  # this host lacks the hardware or runtime (a GPU, tensorrt_llm): skipped, or failed with --require-all
+    INSTALL = "install"  # this install lacks the stage's Python packages: failed (the install must change)
+
+
+@dataclass(frozen=True)
+class CannotRun:
+    kind: Blocker
+    reason: str
+
+
+class HostNeed:
+    """What a node needs of the host it runs on, as data; `problem()` checks this host."""
+
+    def problem(self) -> Optional[str]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class CalibrationDevice(HostNeed):
+    """A CUDA device asked for, or a format that ModelOpt calibrates only on CUDA (quantize.needs_cuda)."""
+
+    quant: Optional[str]
+    kv_cache: Optional[str]
+    device: str
+
+    def problem(self) -> Optional[str]:
+        resolved = hardware.resolve_device(self.device)
+        if self.device == "cuda" and resolved != "cuda":
+            return "needs a CUDA GPU (calibration.device: cuda); this machine has none"
+        if resolved == "cpu":
+            from trtbuild.checkpoint.quantize import needs_cuda
+
+            reason = needs_cuda(self.quant, self.kv_cache)
+            return f"needs a CUDA GPU: {reason}" if reason else None
+        return None
+
+
+@dataclass(frozen=True)
+class EngineHost(HostNeed):
+    """A GPU of the engine's SM with tensorrt_llm of the recipe's line."""
+
+    sm: str
+    tensorrt_llm: str
+
+    def problem(self) -> Optional[str]:
+        return toolchain.engine_host_problem(self.sm, self.tensorrt_llm)
+
+
+@dataclass(frozen=True)
+class TrtllmRunner(HostNeed):
+    """TensorRT-LLM's LLM API for `backend` on a GPU (validate:trtllm)."""
+
+    backend: str
+    series: str
+
+    def problem(self) -> Optional[str]:
+        from trtbuild.validate import trtllm_runner
+
+        return trtllm_runner.available(self.backend, self.series)
+
+
+@dataclass(frozen=True)
+class TextInput:
+    """A key input that is the content of a text (calibration or evaluation set), digested at key
+    time: moving or renaming the file changes nothing."""
+
+    purpose: str  # calibration | evaluation
+    spec: str  # `builtin`, a file or a folder
+    base_dir: str
+
+    def digest(self) -> str:
+        if self.purpose == "calibration":
+            from trtbuild.checkpoint.calibration import text_digest
+
+            return text_digest(self.spec, Path(self.base_dir))
+        from trtbuild.validate.evaltext import eval_text_digest
+
+        return eval_text_digest(self.spec, Path(self.base_dir))
+
+
+# ---- the graph ----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Param:
@@ -29,21 +148,42 @@ class Param:
 @dataclass
 class Node:
     id: str  # the target name (or "source"): unique in a graph, names the ref
-    kind: str  # source | checkpoint | hf-checkpoint | engine | ...
+    kind: str  # source | calibration | quantize | checkpoint | hf-checkpoint | reference | validate | engine
     stage: Optional[Stage]
     inputs: dict[str, str] = field(default_factory=dict)  # role -> node id
     params: dict[str, Param] = field(default_factory=dict)
     platform: dict[str, Param] = field(default_factory=dict)  # keyed like params: the SM, the device
     runtime: dict[str, Any] = field(default_factory=dict)  # never in the key
-    impossible: Optional[str] = None  # from the plan
-    unavailable: Optional[str] = None  # no stage for this kind yet
-    requires: Optional[Callable[[], Optional[str]]] = None  # why this host cannot build it
+    impossible: Optional[str] = None  # the plan's reason, when it rules the target out
+    host: Optional[HostNeed] = None  # what the node needs of the host
     after: list[str] = field(default_factory=list)  # nodes that must succeed first, not part of the key
-    resolve: Optional[Callable[[], dict[str, str]]] = None  # key inputs read at key time (a text's digest)
+    texts: dict[str, TextInput] = field(default_factory=dict)  # role -> a text whose content is a key input
     serves: Optional[str] = None  # the target this node exists for (its validations, an engine's twin)
 
     def param_values(self) -> dict[str, Any]:
         return {k: p.value for k, p in self.params.items()}
+
+    def ruled_out(self) -> Optional[CannotRun]:
+        """What stops the node on any host: the plan, or no stage for its kind."""
+        if self.impossible:
+            return CannotRun(Blocker.PLAN, self.impossible)
+        if self.stage is None:
+            return CannotRun(Blocker.NO_STAGE, NOT_YET.format(kind=self.kind.replace(":", " ")))
+        return None
+
+    def host_problem(self) -> Optional[CannotRun]:
+        """What stops the node on this host: its hardware or runtime, then the stage's packages."""
+        problem = self.host.problem() if self.host else None
+        if problem:
+            return CannotRun(Blocker.HOST, problem)
+        missing = self.stage.missing_packages() if self.stage else []
+        if missing:
+            return CannotRun(Blocker.INSTALL, f"needs {', '.join(missing)}, which this install lacks: "
+                                              "pip install torch==2.13.0 'trtbuild[quantize]' (README, Set-up)")
+        return None
+
+    def text_digests(self) -> dict[str, str]:
+        return {role: text.digest() for role, text in self.texts.items()}
 
 
 @dataclass
@@ -57,6 +197,9 @@ class Graph:
     def dependents(self, node_id: str) -> list[Node]:
         return [n for n in self.nodes if node_id in n.inputs.values()]
 
+    def validations_of(self, node_id: str) -> list[Node]:
+        return [n for n in self.nodes if n.kind == "validate" and n.serves == node_id]
+
     def closure(self, ids: set[str]) -> "Graph":
         """The nodes named and everything they depend on, in order."""
         keep = set(ids)
@@ -66,251 +209,237 @@ class Graph:
         return Graph(self.recipe, [n for n in self.nodes if n.id in keep])
 
 
-def evaluation_text_digest(spec: str, base_dir) -> str:
-    from trtbuild.validate.evaltext import eval_text_digest
-
-    return eval_text_digest(spec, base_dir)
-
-
-def calibration_text_digest(spec: str, base_dir) -> str:
-    from trtbuild.checkpoint.calibration import text_digest
-
-    return text_digest(spec, base_dir)
-
-
-def quantize_host_problem(quant: Optional[str], kv_cache: Optional[str], device: str) -> Optional[str]:
-    """Why this host cannot calibrate: a CUDA device asked for and absent, or a format that ModelOpt
-    calibrates only on CUDA (quantize.needs_cuda) with no GPU here."""
-    resolved = hardware.resolve_device(device)
-    if device == "cuda" and resolved != "cuda":
-        return "needs a CUDA GPU (calibration.device: cuda); this machine has none"
-    if resolved == "cpu":
-        from trtbuild.checkpoint.quantize import needs_cuda
-
-        reason = needs_cuda(quant, kv_cache)
-        return f"needs a CUDA GPU: {reason}" if reason else None
-    return None
-
-
-def _trtllm_host_problem(backend: str, series: str) -> Optional[str]:
-    from trtbuild.validate import trtllm_runner
-
-    return trtllm_runner.available(backend, series)
-
-
 def field_param(model: BaseModel, name: str, path: str, value: Any = None) -> Param:
     """A recipe field with its origin: set in the recipe, or the schema's default."""
     origin = "recipe" if name in model.model_fields_set else "default"
     return Param(getattr(model, name) if value is None else value, f"{origin}: {path}")
 
 
-def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = None, validate: bool = True) -> Graph:
-    registry = STAGES if registry is None else registry
-    recipe, loaded = plan.recipe, plan.loaded
-    source = recipe.source
+class GraphBuilder:
+    """Adds the nodes of a plan, one method per kind; shared nodes (the source, a calibration set,
+    a variant's quantized model, the reference) are added once and found again."""
 
-    def stage_for(kind: str) -> tuple[Optional[Stage], Optional[str]]:
-        stage = registry.get(kind)
-        label = kind.replace(":", " ")
-        return stage, None if stage else NOT_YET.format(kind=label)
+    def __init__(self, plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = None, validate: bool = True):
+        self.plan, self.recipe, self.loaded = plan, plan.recipe, plan.loaded
+        self.registry = STAGES if registry is None else registry
+        self.validate = validate
+        self.nodes: list[Node] = []
+        self.calibrations: dict[tuple, str] = {}  # calibration settings -> node id (shared by variants)
+        self.quantized: dict[str, str] = {}  # variant -> node id of its quantized model
+        self.calibration_of: dict[str, str] = {}  # quantized node id -> its calibration node id
+        self.validations: dict[str, str] = {}  # checkpoint target -> its validate node
 
-    # a .nemo object named by `s3:` is a NeMo source like any other
-    kind = "nemo" if source.kind == "s3" and source.location.rstrip("/").endswith(".nemo") else source.kind
-    stage, missing = stage_for(f"source:{kind}")
-    src = Node(SOURCE, "source", stage, unavailable=missing)
-    src.params["kind"] = Param(kind, f"recipe: source.{source.kind}")
-    if source.kind == "gguf":
-        src.params["dtype"] = Param(plan.dtype, "recipe: dtype" if recipe.dtype else "model config (or float16)")
-    src.runtime = {"kind": kind, "location": source.location, "base_dir": str(loaded.base_dir),
-                   "trust_remote_code": source.trust_remote_code}
-    if source.kind == "hf":
-        src.runtime["revision"] = source.revision or "main"
-    if source.kind == "path":
-        src.runtime["folder"] = str(loaded.resolve_path(source.path))
-    nodes = [src]
+    def graph(self) -> Graph:
+        self.source()
+        for target in self.plan.targets:
+            if target.kind in (CHECKPOINT, HF_CHECKPOINT):
+                self.checkpoint(target)
+            elif target.kind == ENGINE:
+                self.engine_target(target)
+        return Graph(self.recipe.name, self.nodes)
 
-    calibrations: dict[tuple, str] = {}  # calibration settings -> node id (shared by variants)
-    quantized: dict[str, str] = {}  # variant -> node id of its quantized model
-    calibration_of: dict[str, str] = {}  # quantized node id -> its calibration node id
+    # ---- helpers ----
+    def _add(self, node: Node) -> Node:
+        self.nodes.append(node)
+        return node
 
-    def dtype_param() -> Param:
-        return Param(plan.dtype, "recipe: dtype" if recipe.dtype else "model config (or float16)")
+    def _find(self, node_id: str) -> Optional[Node]:
+        return next((n for n in self.nodes if n.id == node_id), None)
 
-    def variant_params(node: Node, vname: str) -> None:
-        variant, vpath = recipe.variants[vname], f"variants.{vname}"
+    def _dtype(self) -> Param:
+        return Param(self.plan.dtype, "recipe: dtype" if self.recipe.dtype else "model config (or float16)")
+
+    def _variant_params(self, node: Node, vname: str) -> None:
+        variant, vpath = self.recipe.variants[vname], f"variants.{vname}"
         node.params["quant"] = field_param(variant, "quant", f"{vpath}.quant")
         node.params["kv_cache"] = field_param(variant, "kv_cache", f"{vpath}.kv_cache")
         if variant.effective_group_size:
             node.params["group_size"] = field_param(variant, "group_size", f"{vpath}.group_size", variant.effective_group_size)
 
-    def calibration_node(vname: str) -> str:
-        """Tokenized calibration windows: keyed by the text's content, not its path."""
-        variant, vpath = recipe.variants[vname], f"variants.{vname}"
-        settings = recipe.calibration_for(vname)
-        signature = (settings.text, settings.samples, settings.seq_len, settings.seed)
-        if signature in calibrations:
-            return calibrations[signature]
-        node_id = "calibration" if not calibrations else f"calibration-{vname}"
-        stage, missing = stage_for("calibration")
-        node = Node(node_id, "calibration", stage, inputs={"source": SOURCE}, unavailable=missing)
-        for name in ("samples", "seq_len", "seed"):
-            overridden = variant.calibration is not None and name in variant.calibration.model_fields_set
-            origin = (f"recipe: {vpath}.calibration.{name}" if overridden
-                      else field_param(recipe.calibration, name, f"calibration.{name}").origin)
-            node.params[name] = Param(getattr(settings, name), origin)
-        node.runtime = {"text": settings.text, "base_dir": str(loaded.base_dir)}
-        node.resolve = lambda spec=settings.text: {"text": calibration_text_digest(spec, loaded.base_dir)}
-        calibrations[signature] = node_id
-        nodes.append(node)
-        return node_id
-
-    def quantized_node(vname: str) -> str:
-        """The variant's calibrated, quantized model (its ModelOpt state): computed once, exported
-        to every parallelism and to the Hugging Face form."""
-        if vname in quantized:
-            return quantized[vname]
-        variant = recipe.variants[vname]
-        calibration = calibration_node(vname)
-        stage, missing = stage_for("quantize")
-        node = Node(f"{vname}-quantized", "quantize", stage, inputs={"source": SOURCE, "calibration": calibration},
-                    unavailable=missing)
-        node.params["dtype"] = dtype_param()
-        variant_params(node, vname)
-        device = recipe.calibration_for(vname).device
-        overridden = variant.calibration is not None and "device" in variant.calibration.model_fields_set
-        node.platform["device"] = (Param(device, f"recipe: variants.{vname}.calibration.device") if overridden
-                                   else field_param(recipe.calibration, "device", "calibration.device"))
-        node.runtime["device"] = device
-        node.requires = (lambda q=variant.quant, kv=variant.kv_cache, d=device: quantize_host_problem(q, kv, d))
-        quantized[vname] = node.id
-        calibration_of[node.id] = calibration
-        nodes.append(node)
-        return node.id
-
-    validations: dict[str, str] = {}  # target -> its validate node
-
-    def reference_node() -> str:
-        """Teacher-forced top-k log-probabilities of the source on the evaluation set: once per
-        source and evaluation settings, shared by every variant."""
-        if any(n.id == "reference" for n in nodes):
-            return "reference"
-        settings = recipe.validation
-        stage, missing = stage_for("reference")
-        node = Node("reference", "reference", stage, inputs={"source": SOURCE}, unavailable=missing)
-        for name in ("samples", "seq_len"):
-            node.params[name] = field_param(settings, name, f"validate.{name}")
-        node.params["seed"] = Param(0, "fixed: evaluation windows do not move")
-        node.params["dtype"] = dtype_param()  # the candidates' dtype: only quantization may differ
-        node.params["top_k"] = Param(gates.TOP_K, "trtbuild: top-k log-probabilities stored per position")
-        node.platform["device"] = field_param(settings, "device", "validate.device")
-        node.runtime = {"text": settings.text, "base_dir": str(loaded.base_dir), "device": settings.device}
-        node.resolve = lambda spec=settings.text: {"text": evaluation_text_digest(spec, loaded.base_dir)}
-        nodes.append(node)
-        return node.id
-
-    def validate_node(target: str, kind: str, vname: str, target_inputs: dict[str, str]) -> str:
-        """The target's accuracy against the reference. A quantized variant is validated through its
-        restored ModelOpt model (the same for every parallelism: one key, computed once); an
-        unquantized checkpoint through its own files read back."""
-        inputs = {"reference": reference_node(), "source": SOURCE}
-        if "quantized" in target_inputs:
-            inputs["quantized"] = target_inputs["quantized"]
-            inputs["calibration"] = calibration_of[target_inputs["quantized"]]
-        else:
-            inputs["checkpoint" if kind == CHECKPOINT else "hf_checkpoint"] = target
-        stage, missing = stage_for("validate")
-        node = Node(f"{target}:validate", "validate", stage, inputs=inputs, unavailable=missing, after=[target],
-                    serves=target)
-        node.params["dtype"] = dtype_param()
-        node.params["gates"] = gates_param(vname)
-        node.params["runner"] = Param("torch", "trtbuild: checkpoints are validated on torch before any engine")
-        node.platform["device"] = field_param(recipe.validation, "device", "validate.device")
-        node.runtime = {"device": recipe.validation.device, "target": target}
-        nodes.append(node)
-        return node.id
-
-    def gates_param(vname: str) -> Param:
-        variant = recipe.variants[vname]
+    def _gates(self, vname: str) -> Param:
+        variant = self.recipe.variants[vname]
         limits = gates.default_gates(variant.quant, variant.kv_cache)
-        set_gates = recipe.validation.gates.model_dump(exclude_none=True)
+        set_gates = self.recipe.validation.gates.model_dump(exclude_none=True)
         limits.update(set_gates)
         return Param(limits, "recipe: validate.gates" if set_gates else
                      f"default gates for {gates.FAMILY[variant.quant]} quantization")
 
-    def engine_node(target, gather: bool, suffix: str = "") -> Node:
-        """An engine target, or (suffix ":twin") the copy built only to be validated: the same
-        flags plus --gather_context_logits, which TensorRT-LLM needs to return prompt logits."""
-        stage, missing = stage_for(ENGINE)
-        node = Node(target.name + suffix, ENGINE, stage, inputs={"checkpoint": target.depends_on[0]},
-                    impossible=target.reason, unavailable=missing, serves=target.name if suffix else None)
-        limits = recipe.limits
+    # ---- one method per kind of node ----
+    def source(self) -> str:
+        source = self.recipe.source
+        # a .nemo object named by `s3:` is a NeMo source like any other
+        kind = "nemo" if source.kind == "s3" and source.location.rstrip("/").endswith(".nemo") else source.kind
+        node = Node(SOURCE, "source", self.registry.get(f"source:{kind}"))
+        node.params["kind"] = Param(kind, f"recipe: source.{source.kind}")
+        if source.kind == "gguf":
+            node.params["dtype"] = self._dtype()
+        node.runtime = {"kind": kind, "location": source.location, "base_dir": str(self.loaded.base_dir),
+                        "trust_remote_code": source.trust_remote_code}
+        if source.kind == "hf":
+            node.runtime["revision"] = source.revision or "main"
+        if source.kind == "path":
+            node.runtime["folder"] = str(self.loaded.resolve_path(source.path))
+        self._add(node)
+        return node.id
+
+    def calibration(self, vname: str) -> str:
+        """Tokenized calibration windows: keyed by the text's content, not its path."""
+        variant, vpath = self.recipe.variants[vname], f"variants.{vname}"
+        settings = self.recipe.calibration_for(vname)
+        signature = (settings.text, settings.samples, settings.seq_len, settings.seed)
+        if signature in self.calibrations:
+            return self.calibrations[signature]
+        node_id = "calibration" if not self.calibrations else f"calibration-{vname}"
+        node = Node(node_id, "calibration", self.registry.get("calibration"), inputs={"source": SOURCE})
+        for name in ("samples", "seq_len", "seed"):
+            overridden = variant.calibration is not None and name in variant.calibration.model_fields_set
+            origin = (f"recipe: {vpath}.calibration.{name}" if overridden
+                      else field_param(self.recipe.calibration, name, f"calibration.{name}").origin)
+            node.params[name] = Param(getattr(settings, name), origin)
+        node.runtime = {"text": settings.text, "base_dir": str(self.loaded.base_dir)}
+        node.texts["text"] = TextInput("calibration", settings.text, str(self.loaded.base_dir))
+        self.calibrations[signature] = node_id
+        self._add(node)
+        return node_id
+
+    def quantize(self, vname: str) -> str:
+        """The variant's calibrated, quantized model (its ModelOpt state): computed once, exported
+        to every parallelism and to the Hugging Face form."""
+        if vname in self.quantized:
+            return self.quantized[vname]
+        variant = self.recipe.variants[vname]
+        calibration = self.calibration(vname)
+        node = Node(quantized_id(vname), "quantize", self.registry.get("quantize"),
+                    inputs={"source": SOURCE, "calibration": calibration})
+        node.params["dtype"] = self._dtype()
+        self._variant_params(node, vname)
+        device = self.recipe.calibration_for(vname).device
+        overridden = variant.calibration is not None and "device" in variant.calibration.model_fields_set
+        node.platform["device"] = (Param(device, f"recipe: variants.{vname}.calibration.device") if overridden
+                                   else field_param(self.recipe.calibration, "device", "calibration.device"))
+        node.runtime["device"] = device
+        node.host = CalibrationDevice(variant.quant, variant.kv_cache, device)
+        self.quantized[vname] = node.id
+        self.calibration_of[node.id] = calibration
+        self._add(node)
+        return node.id
+
+    def reference(self) -> str:
+        """Teacher-forced top-k log-probabilities of the source on the evaluation set: once per
+        source and evaluation settings, shared by every variant."""
+        if self._find("reference"):
+            return "reference"
+        settings = self.recipe.validation
+        node = Node("reference", "reference", self.registry.get("reference"), inputs={"source": SOURCE})
+        for name in ("samples", "seq_len"):
+            node.params[name] = field_param(settings, name, f"validate.{name}")
+        node.params["seed"] = Param(0, "fixed: evaluation windows do not move")
+        node.params["dtype"] = self._dtype()  # the candidates' dtype: only quantization may differ
+        node.params["top_k"] = Param(gates.TOP_K, "trtbuild: top-k log-probabilities stored per position")
+        node.platform["device"] = field_param(settings, "device", "validate.device")
+        node.runtime = {"text": settings.text, "base_dir": str(self.loaded.base_dir), "device": settings.device}
+        node.texts["text"] = TextInput("evaluation", settings.text, str(self.loaded.base_dir))
+        self._add(node)
+        return node.id
+
+    def checkpoint(self, target: Target) -> str:
+        """A TensorRT-LLM checkpoint (per tp/pp) or a Hugging Face checkpoint, and its validations."""
+        variant = self.recipe.variants[target.variant]
+        inputs = {"source": SOURCE}
+        if variant.needs_calibration and target.ok:
+            inputs["quantized"] = self.quantize(target.variant)
+        mode = "export" if variant.needs_calibration else "convert"
+        node = self._add(Node(target.name, target.kind, self.registry.get(f"{target.kind}:{mode}"), inputs=inputs,
+                              impossible=target.reason))
+        node.params["dtype"] = self._dtype()
+        self._variant_params(node, target.variant)
+        if target.kind == CHECKPOINT:
+            node.params["tp"] = Param(target.tp, "recipe: parallelism")
+            node.params["pp"] = Param(target.pp, "recipe: parallelism")
+        if self.validate and target.ok:
+            self.validations[target.name] = self.torch_validation(target, inputs)
+            if target.kind == HF_CHECKPOINT:
+                self.trtllm_validation(target.name, target.variant, "hf", target.name, {})
+        return node.id
+
+    def torch_validation(self, target: Target, target_inputs: dict[str, str]) -> str:
+        """The target's accuracy against the reference. A quantized variant is validated through its
+        restored ModelOpt model (the same for every parallelism: one key, computed once); an
+        unquantized checkpoint through its own files read back."""
+        inputs = {"reference": self.reference(), "source": SOURCE}
+        if "quantized" in target_inputs:
+            inputs["quantized"] = target_inputs["quantized"]
+            inputs["calibration"] = self.calibration_of[target_inputs["quantized"]]
+        else:
+            inputs["checkpoint" if target.kind == CHECKPOINT else "hf_checkpoint"] = target.name
+        node = Node(validate_id(target.name), "validate", self.registry.get("validate"), inputs=inputs,
+                    after=[target.name], serves=target.name)
+        node.params["dtype"] = self._dtype()
+        node.params["gates"] = self._gates(target.variant)
+        node.params["runner"] = Param("torch", "trtbuild: checkpoints are validated on torch before any engine")
+        node.platform["device"] = field_param(self.recipe.validation, "device", "validate.device")
+        node.runtime = {"device": self.recipe.validation.device, "target": target.name}
+        self._add(node)
+        return node.id
+
+    def engine(self, target: Target, gather: bool, twin: bool = False) -> Node:
+        """An engine target, or (`twin`) the copy built only to be validated: the same flags plus
+        --gather_context_logits, which TensorRT-LLM needs to return prompt logits."""
+        node = Node(twin_id(target.name) if twin else target.name, ENGINE, self.registry.get(ENGINE),
+                    inputs={"checkpoint": target.depends_on[0]}, impossible=target.reason,
+                    serves=target.name if twin else None)
+        limits = self.recipe.limits
         for name in ("max_batch_size", "max_input_len", "max_num_tokens", "max_beam_width"):
             node.params[name] = field_param(limits, name, f"limits.{name}")
-        node.params["max_seq_len"] = Param(plan.max_seq_len, "recipe: limits.max_seq_len" if limits.max_seq_len
+        node.params["max_seq_len"] = Param(self.plan.max_seq_len, "recipe: limits.max_seq_len" if limits.max_seq_len
                                            else "model config (max_position_embeddings x rope factor)")
-        flags = trtllm.canonical_flags(recipe.engine.flags)
-        origin = "recipe: engine.flags" if recipe.engine.flags else "default: engine.flags"
+        flags = trtllm.canonical_flags(self.recipe.engine.flags)
+        origin = "recipe: engine.flags" if self.recipe.engine.flags else "default: engine.flags"
         if gather and not flags.get("gather_context_logits"):
             flags["gather_context_logits"] = True
-            origin += f" + gather_context_logits (validate.engines: {recipe.validation.engines})"
+            origin += f" + gather_context_logits (validate.engines: {self.recipe.validation.engines})"
         node.params["flags"] = Param(flags, origin)
         node.platform["sm"] = Param(target.gpu, "target: the engine's GPU architecture")
-        node.requires = (lambda sm=target.gpu, v=recipe.toolchain.tensorrt_llm: toolchain.engine_host_problem(sm, v))
+        node.host = EngineHost(target.gpu, self.recipe.toolchain.tensorrt_llm)
         return node
 
-    def trtllm_validate_node(target: str, vname: str, backend: str, candidate: str, platform: dict) -> str:
+    def engine_target(self, target: Target) -> None:
+        """An engine with what it waits for: its checkpoint's validation, and per validate.engines
+        its own validation (through a twin, or on itself)."""
+        mode = self.recipe.validation.engines if self.validate and target.ok else "none"
+        checkpoint_validation = self.validations.get(target.depends_on[0])
+        node = self.engine(target, gather=mode == "published")
+        if checkpoint_validation:  # no GPU time for a checkpoint that failed its gates
+            node.after = [checkpoint_validation]
+        if mode == "twin":  # the twin is built and validated first; the published engine after it passes
+            twin = self._add(self.engine(target, gather=True, twin=True))
+            twin.after = list(node.after)
+            node.after.append(self.trtllm_validation(target.name, target.variant, "engine", twin.id, twin.platform))
+        self._add(node)
+        if mode == "published":
+            self.trtllm_validation(target.name, target.variant, "engine", node.id, node.platform)
+
+    def trtllm_validation(self, target: str, vname: str, backend: str, candidate: str, platform: dict) -> str:
         """The candidate as TensorRT-LLM serves it (an engine, or an hf-checkpoint on the PyTorch
         backend), against the same reference and gates as its checkpoint."""
-        stage, missing = stage_for("validate:trtllm")
-        node_id = f"{target}:validate" if backend == "engine" else f"{target}:validate-trtllm"
         role = "engine" if backend == "engine" else "hf_checkpoint"
-        inputs = {"reference": reference_node(), role: candidate}
-        if vname in quantized:  # to say when evaluation and calibration windows overlap
-            inputs["calibration"] = calibration_of[quantized[vname]]
-        node = Node(node_id, "validate", stage, inputs=inputs, unavailable=missing,
-                    after=[] if backend == "engine" else [f"{target}:validate"], serves=target)
-        node.params["gates"] = gates_param(vname)
+        inputs = {"reference": self.reference(), role: candidate}
+        if vname in self.quantized:  # to say when evaluation and calibration windows overlap
+            inputs["calibration"] = self.calibration_of[self.quantized[vname]]
+        node = Node(validate_id(target) if backend == "engine" else trtllm_validate_id(target), "validate",
+                    self.registry.get("validate:trtllm"), inputs=inputs,
+                    after=[] if backend == "engine" else [validate_id(target)], serves=target)
+        node.params["gates"] = self._gates(vname)
         node.params["runner"] = Param("tensorrt_llm", f"trtbuild: {'engines' if backend == 'engine' else 'hf-checkpoints'} "
                                       "are validated as TensorRT-LLM runs them")
         node.params["backend"] = Param(backend, "trtbuild: the TensorRT backend for engines, PyTorch for hf-checkpoints")
         node.platform.update(platform)
         node.runtime = {"target": target}
-        series = ".".join(recipe.toolchain.tensorrt_llm.split(".")[:2])  # engines: the recipe's pinned line
-        node.requires = lambda b=backend, s=series: _trtllm_host_problem(b, s)
-        nodes.append(node)
+        series = ".".join(self.recipe.toolchain.tensorrt_llm.split(".")[:2])  # engines: the recipe's pinned line
+        node.host = TrtllmRunner(backend, series)
+        self._add(node)
         return node.id
 
-    for target in plan.targets:
-        variant = recipe.variants[target.variant]
-        if target.kind in (CHECKPOINT, HF_CHECKPOINT):
-            inputs = {"source": SOURCE}
-            if variant.needs_calibration and target.ok:
-                inputs["quantized"] = quantized_node(target.variant)
-            mode = "export" if variant.needs_calibration else "convert"
-            stage, missing = stage_for(f"{target.kind}:{mode}")
-            node = Node(target.name, target.kind, stage, inputs=inputs, impossible=target.reason, unavailable=missing)
-            node.params["dtype"] = dtype_param()
-            variant_params(node, target.variant)
-            if target.kind == CHECKPOINT:
-                node.params["tp"] = Param(target.tp, "recipe: parallelism")
-                node.params["pp"] = Param(target.pp, "recipe: parallelism")
-            nodes.append(node)
-            if validate and target.ok:
-                validations[target.name] = validate_node(target.name, target.kind, target.variant, inputs)
-                if target.kind == HF_CHECKPOINT:
-                    trtllm_validate_node(target.name, target.variant, "hf", target.name, {})
-        elif target.kind == ENGINE:
-            mode = recipe.validation.engines if validate and target.ok else "none"
-            checkpoint_validation = validations.get(target.depends_on[0])
-            node = engine_node(target, gather=mode == "published")
-            if checkpoint_validation:  # no GPU time for a checkpoint that failed its gates
-                node.after = [checkpoint_validation]
-            if mode == "twin":  # the twin is built and validated first; the published engine after it passes
-                twin = engine_node(target, gather=True, suffix=":twin")
-                twin.after = list(node.after)
-                nodes.append(twin)
-                node.after.append(trtllm_validate_node(target.name, target.variant, "engine", twin.id, twin.platform))
-            nodes.append(node)
-            if mode == "published":
-                trtllm_validate_node(target.name, target.variant, "engine", node.id, node.platform)
-    return Graph(recipe.name, nodes)
+
+def build_graph(plan: Plan, registry: Optional[dict[str, Optional[Stage]]] = None, validate: bool = True) -> Graph:
+    return GraphBuilder(plan, registry, validate).graph()

@@ -78,8 +78,8 @@ def key_node(node: Node, input_digests: dict[str, str], store: LocalStore, locke
         pinned = (locked_source or {}).get("digest")
         origins[f"inputs.{resolution.role}"] = resolution.origin + (
             " (matches the lock file)" if pinned == resolution.digest else " (differs from the lock file)" if pinned else "")
-    if node.resolve is not None:
-        for role, digest in node.resolve().items():
+    if node.texts:
+        for role, digest in node.text_digests().items():
             inputs[role] = digest
             origins[f"inputs.{role}"] = f"sha256 of the {role} ({node.runtime.get(role, role)}), not of its file names"
     platform, platform_origins = resolved_platform(node)

@@ -18,7 +18,7 @@ from typing import Optional
 
 from trtbuild import nodekeys
 from trtbuild.errors import InvalidInput, TrtbuildError
-from trtbuild.graph import STAGE_ORDER, Graph, Node
+from trtbuild.graph import STAGE_ORDER, Blocker, Graph, Node
 from trtbuild.records import ActionRecord, Digest, Execution
 from trtbuild.stages.base import StageContext
 from trtbuild.stages.source import Resolved
@@ -261,17 +261,12 @@ def run_graph(graph: Graph, store: LocalStore, options: Optional[RunOptions] = N
     return RunResult([results[n.id] for n in graph.nodes], resolutions)
 
 
-def _cannot_run_here(node: Node, platform: dict) -> Optional[str]:
-    """Why this host cannot run the node's stage: the node's own host check (a GPU, tensorrt_llm),
-    then the stage's (its packages)."""
-    return (node.requires() if node.requires else None) or node.stage.unavailable(platform)
-
-
 def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, results: dict[str, NodeResult],
               resolutions: dict[str, Resolved], reporter) -> NodeResult:
     result = NodeResult(node.id, node.kind, node.stage.ident if node.stage else node.kind, SKIPPED)
-    if node.impossible:
-        result.status, result.reason = IMPOSSIBLE, node.impossible
+    ruled_out = node.ruled_out()
+    if ruled_out and ruled_out.kind == Blocker.PLAN:
+        result.status, result.reason = IMPOSSIBLE, ruled_out.reason
         return result
     deps = [*node.inputs.values(), *node.after]
     failed = next((dep for dep in deps if results[dep].status == FAILED), None)
@@ -281,15 +276,15 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
     if options.until and STAGE_ORDER.get(node.kind, 99) > STAGE_ORDER[options.until]:
         result.reason = f"after --until {options.until}"
         return result
-    if node.stage is None:  # no stage at all comes before anything a host could change
+    if ruled_out:  # no stage at all comes before anything a host could change
         result.status = FAILED if options.require_all else SKIPPED
-        result.reason = node.unavailable
+        result.reason = ruled_out.reason
         return result
     pending = next((dep for dep in deps if not results[dep].done), None)
     if pending:  # this host's own reason first: it is what a reader must fix
-        problem = node.requires() if node.requires else None
+        problem = node.host_problem()
         waiting = f"needs {pending}, which was {results[pending].status}"
-        result.reason = f"{problem}; and {waiting}" if problem else waiting
+        result.reason = f"{problem.reason}; and {waiting}" if problem else waiting
         return result
 
     started = time.monotonic()
@@ -306,10 +301,12 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
         rebuild = node.id in options.rebuild
         found = nodekeys.lookup(store, keyed.key)
         if rebuild or not found.hit:
-            problem = _cannot_run_here(node, keyed.fields["platform"])
-            if problem:
-                result.status = FAILED if (options.require_all or found.problem) else SKIPPED
-                result.reason = f"the stored artifact is damaged ({found.problem}) and {problem}" if found.problem else problem
+            problem = node.host_problem()
+            if problem:  # a host without the hardware skips; an install without the packages fails
+                fails = options.require_all or found.problem or problem.kind == Blocker.INSTALL
+                result.status = FAILED if fails else SKIPPED
+                result.reason = (f"the stored artifact is damaged ({found.problem}) and {problem.reason}" if found.problem
+                                 else problem.reason)
                 return result
             with store.key_lock(keyed.key):
                 found = nodekeys.lookup(store, keyed.key)  # another process may have built it while we waited
@@ -350,15 +347,11 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
 def _move_refs(graph: Graph, store: LocalStore, results: dict[str, NodeResult]) -> None:
     """Point each done node's ref at its artifact, but only once every validation that serves it
     passed in this run: a ref never names an artifact that has not passed what the recipe asks."""
-    validations: dict[str, list[str]] = {}
-    for node in graph.nodes:
-        if node.kind == "validate" and node.serves:
-            validations.setdefault(node.serves, []).append(node.id)
     for node in graph.nodes:
         result = results[node.id]
         if not result.done:
             continue
-        pending = [v for v in validations.get(node.id, []) if not results[v].done]
+        pending = [v.id for v in graph.validations_of(node.id) if not results[v.id].done]
         if pending:
             result.ref = f"ref not moved: {pending[0]} was {results[pending[0]].status}"
             continue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from trtbuild import toolchain
 
@@ -17,18 +17,15 @@ class Stage:
     toolchain: tuple[str, ...] = ()  # parts of the toolchain fingerprint that shape the output
     needs: tuple[str, ...] = ()  # packages that must be installed to run it
     isolated: bool = True  # run in a subprocess: a crash or OOM fails the stage, not the runner
-    requires: Optional[Callable[[dict], Optional[str]]] = None  # why it cannot run here (given platform)
     id: str = ""  # the registry's name for it (`checkpoint:export`); the lock file's toolchain is per id
 
     @property
     def ident(self) -> str:
         return self.id or self.name
 
-    def unavailable(self, platform: dict) -> Optional[str]:
-        absent = toolchain.missing(self.needs)
-        if absent:
-            return f"needs {', '.join(absent)} (install trtbuild[quantize] or use the container image)"
-        return self.requires(platform) if self.requires else None
+    def missing_packages(self) -> list[str]:
+        """The packages it needs that this install lacks (graph.Node.host_problem says what to do)."""
+        return toolchain.missing(self.needs)
 
 
 @dataclass

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from trtbuild.stages.base import StageContext
-from trtbuild.stages.worker import peak_rss_mib, report_progress
+from trtbuild.stages.worker import report_progress
 
 
 
@@ -52,8 +52,8 @@ def quantize(ctx: StageContext) -> None:
     report = mq.calibrate_and_quantize(model, ctx.params["quant"], ctx.params["kv_cache"], ctx.params.get("group_size"),
                                        windows, device, progress=lambda done, total: report_progress(done, total, "calibration batches"))
     mq.save_quantized(model, ctx.out)
-    ctx.report({**report, "device": device, "seconds": round(time.monotonic() - started, 2),
-                "peak_rss_mib": peak_rss_mib()})
+    ctx.report({**report, "device": device})
+    ctx.measure(calibration_seconds=round(time.monotonic() - started, 2))
 
 
 def _fix_and_verify(out: Path, source: Path, ctx: StageContext) -> list[str]:
@@ -80,29 +80,27 @@ def convert_checkpoint(ctx: StageContext) -> None:
 
     report = convert_hf_to_trtllm(source, ctx.out, ctx.params["tp"], ctx.params["pp"], ctx.params["dtype"], progress)
     changed = _fix_and_verify(ctx.out, source, ctx)
-    ctx.report({**report, "config_fixes": changed, "peak_rss_mib": peak_rss_mib()})
+    ctx.report({**report, "config_fixes": changed})
 
 
 def export_checkpoint(ctx: StageContext) -> None:
     from trtbuild.checkpoint import quantize as mq
     from trtbuild.checkpoint.verify import verify_trtllm_checkpoint
 
-    started = time.monotonic()
     source = ctx.inputs["source"]
     model = mq.restore_quantized(source, ctx.inputs["quantized"], ctx.params["dtype"], "cpu")
     # restored for this export only: no deep copy (a second model in memory)
     report = mq.export_trtllm(model, ctx.out, ctx.params["tp"], ctx.params["pp"], ctx.params["dtype"], inplace=True)
     del model
     verify_trtllm_checkpoint(ctx.out, _hf_config(source))
-    ctx.report({**report, "config_fixes": report.pop("patched"), "seconds": round(time.monotonic() - started, 2),
-                "peak_rss_mib": peak_rss_mib()})
+    ctx.report({**report, "config_fixes": report.pop("patched")})
 
 
 def convert_hf(ctx: StageContext) -> None:
     from trtbuild.checkpoint.hf_cast import cast_checkpoint
 
     report = cast_checkpoint(ctx.inputs["source"], ctx.out, ctx.params["dtype"])
-    ctx.report({**report, "peak_rss_mib": peak_rss_mib()})
+    ctx.report(report)
 
 
 def export_hf(ctx: StageContext) -> None:
@@ -111,4 +109,4 @@ def export_hf(ctx: StageContext) -> None:
     source = ctx.inputs["source"]
     model = mq.restore_quantized(source, ctx.inputs["quantized"], ctx.params["dtype"], "cpu")
     report = mq.export_hf(model, ctx.out, source, inplace=True)
-    ctx.report({**report, "peak_rss_mib": peak_rss_mib()})
+    ctx.report(report)

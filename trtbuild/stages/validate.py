@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 
 from trtbuild.stages.base import StageContext
-from trtbuild.stages.worker import peak_rss_mib, report_progress
+from trtbuild.stages.worker import report_progress
 
 REFERENCE_NPZ = "reference.npz"
 WINDOWS = "windows.npy"
@@ -46,7 +46,8 @@ def make_reference(ctx: StageContext) -> None:
     ctx.report({"text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
                 "windows": int(windows.shape[0]), "seq_len": int(windows.shape[1]), "top_k": ctx.params["top_k"],
                 "ppl": float(np.exp(nll.mean())), "text_tokens": meta.get("tokens"), "overlapping": meta.get("overlapping"),
-                "device": device, "seconds": round(time.monotonic() - started, 2), "peak_rss_mib": peak_rss_mib()})
+                "device": device})
+    ctx.measure(reference_seconds=round(time.monotonic() - started, 2))
 
 
 def _candidate(ctx: StageContext, device: str):
@@ -127,7 +128,8 @@ def _write_report(ctx: StageContext, windows: np.ndarray, comparison, started: f
              ref_nll=comparison.ref_nll.mean(axis=1), cand_nll=comparison.cand_nll.mean(axis=1))
     summary = {"metrics": result.as_json(), "stderr": result.stderr, "gates": gates, "tests": tests,
                "warnings": warnings, "gates_reliable": not overlap, "calibration_overlap": overlap, **runner,
-               "windows": result.windows, "seconds": round(time.monotonic() - started, 2), "peak_rss_mib": peak_rss_mib()}
+               "windows": result.windows}
+    ctx.measure(validation_seconds=round(time.monotonic() - started, 2))
     (ctx.out / "report.md").write_text(_markdown(ctx.runtime.get("target", ""), summary))
     ctx.report(summary)
 
