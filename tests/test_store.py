@@ -15,6 +15,7 @@ from trtbuild.keys import canonical_json
 from trtbuild.store.checkout import checkout, materialize
 from trtbuild.store.gc import gc
 from trtbuild.store.local import CorruptStore, LocalStore
+from trtbuild.store import state as state_module
 from trtbuild.store.state import StatCache
 from trtbuild.store.tree import BadTree, Manifest, build_manifest
 from trtbuild.store.verify import verify
@@ -77,7 +78,7 @@ def test_manifests_with_unsafe_paths_are_rejected(path):
         Manifest.from_bytes(data, "m.json")
 
 
-def test_stat_cache_never_reads_an_unchanged_file_twice(tmp_path):
+def test_stat_cache_never_reads_an_unchanged_file_twice(tmp_path, monkeypatch):
     state = StatCache(tmp_path / "index.db")
     path = tmp_path / "weights.bin"
     path.write_bytes(b"A" * 4096)
@@ -85,14 +86,74 @@ def test_stat_cache_never_reads_an_unchanged_file_twice(tmp_path):
     os.utime(path, ns=(old.st_atime_ns, old.st_mtime_ns - 10**9))  # settled: not a racy entry
     first = state.sha256(path)
     assert first == sha(b"A" * 4096)
-    # Same size and mtime with other bytes: only a cache can still answer the old digest.
+    reads = []
+    real = state_module.file_sha256
+    monkeypatch.setattr(state_module, "file_sha256", lambda p, progress=None: reads.append(p) or real(p, progress))
+    assert state.sha256(path) == first and reads == []  # unchanged: answered from the cache
+    # A real edit moves the mtime: the cache misses and the file is read again.
+    path.write_bytes(b"B" * 4096)
+    os.utime(path, ns=(old.st_atime_ns, old.st_mtime_ns - 5 * 10**8))
+    assert state.sha256(path) == sha(b"B" * 4096) and reads == [path]
+
+
+def test_stat_cache_misses_a_write_whose_mtime_was_put_back(tmp_path):
+    # Same inode, size and mtime with other bytes: only the ctime, which no user can set back, moved.
+    state = StatCache(tmp_path / "index.db")
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"A" * 4096)
+    old = path.stat()
+    os.utime(path, ns=(old.st_atime_ns, old.st_mtime_ns - 10**9))
+    assert state.sha256(path) == sha(b"A" * 4096)
     st = path.stat()
     path.write_bytes(b"B" * 4096)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert state.sha256(path) == first
-    # A real edit moves the mtime: the cache misses and the file is read again.
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert state.sha256(path) == sha(b"B" * 4096)
+
+
+def test_a_stat_cache_of_the_old_schema_is_replaced_not_trusted(tmp_path):
+    import sqlite3
+
+    db_path = tmp_path / "index.db"
+    with sqlite3.connect(db_path) as db:  # what trtbuild 0.x wrote: no ctime column
+        db.execute("CREATE TABLE stat (path TEXT PRIMARY KEY, dev INTEGER, ino INTEGER, size INTEGER, "
+                   "mtime_ns INTEGER, sha256 TEXT)")
+        path = tmp_path / "w.bin"
+        path.write_bytes(b"real")
+        st = path.stat()
+        db.execute("INSERT INTO stat VALUES (?, ?, ?, ?, ?, ?)",
+                   (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, "0" * 64))
+    state = StatCache(db_path)
+    assert state.sha256(path) == sha(b"real")  # the old row is gone, not answered
+
+
+def test_a_flipped_byte_with_its_mtime_put_back_is_refused(store, tmp_path):
+    manifest = store.ingest(make_tree(tmp_path / "m", {"model.safetensors": os.urandom(100_000)}))
+    [entry] = manifest.entries
+    blob = store.blob_path(entry.sha256)
+    materialize(store, manifest.digest)
+    before = blob.stat()
+    os.chmod(blob, 0o644)  # (root ignores modes; a user has to do this first)
+    data = bytearray(blob.read_bytes())
+    data[10] ^= 0x01
+    blob.write_bytes(bytes(data))
+    os.chmod(blob, 0o444)
+    os.utime(blob, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert blob.stat().st_mtime_ns == before.st_mtime_ns and blob.stat().st_size == before.st_size
+    with pytest.raises(CorruptStore, match=f"blob {blob} is corrupt"):
+        store.verify_blob(entry.sha256)
+    with pytest.raises(CorruptStore, match=f"blob {blob} is corrupt"):
+        materialize(store, manifest.digest)
+
+
+def test_a_blob_the_store_wrote_is_trusted_through_the_stat_cache(store, tmp_path, monkeypatch):
+    # protect() then record: the entry is written after the chmod, so it is a hit, not a re-hash.
+    manifest = store.ingest(make_tree(tmp_path / "m", {"a.bin": b"x" * 5000, "b.bin": b"y" * 5000}))
+    monkeypatch.setattr(state_module.time, "time_ns", lambda: 2**62)  # every entry is settled
+    reads = []
+    monkeypatch.setattr(state_module, "file_sha256", lambda p, progress=None: reads.append(p))
+    for entry in manifest.entries:
+        store.verify_blob(entry.sha256)
+    assert reads == []
 
 
 def test_ingest_stores_identical_content_once_and_materializes_read_only(store, tmp_path):
