@@ -299,3 +299,152 @@ def test_verify_names_a_record_whose_artifact_is_missing(store, tmp_path):
     _record(store, "a" * 64, "b" * 64, "2026-01-01")
     [problem] = verify(store)
     assert problem.endswith(f"names artifact {'b' * 64}, whose manifest is missing")
+
+
+# ---- opening a store creates nothing -------------------------------------------------------------
+
+@pytest.mark.parametrize("command", [("cache", "verify"), ("cache", "ls"), ("cache", "gc"), ("cache", "gc", "--dry-run")])
+def test_cache_commands_refuse_a_store_that_does_not_exist_and_create_nothing(run, tmp_path, command):
+    typo = tmp_path / "typo"
+    result = run(*command, "--store", typo)
+    assert result.exit_code == 2
+    assert result.stderr == f"store {typo}: no such store (nothing has been built there)\n"
+    assert result.stdout == ""
+    assert not typo.exists()
+
+
+def test_cache_verify_refuses_a_folder_that_is_not_a_store(run, tmp_path):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "README.md").write_text("not a store")
+    result = run("cache", "verify", "--store", folder)
+    assert result.exit_code == 2
+    assert result.stderr == (f"store {folder}: not a trtbuild store (it has no cas/ folder; nothing has been built "
+                             "there)\n")
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md"]
+
+
+def test_a_build_that_fails_before_running_creates_no_store(run, ws, tmp_path):
+    from conftest import minimal
+
+    recipe = ws.recipe(minimal())
+    store = tmp_path / "store"
+    result = run("build", recipe, "--until", "nope", "--store", store)
+    from trtbuild.graph import STAGE_ORDER
+
+    assert result.exit_code == 2
+    # (.strip(): the blank line build errors begin with is another part of this issue)
+    assert result.stderr.strip() == f"--until nope: not a stage ({', '.join(STAGE_ORDER)})"
+    assert not store.exists()
+
+
+def test_opening_and_reading_a_missing_store_writes_nothing(tmp_path):
+    from trtbuild.errors import InvalidInput
+    from trtbuild.store.local import open_store
+
+    root = tmp_path / "later"
+    with pytest.raises(InvalidInput, match=f"store {root}: no such store"):
+        open_store(str(root))
+    store = open_store(str(root), create=True)
+    assert store.records() == [] and list(store.refs()) == [] and store.get_record("a" * 64) is None
+    assert store.state.db_path is None and not root.exists()  # the stat cache stays in memory
+    with store.using():  # a build's first write creates the layout
+        assert store.exists() and store.state.db_path == root / "index.db"
+    store.create()  # idempotent
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["ac", "cas", "checkouts", "locks", "manifests",
+                                                                   "refs", "tmp"]
+    assert (root / "index.db").is_file()
+
+
+# ---- cache verify --repair -----------------------------------------------------------------------
+
+@pytest.fixture
+def two_artifacts(store, tmp_path):
+    """A store holding two artifacts with their records, refs and checkouts; `bad` is the one the
+    tests damage, `good` must come through every repair untouched."""
+    bad_tree = make_tree(tmp_path / "bad", {"model.safetensors": os.urandom(20_000), "config.json": b"{}"})
+    good_tree = make_tree(tmp_path / "good", {"rank0.safetensors": os.urandom(20_000)})
+    out = {}
+    for name, tree in (("bad", bad_tree), ("good", good_tree)):
+        manifest = store.ingest(tree)
+        key = sha(name.encode())
+        store.put_record({"key": key, "digest": manifest.digest, "created": "2026-01-01"})
+        store.update_ref("r", name, manifest.digest, key)
+        materialize(store, manifest.digest)
+        out[name] = (manifest, key, tree)
+    return out
+
+
+def _weights_blob(store, manifest) -> Path:
+    return store.blob_path(next(e.sha256 for e in manifest.entries if e.path == "model.safetensors"))
+
+
+def _assert_repaired(run, store, two_artifacts, first: list[str]) -> None:
+    """`verify --repair` says what it removed, line by line, exits 0, and leaves a sound store."""
+    manifest, key, tree = two_artifacts["bad"]
+    result = run("cache", "verify", "--repair", "--store", store.root)
+    assert result.exit_code == 0, result.stderr
+    removals = first + [
+        f"removed checkout {store.checkout_path(manifest.digest)} (its artifact is gone)",
+        f"dropped action record {store.record_path(key)} (its artifact {manifest.digest} is bad): the next build rebuilds it",
+        f"dropped ref {store.ref_path('r', 'bad')} (points at artifact {manifest.digest}, which is bad): "
+        "the next build points it again",
+    ]
+    assert result.stdout.splitlines() == removals + [
+        f"store {store.root}: repaired ({len(removals)} removal(s)); the next build rebuilds what was dropped"]
+    again = run("cache", "verify", "--store", store.root)
+    assert again.exit_code == 0 and again.stderr == ""
+    assert again.stdout == f"store {store.root}: every blob, manifest, record and ref checks out\n"
+    # what was dropped is what a build rebuilds; the other artifact is untouched
+    assert store.get_record(key) is None and store.read_ref("r", "bad") is None
+    assert not store.checkout_path(manifest.digest).exists()
+    good, good_key, _ = two_artifacts["good"]
+    assert store.get_record(good_key)["digest"] == good.digest and store.read_ref("r", "good")["digest"] == good.digest
+    assert (materialize(store, good.digest) / "rank0.safetensors").is_file()
+    rebuilt = store.ingest(tree)
+    assert rebuilt.digest == manifest.digest
+    assert (materialize(store, rebuilt.digest) / "model.safetensors").read_bytes() == (tree / "model.safetensors").read_bytes()
+    assert verify(store) == []
+
+
+def test_verify_repair_after_a_deleted_blob(run, store, two_artifacts):
+    manifest, _, _ = two_artifacts["bad"]
+    blob = _weights_blob(store, manifest)
+    blob.unlink()
+    result = run("cache", "verify", "--store", store.root)
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr == (
+        f"{store.manifest_path(manifest.digest)}: names blob {blob.name} (model.safetensors), which is missing\n"
+        f"store {store.root}: 1 problem(s) found; `trtbuild cache verify --repair` drops them\n")
+    _assert_repaired(run, store, two_artifacts, [
+        f"removed manifest {store.manifest_path(manifest.digest)} (names blob {blob.name} (model.safetensors), which is missing)"])
+
+
+def test_verify_repair_after_a_flipped_byte_with_its_mtime_put_back(run, store, two_artifacts):
+    manifest, _, _ = two_artifacts["bad"]
+    blob = _weights_blob(store, manifest)
+    before = blob.stat()
+    flip_a_byte(blob)
+    os.utime(blob, ns=(before.st_atime_ns, before.st_mtime_ns))
+    actual = hashlib.sha256(blob.read_bytes()).hexdigest()
+    result = run("cache", "verify", "--store", store.root)
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr == (f"{blob}: corrupt blob (content hashes to {actual})\n"
+                             f"store {store.root}: 1 problem(s) found; `trtbuild cache verify --repair` drops them\n")
+    _assert_repaired(run, store, two_artifacts, [
+        f"removed blob {blob} (corrupt blob (content hashes to {actual}))",
+        f"removed manifest {store.manifest_path(manifest.digest)} (names blob {blob.name} (model.safetensors), "
+        "which is corrupt)",
+    ])
+
+
+def test_verify_repair_after_a_tampered_manifest(run, store, two_artifacts):
+    manifest, _, _ = two_artifacts["bad"]
+    path = store.manifest_path(manifest.digest)
+    os.chmod(path, 0o644)
+    path.write_bytes(path.read_bytes().replace(b'"config.json"', b'"config.jsom"'))
+    result = run("cache", "verify", "--store", store.root)
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr == (f"{path}: corrupt or tampered manifest (content does not hash to its name)\n"
+                             f"store {store.root}: 1 problem(s) found; `trtbuild cache verify --repair` drops them\n")
+    _assert_repaired(run, store, two_artifacts, [f"removed manifest {path} (corrupt or tampered)"])

@@ -117,6 +117,10 @@ class Store(abc.ABC):
         """Every key with a record, readable or not (verify names the unreadable ones)."""
 
     @abc.abstractmethod
+    def read_record_bytes(self, key: str) -> bytes:
+        """The stored record as it is, unchecked (for verify)."""
+
+    @abc.abstractmethod
     def delete_record(self, key: str) -> None: ...
 
     @abc.abstractmethod

@@ -393,6 +393,9 @@ class LocalStore(Store):
                 continue  # `cache verify` names it
         return out
 
+    def read_record_bytes(self, key: str) -> bytes:
+        return self.record_path(key).read_bytes()
+
     def record_keys(self) -> list[str]:
         return sorted(p.stem for p in (self.root / "ac").glob("*.json") if not p.name.endswith(".divergent.json"))
 
