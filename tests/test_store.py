@@ -448,3 +448,54 @@ def test_verify_repair_after_a_tampered_manifest(run, store, two_artifacts):
     assert result.stderr == (f"{path}: corrupt or tampered manifest (content does not hash to its name)\n"
                              f"store {store.root}: 1 problem(s) found; `trtbuild cache verify --repair` drops them\n")
     _assert_repaired(run, store, two_artifacts, [f"removed manifest {path} (corrupt or tampered)"])
+
+
+def test_gc_dry_run_counts_exactly_what_the_sweep_removes(store, tmp_path):
+    kept = store.ingest(make_tree(tmp_path / "k", {"w": b"kept" * 100}))
+    _record(store, "1" * 64, kept.digest, "2026-01-01")
+    store.update_ref("r", "t", kept.digest, "1" * 64)
+    old = store.ingest(make_tree(tmp_path / "o", {"w": b"old" * 100}))
+    _record(store, "2" * 64, old.digest, "2026-01-02")
+    materialize(store, old.digest)
+    store.ingest(make_tree(tmp_path / "x", {"w": b"orphan"}))  # no record at all
+    (store.tmpdir("leftover") / "partial").write_bytes(b"x")
+    logs = make_tree(tmp_path / "logs", {"stage.log": b"failed once"})
+    store.keep_failure("1" * 64, logs)  # built since: its failure goes
+    store.keep_failure("3" * 64, logs)  # never built: kept
+    def contents() -> list[str]:  # (gc takes locks/store.lock; the stat cache is not content)
+        return sorted(str(p.relative_to(store.root)) for p in store.root.rglob("*")
+                      if "index.db" not in p.name and p.name != "store.lock")
+
+    before = contents()
+    dry = gc(store, pinned=set(), keep_last=1, dry_run=True)
+    assert contents() == before
+    real = gc(store, pinned=set(), keep_last=1)
+    assert dry.as_json() == real.as_json()
+    assert real.as_json() == {"records": ["2" * 64], "manifests": 2, "blobs": 2, "bytes_freed": 300 + 6,
+                              "checkouts": 1, "tmp": 1, "failures": 1, "size_after": 400, "over_budget": False}
+    assert store.failures() == ["3" * 64] and store.manifest_digests() == [kept.digest]
+
+
+def test_explain_on_a_store_nothing_was_built_into_creates_nothing(run, ws, tmp_path):
+    from conftest import minimal
+
+    (ws.root / "model").mkdir()
+    ws.config(name="model/config.json")
+    recipe = ws.recipe(minimal())
+    missing = tmp_path / "nothing-yet"
+    result = run("explain", recipe, "source", "--json", "--store", missing)
+    assert result.exit_code == 0, result.stderr
+    [source] = json.loads(result.stdout)
+    assert source["in_store"] is False and len(source["key"]) == 64
+    assert not missing.exists()
+
+
+def test_report_into_a_store_that_does_not_exist_is_refused(run, ws, tmp_path):
+    from conftest import minimal
+
+    recipe = ws.recipe(minimal())
+    missing = tmp_path / "nothing-yet"
+    result = run("report", recipe, "--store", missing)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == f"store {missing}: no such store (nothing has been built there)\n"
+    assert not missing.exists()
