@@ -220,7 +220,7 @@ def cache_verify(store_url, repair) -> None:
     from trtbuild.store.verify import scan
 
     store = open_store(store_url, create=False)
-    found = scan(store)
+    found, done = run_repair(store) if repair else (scan(store), [])
     for line in found.problems:
         click.echo(line, err=True)
     if not found.problems:
@@ -229,7 +229,6 @@ def cache_verify(store_url, repair) -> None:
     if not repair:
         raise TrtbuildError(f"store {store.root}: {len(found.problems)} problem(s) found; "
                             "`trtbuild cache verify --repair` drops them")
-    done = run_repair(store, found)
     for line in done:
         click.echo(line)
     click.echo(f"store {store.root}: repaired ({len(done)} removal(s)); the next build rebuilds what was dropped")

@@ -110,25 +110,30 @@ def verify(store: Store, progress=None) -> list[str]:
     return scan(store, progress).problems
 
 
-def repair(store: Store, found: Scan) -> list[str]:
-    """Drop every bad object and what leans on it; one line per removal. Holds the store
-    exclusively: no build may write while its inputs are being taken away."""
-    done: list[str] = []
+def repair(store: Store, progress=None) -> tuple[Scan, list[str]]:
+    """Scan, then drop every bad object and what leans on it; one line per removal. Holds the store
+    exclusively from the scan on: no build may write while its inputs are judged and taken away."""
     with store.using(exclusive=True, wait=False):
-        for name, why in sorted(found.bad_blobs.items()):
-            store.remove_blob(name)
-            done.append(f"removed blob {store.describe_blob(name)} ({why.rpartition(': ')[2]})")
-        for digest, why in sorted(found.bad_manifests.items()):
-            store.remove_manifest(digest)
-            done.append(f"removed manifest {store.describe_manifest(digest)} ({why})")
-        for name in store.checkouts():
-            if name in found.bad_manifests or (is_digest(name) and name not in found.good_manifests):
-                store.remove_checkout(name)
-                done.append(f"removed checkout {store.checkout_path(name)} (its artifact is gone)")
-        for key, why in sorted(found.bad_records.items()):
-            store.delete_record(key)
-            done.append(f"dropped action record {store.describe_record(key)} ({why}): the next build rebuilds it")
-        for (recipe, target), why in sorted(found.bad_refs.items()):
-            store.delete_ref(recipe, target)
-            done.append(f"dropped ref {store.describe_ref(recipe, target)} ({why}): the next build points it again")
+        found = scan(store, progress)
+        return found, (_drop(store, found) if found.problems else [])
+
+
+def _drop(store: Store, found: Scan) -> list[str]:
+    done: list[str] = []
+    for name, why in sorted(found.bad_blobs.items()):
+        store.remove_blob(name)
+        done.append(f"removed blob {store.describe_blob(name)} ({why.rpartition(': ')[2]})")
+    for digest, why in sorted(found.bad_manifests.items()):
+        store.remove_manifest(digest)
+        done.append(f"removed manifest {store.describe_manifest(digest)} ({why})")
+    for name in store.checkouts():
+        if name in found.bad_manifests or (is_digest(name) and name not in found.good_manifests):
+            store.remove_checkout(name)
+            done.append(f"removed checkout {store.checkout_path(name)} (its artifact is gone)")
+    for key, why in sorted(found.bad_records.items()):
+        store.delete_record(key)
+        done.append(f"dropped action record {store.describe_record(key)} ({why}): the next build rebuilds it")
+    for (recipe, target), why in sorted(found.bad_refs.items()):
+        store.delete_ref(recipe, target)
+        done.append(f"dropped ref {store.describe_ref(recipe, target)} ({why}): the next build points it again")
     return done
