@@ -56,7 +56,7 @@ def test_second_run_builds_nothing(store, tmp_path):
 
 def test_changing_one_parameter_rebuilds_only_its_subtree(store, tmp_path):
     runs = tmp_path / "runs.log"
-    first = run_graph(diamond(runs), store).results
+    run_graph(diamond(runs), store)
     changed = run_graph(diamond(runs, b_text="gamma"), store).results
     assert statuses(changed) == {"a": "cached", "A": "cached", "b": "built", "B": "built", "ab": "built"}
     assert counts(runs) == {"a": 1, "A": 1, "b": 2, "B": 2, "ab": 2}

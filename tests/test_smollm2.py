@@ -33,7 +33,7 @@ def hf_config(targets: dict) -> dict:
 
 
 def test_the_demo_recipe_builds_every_checkpoint(demo):
-    _, _, targets = demo
+    store, _, targets = demo
     assert targets["source"]["status"] == "cached"  # built once for the whole session
     config = hf_config(targets)
     for name in ("base-tp1", "int8-wo-tp1", "fp8-tp1"):

@@ -15,6 +15,7 @@ from trtbuild.keys import canonical_json
 from trtbuild.store.checkout import checkout, materialize
 from trtbuild.store.gc import gc
 from trtbuild.store.local import CorruptStore, LocalStore
+from trtbuild.store import state as state_module
 from trtbuild.store.state import StatCache
 from trtbuild.store.tree import BadTree, Manifest, build_manifest
 from trtbuild.store.verify import verify
@@ -77,7 +78,7 @@ def test_manifests_with_unsafe_paths_are_rejected(path):
         Manifest.from_bytes(data, "m.json")
 
 
-def test_stat_cache_never_reads_an_unchanged_file_twice(tmp_path):
+def test_stat_cache_never_reads_an_unchanged_file_twice(tmp_path, monkeypatch):
     state = StatCache(tmp_path / "index.db")
     path = tmp_path / "weights.bin"
     path.write_bytes(b"A" * 4096)
@@ -85,14 +86,74 @@ def test_stat_cache_never_reads_an_unchanged_file_twice(tmp_path):
     os.utime(path, ns=(old.st_atime_ns, old.st_mtime_ns - 10**9))  # settled: not a racy entry
     first = state.sha256(path)
     assert first == sha(b"A" * 4096)
-    # Same size and mtime with other bytes: only a cache can still answer the old digest.
+    reads = []
+    real = state_module.file_sha256
+    monkeypatch.setattr(state_module, "file_sha256", lambda p, progress=None: reads.append(p) or real(p, progress))
+    assert state.sha256(path) == first and reads == []  # unchanged: answered from the cache
+    # A real edit moves the mtime: the cache misses and the file is read again.
+    path.write_bytes(b"B" * 4096)
+    os.utime(path, ns=(old.st_atime_ns, old.st_mtime_ns - 5 * 10**8))
+    assert state.sha256(path) == sha(b"B" * 4096) and reads == [path]
+
+
+def test_stat_cache_misses_a_write_whose_mtime_was_put_back(tmp_path):
+    # Same inode, size and mtime with other bytes: only the ctime, which no user can set back, moved.
+    state = StatCache(tmp_path / "index.db")
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"A" * 4096)
+    old = path.stat()
+    os.utime(path, ns=(old.st_atime_ns, old.st_mtime_ns - 10**9))
+    assert state.sha256(path) == sha(b"A" * 4096)
     st = path.stat()
     path.write_bytes(b"B" * 4096)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert state.sha256(path) == first
-    # A real edit moves the mtime: the cache misses and the file is read again.
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert state.sha256(path) == sha(b"B" * 4096)
+
+
+def test_a_stat_cache_of_the_old_schema_is_replaced_not_trusted(tmp_path):
+    import sqlite3
+
+    db_path = tmp_path / "index.db"
+    with sqlite3.connect(db_path) as db:  # what trtbuild 0.x wrote: no ctime column
+        db.execute("CREATE TABLE stat (path TEXT PRIMARY KEY, dev INTEGER, ino INTEGER, size INTEGER, "
+                   "mtime_ns INTEGER, sha256 TEXT)")
+        path = tmp_path / "w.bin"
+        path.write_bytes(b"real")
+        st = path.stat()
+        db.execute("INSERT INTO stat VALUES (?, ?, ?, ?, ?, ?)",
+                   (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, "0" * 64))
+    state = StatCache(db_path)
+    assert state.sha256(path) == sha(b"real")  # the old row is gone, not answered
+
+
+def test_a_flipped_byte_with_its_mtime_put_back_is_refused(store, tmp_path):
+    manifest = store.ingest(make_tree(tmp_path / "m", {"model.safetensors": os.urandom(100_000)}))
+    [entry] = manifest.entries
+    blob = store.blob_path(entry.sha256)
+    materialize(store, manifest.digest)
+    before = blob.stat()
+    os.chmod(blob, 0o644)  # (root ignores modes; a user has to do this first)
+    data = bytearray(blob.read_bytes())
+    data[10] ^= 0x01
+    blob.write_bytes(bytes(data))
+    os.chmod(blob, 0o444)
+    os.utime(blob, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert blob.stat().st_mtime_ns == before.st_mtime_ns and blob.stat().st_size == before.st_size
+    with pytest.raises(CorruptStore, match=f"blob {blob} is corrupt"):
+        store.verify_blob(entry.sha256)
+    with pytest.raises(CorruptStore, match=f"blob {blob} is corrupt"):
+        materialize(store, manifest.digest)
+
+
+def test_a_blob_the_store_wrote_is_trusted_through_the_stat_cache(store, tmp_path, monkeypatch):
+    # protect() then record: the entry is written after the chmod, so it is a hit, not a re-hash.
+    manifest = store.ingest(make_tree(tmp_path / "m", {"a.bin": b"x" * 5000, "b.bin": b"y" * 5000}))
+    monkeypatch.setattr(state_module.time, "time_ns", lambda: 2**62)  # every entry is settled
+    reads = []
+    monkeypatch.setattr(state_module, "file_sha256", lambda p, progress=None: reads.append(p))
+    for entry in manifest.entries:
+        store.verify_blob(entry.sha256)
+    assert reads == []
 
 
 def test_ingest_stores_identical_content_once_and_materializes_read_only(store, tmp_path):
@@ -147,13 +208,22 @@ def test_a_changed_source_file_is_not_stored_under_its_old_digest(store, tmp_pat
     assert not store.has_blob(manifest.entries[0].sha256)
 
 
+def record_of(key: str, manifest, created: str):
+    """An action record of `manifest` under `key`, as the runner writes one."""
+    from trtbuild.records import ActionRecord, Digest, Execution
+
+    return ActionRecord(key=key, artifact=Digest(hash=manifest.digest, size_bytes=manifest.size), stage="test",
+                        stage_version=1, target="t", recipe="r", created=created, fields={},
+                        execution=Execution(seconds=0, host="test"))
+
+
 def test_records_keep_the_first_artifact_and_note_divergence(store, tmp_path):
     first = store.ingest(make_tree(tmp_path / "1", {"a": b"1"}))
     second = store.ingest(make_tree(tmp_path / "2", {"a": b"2"}))
-    key = "k" * 64
-    store.put_record({"key": key, "digest": first.digest})
-    kept = store.put_record({"key": key, "digest": second.digest, "created": "later"})
-    assert kept["digest"] == first.digest and store.get_record(key)["digest"] == first.digest
+    key = "e" * 64
+    store.put_record(record_of(key, first, "earlier"))
+    kept = store.put_record(record_of(key, second, "later"))
+    assert kept.digest == first.digest and store.get_record(key).digest == first.digest
     divergent = json.loads((store.root / "ac" / f"{key}.divergent.json").read_text())
     assert divergent == [{"digest": second.digest, "created": "later"}]
 
@@ -165,7 +235,7 @@ def test_refs_keep_an_append_only_history(store, tmp_path):
     store.update_ref("r", "t", d1, "k1")  # unchanged: no new history entry
     store.update_ref("r", "t", d2, "k2")
     ref = store.read_ref("r", "t")
-    assert ref["digest"] == d2 and [h["digest"] for h in ref["history"]] == [d1, d2]
+    assert ref.digest == d2 and [h.digest for h in ref.history] == [d1, d2]
 
 
 def test_leftovers_of_interrupted_writes_do_not_count(store, tmp_path):
@@ -179,8 +249,10 @@ def test_leftovers_of_interrupted_writes_do_not_count(store, tmp_path):
     assert (out / "a").read_bytes() == b"1"
 
 
-def _record(store, key, digest, created):
-    store.put_record({"key": key, "digest": digest, "created": created})
+def _record(store, key, digest, created, size: int = 0):
+    from types import SimpleNamespace
+
+    store.put_record(record_of(key, SimpleNamespace(digest=digest, size=size), created))
 
 
 def test_gc_keeps_refs_and_lock_pins_and_drops_the_rest(store, tmp_path):
@@ -238,3 +310,203 @@ def test_verify_names_a_record_whose_artifact_is_missing(store, tmp_path):
     _record(store, "a" * 64, "b" * 64, "2026-01-01")
     [problem] = verify(store)
     assert problem.endswith(f"names artifact {'b' * 64}, whose manifest is missing")
+
+
+# ---- opening a store creates nothing -------------------------------------------------------------
+
+@pytest.mark.parametrize("command", [("cache", "verify"), ("cache", "ls"), ("cache", "gc"), ("cache", "gc", "--dry-run")])
+def test_cache_commands_refuse_a_store_that_does_not_exist_and_create_nothing(run, tmp_path, command):
+    typo = tmp_path / "typo"
+    result = run(*command, "--store", typo)
+    assert result.exit_code == 2
+    assert result.stderr == f"store {typo}: no such store (nothing has been built there)\n"
+    assert result.stdout == ""
+    assert not typo.exists()
+
+
+def test_cache_verify_refuses_a_folder_that_is_not_a_store(run, tmp_path):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "README.md").write_text("not a store")
+    result = run("cache", "verify", "--store", folder)
+    assert result.exit_code == 2
+    assert result.stderr == (f"store {folder}: not a trtbuild store (it has no cas/ folder; nothing has been built "
+                             "there)\n")
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md"]
+
+
+def test_a_build_that_fails_before_running_creates_no_store(run, ws, tmp_path):
+    from conftest import minimal
+
+    recipe = ws.recipe(minimal())
+    store = tmp_path / "store"
+    result = run("build", recipe, "--until", "nope", "--store", store)
+    from trtbuild.graph import STAGE_ORDER
+
+    assert result.exit_code == 2
+    # (.strip(): the blank line build errors begin with is another part of this issue)
+    assert result.stderr.strip() == f"--until nope: not a stage ({', '.join(STAGE_ORDER)})"
+    assert not store.exists()
+
+
+def test_opening_and_reading_a_missing_store_writes_nothing(tmp_path):
+    from trtbuild.errors import InvalidInput
+    from trtbuild.store.local import open_store
+
+    root = tmp_path / "later"
+    with pytest.raises(InvalidInput, match=f"store {root}: no such store"):
+        open_store(str(root))
+    store = open_store(str(root), create=True)
+    assert store.records() == [] and list(store.refs()) == [] and store.get_record("a" * 64) is None
+    assert store.state.db_path is None and not root.exists()  # the stat cache stays in memory
+    with store.using():  # a build's first write creates the layout
+        assert store.exists() and store.state.db_path == root / "index.db"
+    store.create()  # idempotent
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["ac", "cas", "checkouts", "locks", "manifests",
+                                                                   "refs", "tmp"]
+    assert (root / "index.db").is_file()
+
+
+# ---- cache verify --repair -----------------------------------------------------------------------
+
+@pytest.fixture
+def two_artifacts(store, tmp_path):
+    """A store holding two artifacts with their records, refs and checkouts; `bad` is the one the
+    tests damage, `good` must come through every repair untouched."""
+    bad_tree = make_tree(tmp_path / "bad", {"model.safetensors": os.urandom(20_000), "config.json": b"{}"})
+    good_tree = make_tree(tmp_path / "good", {"rank0.safetensors": os.urandom(20_000)})
+    out = {}
+    for name, tree in (("bad", bad_tree), ("good", good_tree)):
+        manifest = store.ingest(tree)
+        key = sha(name.encode())
+        store.put_record(record_of(key, manifest, "2026-01-01"))
+        store.update_ref("r", name, manifest.digest, key)
+        materialize(store, manifest.digest)
+        out[name] = (manifest, key, tree)
+    return out
+
+
+def _weights_blob(store, manifest) -> Path:
+    return store.blob_path(next(e.sha256 for e in manifest.entries if e.path == "model.safetensors"))
+
+
+def _assert_repaired(run, store, two_artifacts, first: list[str]) -> None:
+    """`verify --repair` says what it removed, line by line, exits 0, and leaves a sound store."""
+    manifest, key, tree = two_artifacts["bad"]
+    result = run("cache", "verify", "--repair", "--store", store.root)
+    assert result.exit_code == 0, result.stderr
+    removals = first + [
+        f"removed checkout {store.checkout_path(manifest.digest)} (its artifact is gone)",
+        f"dropped action record {store.record_path(key)} (its artifact {manifest.digest} is bad): the next build rebuilds it",
+        f"dropped ref {store.ref_path('r', 'bad')} (points at artifact {manifest.digest}, which is bad): "
+        "the next build points it again",
+    ]
+    assert result.stdout.splitlines() == removals + [
+        f"store {store.root}: repaired ({len(removals)} removal(s)); the next build rebuilds what was dropped"]
+    again = run("cache", "verify", "--store", store.root)
+    assert again.exit_code == 0 and again.stderr == ""
+    assert again.stdout == f"store {store.root}: every blob, manifest, record and ref checks out\n"
+    # what was dropped is what a build rebuilds; the other artifact is untouched
+    assert store.get_record(key) is None and store.read_ref("r", "bad") is None
+    assert not store.checkout_path(manifest.digest).exists()
+    good, good_key, _ = two_artifacts["good"]
+    assert store.get_record(good_key).digest == good.digest and store.read_ref("r", "good").digest == good.digest
+    assert (materialize(store, good.digest) / "rank0.safetensors").is_file()
+    rebuilt = store.ingest(tree)
+    assert rebuilt.digest == manifest.digest
+    assert (materialize(store, rebuilt.digest) / "model.safetensors").read_bytes() == (tree / "model.safetensors").read_bytes()
+    assert verify(store) == []
+
+
+def test_verify_repair_after_a_deleted_blob(run, store, two_artifacts):
+    manifest, _, _ = two_artifacts["bad"]
+    blob = _weights_blob(store, manifest)
+    blob.unlink()
+    result = run("cache", "verify", "--store", store.root)
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr == (
+        f"{store.manifest_path(manifest.digest)}: names blob {blob.name} (model.safetensors), which is missing\n"
+        f"store {store.root}: 1 problem(s) found; `trtbuild cache verify --repair` drops them\n")
+    _assert_repaired(run, store, two_artifacts, [
+        f"removed manifest {store.manifest_path(manifest.digest)} (names blob {blob.name} (model.safetensors), which is missing)"])
+
+
+def test_verify_repair_after_a_flipped_byte_with_its_mtime_put_back(run, store, two_artifacts):
+    manifest, _, _ = two_artifacts["bad"]
+    blob = _weights_blob(store, manifest)
+    before = blob.stat()
+    flip_a_byte(blob)
+    os.utime(blob, ns=(before.st_atime_ns, before.st_mtime_ns))
+    actual = hashlib.sha256(blob.read_bytes()).hexdigest()
+    result = run("cache", "verify", "--store", store.root)
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr == (f"{blob}: corrupt blob (content hashes to {actual})\n"
+                             f"store {store.root}: 1 problem(s) found; `trtbuild cache verify --repair` drops them\n")
+    _assert_repaired(run, store, two_artifacts, [
+        f"removed blob {blob} (corrupt blob (content hashes to {actual}))",
+        f"removed manifest {store.manifest_path(manifest.digest)} (names blob {blob.name} (model.safetensors), "
+        "which is corrupt)",
+    ])
+
+
+def test_verify_repair_after_a_tampered_manifest(run, store, two_artifacts):
+    manifest, _, _ = two_artifacts["bad"]
+    path = store.manifest_path(manifest.digest)
+    os.chmod(path, 0o644)
+    path.write_bytes(path.read_bytes().replace(b'"config.json"', b'"config.jsom"'))
+    result = run("cache", "verify", "--store", store.root)
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr == (f"{path}: corrupt or tampered manifest (content does not hash to its name)\n"
+                             f"store {store.root}: 1 problem(s) found; `trtbuild cache verify --repair` drops them\n")
+    _assert_repaired(run, store, two_artifacts, [f"removed manifest {path} (corrupt or tampered)"])
+
+
+def test_gc_dry_run_counts_exactly_what_the_sweep_removes(store, tmp_path):
+    kept = store.ingest(make_tree(tmp_path / "k", {"w": b"kept" * 100}))
+    _record(store, "1" * 64, kept.digest, "2026-01-01")
+    store.update_ref("r", "t", kept.digest, "1" * 64)
+    old = store.ingest(make_tree(tmp_path / "o", {"w": b"old" * 100}))
+    _record(store, "2" * 64, old.digest, "2026-01-02")
+    materialize(store, old.digest)
+    store.ingest(make_tree(tmp_path / "x", {"w": b"orphan"}))  # no record at all
+    (store.tmpdir("leftover") / "partial").write_bytes(b"x")
+    logs = make_tree(tmp_path / "logs", {"stage.log": b"failed once"})
+    store.keep_failure("1" * 64, logs)  # built since: its failure goes
+    store.keep_failure("3" * 64, logs)  # never built: kept
+    def contents() -> list[str]:  # (gc takes locks/store.lock; the stat cache is not content)
+        return sorted(str(p.relative_to(store.root)) for p in store.root.rglob("*")
+                      if "index.db" not in p.name and p.name != "store.lock")
+
+    before = contents()
+    dry = gc(store, pinned=set(), keep_last=1, dry_run=True)
+    assert contents() == before
+    real = gc(store, pinned=set(), keep_last=1)
+    assert dry.as_json() == real.as_json()
+    assert real.as_json() == {"records": ["2" * 64], "manifests": 2, "blobs": 2, "bytes_freed": 300 + 6,
+                              "checkouts": 1, "tmp": 1, "failures": 1, "size_after": 400, "over_budget": False}
+    assert store.failures() == ["3" * 64] and store.manifest_digests() == [kept.digest]
+
+
+def test_explain_on_a_store_nothing_was_built_into_creates_nothing(run, ws, tmp_path):
+    from conftest import minimal
+
+    (ws.root / "model").mkdir()
+    ws.config(name="model/config.json")
+    recipe = ws.recipe(minimal())
+    missing = tmp_path / "nothing-yet"
+    result = run("explain", recipe, "source", "--json", "--store", missing)
+    assert result.exit_code == 0, result.stderr
+    [source] = json.loads(result.stdout)
+    assert source["in_store"] is False and len(source["key"]) == 64
+    assert not missing.exists()
+
+
+def test_report_into_a_store_that_does_not_exist_is_refused(run, ws, tmp_path):
+    from conftest import minimal
+
+    recipe = ws.recipe(minimal())
+    missing = tmp_path / "nothing-yet"
+    result = run("report", recipe, "--store", missing)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == f"store {missing}: no such store (nothing has been built there)\n"
+    assert not missing.exists()

@@ -143,7 +143,7 @@ def build(recipe: Path | None, targets, until, gpu, store_url, require_all, lock
     from trtbuild.store.local import open_store
 
     loaded = _load(recipe)
-    store = open_store(store_url)
+    store = open_store(store_url, create=True)  # created by the build's first write, not here
     request = BuildRequest(targets=list(targets), until=until, gpu=gpu, require_all=require_all, locked=locked,
                            materialize=as_json, embedded=recipe is None, validate=not no_validate, rebuild=list(rebuild))
     with ConsoleReporter() as reporter:
@@ -173,9 +173,9 @@ def explain(recipe: Path, target: str, store_url, as_json) -> None:
     from trtbuild.store.local import open_store
 
     loaded = _load(recipe)
-    store = open_store(store_url)
+    store = open_store(store_url, missing_ok=True)  # nothing built yet: every key reads as not in the store
     graph = build_graph_for(loaded, BuildRequest())
-    lock = lockfile.read(lockfile.lock_path_for(loaded, store.root, embedded=False))
+    lock = lockfile.read(lockfile.lock_path_for(loaded, store, embedded=False))
     explained = run_explain(graph, target, store, lock)
     if as_json:
         import json
@@ -199,7 +199,7 @@ def cache_ls(store_url, as_json) -> None:
     """List action records: what was built, from which recipe and target, when, how big."""
     from trtbuild.store.local import open_store
 
-    records = sorted(open_store(store_url).records(), key=lambda r: r.created)
+    records = sorted(open_store(store_url, create=False).records(), key=lambda r: r.created)
     if as_json:
         import json
 
@@ -214,18 +214,28 @@ def cache_ls(store_url, as_json) -> None:
 
 @cache.command("verify")
 @STORE_OPTION
-def cache_verify(store_url) -> None:
+@click.option("--repair", is_flag=True,
+              help="Drop every bad object and the manifests, records, refs and checkouts that lean on it, "
+                   "so the next build rebuilds them (exit 0 once repaired).")
+def cache_verify(store_url, repair) -> None:
     """Re-hash every blob and manifest and check every record and ref; name each bad one (exit 1)."""
     from trtbuild.store.local import open_store
-    from trtbuild.store.verify import verify
+    from trtbuild.store.verify import repair as run_repair
+    from trtbuild.store.verify import scan
 
-    store = open_store(store_url)
-    problems = verify(store)
-    for line in problems:
+    store = open_store(store_url, create=False)
+    found, done = run_repair(store) if repair else (scan(store), [])
+    for line in found.problems:
         click.echo(line, err=True)
-    if problems:
-        raise TrtbuildError(f"store {store.root}: {len(problems)} problem(s) found")
-    click.echo(f"store {store.root}: every blob, manifest, record and ref checks out")
+    if not found.problems:
+        click.echo(f"store {store.root}: every blob, manifest, record and ref checks out")
+        return
+    if not repair:
+        raise TrtbuildError(f"store {store.root}: {len(found.problems)} problem(s) found; "
+                            "`trtbuild cache verify --repair` drops them")
+    for line in done:
+        click.echo(line)
+    click.echo(f"store {store.root}: repaired ({len(done)} removal(s)); the next build rebuilds what was dropped")
 
 
 @cache.command("gc")
@@ -241,7 +251,7 @@ def cache_gc(store_url, keep_last, max_size, dry_run, as_json) -> None:
     from trtbuild.store.gc import gc
     from trtbuild.store.local import open_store
 
-    store = open_store(store_url)
+    store = open_store(store_url, create=False)
     pinned: set[str] = set()
     for path in store.registered_lockfiles():
         if path.exists():
@@ -286,10 +296,12 @@ def report(recipe: Path | None, store_url, out_dir: Path | None) -> None:
     from trtbuild.store.local import open_store
 
     loaded = _load(recipe)
-    store = open_store(store_url)
+    # With --out, a store nothing was built into yet reads as empty (a plan-only report);
+    # without it the report goes into the store, which has to exist.
+    store = open_store(store_url, missing_ok=out_dir is not None)
     plan = plan_recipe(loaded)
-    lock = lockfile.read(lockfile.lock_path_for(loaded, store.root, embedded=recipe is None))
-    out_dir = out_dir or store.root / "reports" / loaded.recipe.name
+    lock = lockfile.read(lockfile.lock_path_for(loaded, store, embedded=recipe is None))
+    out_dir = out_dir or store.report_dir(loaded.recipe.name)
     html, png = render_report(loaded.recipe.name, rows(plan, store, lock), out_dir)
     click.echo(f"{html}\n{png}")
 

@@ -8,7 +8,7 @@ digests, versions and paths the recipe already shows.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import yaml
 
@@ -17,6 +17,9 @@ from trtbuild.validate import gates
 from trtbuild.keys import canonical_json
 from trtbuild.recipe import LoadedRecipe
 from trtbuild.store.hash import atomic_write, bytes_sha256
+
+if TYPE_CHECKING:
+    from trtbuild.store.base import Store
 
 LOCK_SCHEMA = 1
 HEADER = "# Written by `trtbuild build`: commit it; `trtbuild build --locked` checks against it. Do not edit.\n"
@@ -27,11 +30,11 @@ def recipe_digest(loaded: LoadedRecipe) -> str:
     return bytes_sha256(canonical_json(loaded.recipe.model_dump(mode="json", by_alias=True)))
 
 
-def lock_path_for(loaded: LoadedRecipe, store_root: Path, embedded: bool) -> Path:
+def lock_path_for(loaded: LoadedRecipe, store: "Store", embedded: bool) -> Path:
     """Beside the recipe (`recipes/x.yaml` -> `recipes/x.lock`); the embedded default recipe has no
-    folder of its own, so its lock lives in the store root."""
+    folder of its own, so its lock lives in the store."""
     if embedded:
-        return store_root / f"{loaded.recipe.name}.lock"
+        return store.embedded_lock_path(loaded.recipe.name)
     return loaded.path.with_suffix(".lock")
 
 

@@ -69,7 +69,7 @@ def build_graph_for(loaded: LoadedRecipe, request: BuildRequest, registry=None) 
 def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, reporter=None, registry=None) -> BuildOutcome:
     if request.until is not None and request.until not in graphs.STAGE_ORDER:
         raise InvalidInput(f"--until {request.until}: not a stage ({', '.join(graphs.STAGE_ORDER)})")
-    lock_path = lockfile.lock_path_for(loaded, store.root, request.embedded)
+    lock_path = lockfile.lock_path_for(loaded, store, request.embedded)
     locked = lockfile.check_locked(lock_path, loaded) if request.locked else None
     graph = build_graph_for(loaded, request, registry)
     expected = (locked or {}).get("source") or {}

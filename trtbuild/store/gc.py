@@ -1,15 +1,30 @@
-"""`cache gc`: remove what nothing needs. Kept, always: the artifact each ref points at now, and
-every artifact named by a lock file in use (one that a build registered in this store and that
-still exists at its path). `--keep-last N` also drops records outside the last N artifacts of each
-ref's history; `--max-size` then drops the oldest unprotected records until the store fits."""
+"""`cache gc`: remove what nothing needs, in two steps. `roots` names what must stay: the artifact
+each ref points at now, every artifact a lock file in use pins (one a build registered in this
+store that still exists at its path), and, with `--keep-last N`, the last N artifacts of each ref's
+history (without it, every recorded artifact). `select` then applies `--max-size` (the oldest
+unprotected records go until the store fits) and gives the live set; `sweep` removes everything
+outside it: records, manifests, blobs, checkouts, tmp leftovers and failures of keys built since.
+`--dry-run` runs the same sweep, counting instead of removing."""
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, field
 from typing import Optional
 
-from trtbuild.store.local import LocalStore
+from trtbuild.store.base import Store
+
+
+@dataclass
+class Roots:
+    protected: set[str]  # refs' current artifacts and lock-file pins: never removed
+    kept: set[str]  # also kept, unless --max-size needs the room: recent history or every record
+
+
+@dataclass
+class Live:
+    digests: set[str]  # artifacts whose records, manifests, blobs and checkouts stay
+    doomed: list[str]  # keys of the records to drop
+    over_budget: bool = False
 
 
 @dataclass
@@ -20,6 +35,7 @@ class GcReport:
     bytes_freed: int = 0
     checkouts: int = 0
     tmp: int = 0
+    failures: int = 0
     size_after: int = 0
     over_budget: bool = False
 
@@ -27,76 +43,88 @@ class GcReport:
         return dict(self.__dict__)
 
 
-def gc(store: LocalStore, pinned: set[str], keep_last: Optional[int] = None, max_size: Optional[int] = None,
-       dry_run: bool = False) -> GcReport:
-    report = GcReport()
-    with store.using(exclusive=True, wait=False):
-        refs = list(store.refs())
-        protected = set(pinned) | {ref.digest for _, _, ref in refs}
-        records = store.records()
-        keep = set(protected)
-        if keep_last is None:
-            keep |= {r.digest for r in records}
-        else:
-            for _, _, ref in refs:
-                recent: list[str] = []
-                for item in reversed(ref.history):
-                    if item.digest not in recent:
-                        recent.append(item.digest)
-                keep |= set(recent[:keep_last])
-        doomed = [r for r in records if r.digest not in keep]
+def roots(store: Store, pinned: set[str], keep_last: Optional[int] = None) -> Roots:
+    refs = list(store.refs())
+    protected = set(pinned) | {ref.digest for _, _, ref in refs}
+    kept = set(protected)
+    if keep_last is None:
+        kept |= {r.digest for r in store.records()}
+    else:
+        for _, _, ref in refs:
+            recent: list[str] = []
+            for item in reversed(ref.history):
+                if item.digest not in recent:
+                    recent.append(item.digest)
+            kept |= set(recent[:keep_last])
+    return Roots(protected, kept)
 
-        def size_of(digests: set[str]) -> int:
-            seen: dict[str, int] = {}
-            for d in digests:
-                if store.has_manifest(d):
-                    for e in store.get_manifest(d).entries:
-                        seen[e.sha256] = e.size
-            return sum(seen.values())
 
-        survivors = [r for r in records if r not in doomed]
-        if max_size is not None:
-            survivors.sort(key=lambda r: r.created)
-            while size_of({r.digest for r in survivors} | protected) > max_size:
-                victim = next((r for r in survivors if r.digest not in protected), None)
-                if victim is None:
-                    report.over_budget = True
-                    break
-                survivors.remove(victim)
-                doomed.append(victim)
+def _size_of(store: Store, digests: set[str]) -> int:
+    seen: dict[str, int] = {}
+    for digest in digests:
+        if store.has_manifest(digest):
+            for entry in store.get_manifest(digest).entries:
+                seen[entry.sha256] = entry.size
+    return sum(seen.values())
 
-        live = {r.digest for r in survivors} | protected
-        live_blobs: set[str] = set()
-        for digest in live:
-            if store.has_manifest(digest):
-                live_blobs |= {e.sha256 for e in store.get_manifest(digest).entries}
 
-        report.records = sorted(r.key for r in doomed)
-        if not dry_run:
-            for r in doomed:
-                store.delete_record(r.key)
-        for digest in store.manifest_digests():
-            if digest not in live:
-                report.manifests += 1
-                if not dry_run:
-                    store.manifest_path(digest).unlink(missing_ok=True)
-        for blob in (store.root / "cas" / "sha256").glob("*/*"):
-            if blob.name not in live_blobs:
-                report.blobs += 1
-                report.bytes_freed += blob.stat().st_size
-                if not dry_run:
-                    blob.unlink(missing_ok=True)
-                    store.state.forget(blob)
-        for checkout in (store.root / "checkouts").iterdir():
-            if checkout.name not in live:
-                report.checkouts += 1
-                if not dry_run:
-                    shutil.rmtree(checkout, ignore_errors=True)
-        if not dry_run:
-            # No build is running (we hold the store exclusively): everything in tmp/ is a leftover.
-            report.tmp = store.clean_tmp(older_than_s=0)
-            for failure in (store.root / "failed").glob("*") if (store.root / "failed").exists() else ():
-                if store.record_path(failure.name).exists():  # the key has been built since
-                    shutil.rmtree(failure, ignore_errors=True)
-        report.size_after = size_of(live)
+def select(store: Store, found: Roots, max_size: Optional[int] = None) -> Live:
+    records = store.records()
+    doomed = [r for r in records if r.digest not in found.kept]
+    survivors = [r for r in records if r.digest in found.kept]
+    over_budget = False
+    if max_size is not None:
+        survivors.sort(key=lambda r: r.created)
+        while _size_of(store, {r.digest for r in survivors} | found.protected) > max_size:
+            victim = next((r for r in survivors if r.digest not in found.protected), None)
+            if victim is None:
+                over_budget = True
+                break
+            survivors.remove(victim)
+            doomed.append(victim)
+    live = {r.digest for r in survivors} | found.protected
+    return Live(live, sorted(r.key for r in doomed), over_budget)
+
+
+def sweep(store: Store, live: Live, dry_run: bool = False) -> GcReport:
+    """Remove (or, dry, count) everything outside the live set. Needs the store held exclusively."""
+    report = GcReport(records=list(live.doomed), over_budget=live.over_budget)
+    live_blobs: set[str] = set()
+    for digest in live.digests:
+        if store.has_manifest(digest):
+            live_blobs |= {e.sha256 for e in store.get_manifest(digest).entries}
+    if not dry_run:
+        for key in live.doomed:
+            store.delete_record(key)
+    for digest in store.manifest_digests():
+        if digest not in live.digests:
+            report.manifests += 1
+            if not dry_run:
+                store.remove_manifest(digest)
+    for name, size in list(store.iter_blobs()):
+        if name not in live_blobs:
+            report.blobs += 1
+            report.bytes_freed += size
+            if not dry_run:
+                store.remove_blob(name)
+    for name in store.checkouts():
+        if name not in live.digests:
+            report.checkouts += 1
+            if not dry_run:
+                store.remove_checkout(name)
+    # No build is running (the store is held exclusively): everything in tmp/ is a leftover.
+    report.tmp = store.clean_tmp(older_than_s=0, dry_run=dry_run)
+    remaining = set(store.record_keys()) - (set(live.doomed) if dry_run else set())
+    for key in store.failures():
+        if key in remaining:  # the key has been built since
+            report.failures += 1
+            if not dry_run:
+                store.remove_failure(key)
+    report.size_after = _size_of(store, live.digests)
     return report
+
+
+def gc(store: Store, pinned: set[str], keep_last: Optional[int] = None, max_size: Optional[int] = None,
+       dry_run: bool = False) -> GcReport:
+    with store.using(exclusive=True, wait=False):
+        return sweep(store, select(store, roots(store, pinned, keep_last), max_size), dry_run)

@@ -1,4 +1,7 @@
-"""The store on a local folder: cas/ blobs, manifests/, ac/ action records, refs/, index.db, tmp/, locks/.
+"""The store on a local folder: cas/ blobs, manifests/, ac/ action records, refs/, index.db, tmp/,
+locks/, checkouts/, and failed/, downloads/, reports/, roots/ (the Store interface, base.py).
+
+Opening a store creates nothing; its first write (a build) creates the layout.
 
 Every write is a temp file, fsync, rename; blobs go in before the manifest that names them, the
 manifest before the action record, the record before the ref, so a crash at any point leaves only
@@ -8,6 +11,7 @@ unreferenced leftovers (which `cache gc` removes), never a record pointing at mi
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -15,7 +19,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import BinaryIO, Iterator, Optional
 
 from filelock import FileLock
 from pydantic import ValidationError
@@ -23,15 +27,13 @@ from pydantic import ValidationError
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.keys import canonical_json
 from trtbuild.records import ActionRecord, Digest, RecipeClaim, Ref, RefEntry, dump
-from trtbuild.store.hash import Progress, atomic_write, bytes_sha256, copy_with_sha256, fsync_dir, is_digest
+from trtbuild.store.base import CorruptStore, Store
+from trtbuild.store.hash import Progress, atomic_write, bytes_sha256, copy_with_sha256, file_sha256, fsync_dir, is_digest
 from trtbuild.store.state import StatCache
 from trtbuild.store.tree import BadTree, Manifest, build_manifest
 
 DEFAULT_ROOT = "cache"
-
-
-class CorruptStore(TrtbuildError):
-    """Bytes in the store do not match their digest."""
+LAYOUT = ("cas/sha256", "manifests", "ac", "refs", "tmp", "locks", "checkouts")
 
 
 def _now() -> str:
@@ -43,27 +45,59 @@ def _first_error(exc: ValidationError) -> str:
     return f"{'.'.join(str(p) for p in error['loc']) or 'record'}: {error['msg']}"
 
 
-def open_store(url: Optional[str] = None) -> "LocalStore":
-    """--store URL, else $TRTBUILD_CACHE, else ./cache."""
+def open_store(url: Optional[str] = None, create: bool = False, missing_ok: bool = False) -> "LocalStore":
+    """--store URL, else $TRTBUILD_CACHE, else ./cache. Opening creates nothing. `create`: the store
+    may not exist yet; its first write (a build, through using()) creates it. `missing_ok`: a
+    missing store reads as an empty one (explain). Otherwise a missing store is refused."""
     url = url or os.environ.get("TRTBUILD_CACHE") or DEFAULT_ROOT
     if url.startswith("file://"):
         url = url[len("file://"):]
     if "://" in url:
         raise InvalidInput(f"--store {url}: only local folders are stores in this version")
-    return LocalStore(Path(url))
+    store = LocalStore(Path(url))
+    if not (create or missing_ok):
+        store.require()
+    return store
 
 
-class LocalStore:
+class LocalStore(Store):
     def __init__(self, root: Path) -> None:
         self.root = Path(os.path.abspath(root))
         if self.root.exists() and not self.root.is_dir():
             raise InvalidInput(f"store {self.root}: not a folder")
-        for sub in ("cas/sha256", "manifests", "ac", "refs", "tmp", "locks", "checkouts"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
-        self.state = StatCache(self.root / "index.db")
+        self._state: Optional[StatCache] = None
 
     def __repr__(self) -> str:
         return f"LocalStore({self.root})"
+
+    # ---- life ------------------------------------------------------------------------------------
+    def exists(self) -> bool:
+        return (self.root / "cas").is_dir()
+
+    def require(self) -> None:
+        """Refuse, in one line, a store that nothing was ever built into."""
+        if not self.root.exists():
+            raise InvalidInput(f"store {self.root}: no such store (nothing has been built there)")
+        if not self.exists():
+            raise InvalidInput(f"store {self.root}: not a trtbuild store (it has no cas/ folder; nothing has been built there)")
+
+    def create(self) -> None:
+        for sub in LAYOUT:
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        if self._state is not None and self._state.db_path is None:
+            self._state = None  # a store that exists now keeps its stat cache on disk
+
+    @property
+    def state(self) -> StatCache:
+        """The stat cache in index.db; a store that does not exist (yet) gets one in memory only,
+        so reading it creates nothing."""
+        if self._state is None:
+            self._state = StatCache(self.root / "index.db" if self.exists() else None)
+        return self._state
+
+    def _writing(self) -> None:
+        if not self.exists():
+            self.create()
 
     # ---- paths -----------------------------------------------------------------------------------
     def blob_path(self, digest: str) -> Path:
@@ -81,34 +115,79 @@ class LocalStore:
     def checkout_path(self, digest: str) -> Path:
         return self.root / "checkouts" / digest
 
+    def describe_blob(self, name: str) -> str:
+        return str(self._blob_file(name))
+
+    def describe_manifest(self, digest: str) -> str:
+        return str(self.manifest_path(digest))
+
+    def describe_record(self, key: str) -> str:
+        return str(self.record_path(key))
+
+    def describe_ref(self, recipe: str, target: str) -> str:
+        return str(self.ref_path(recipe, target))
+
+    # ---- areas -----------------------------------------------------------------------------------
+    def tmpdir(self, prefix: str) -> Path:
+        self._writing()
+        return Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=self.root / "tmp"))
+
     def downloads_dir(self) -> Path:
-        """Where sources put files they fetched (S3 objects without a checksum, NeMo archives)."""
         return self.root / "downloads"
 
-    def state_db_path(self) -> Path:
-        return self.root / "index.db"
+    def state_db_path(self) -> Optional[Path]:
+        return self.state.db_path
 
     def keep_failure(self, key: str, logs: Path) -> Path:
-        """Keep a failed run's logs for inspection (not its partial output, which can be large):
-        failed/<key>/logs holds the latest failure of a key until `cache gc` sees the key built."""
+        """failed/<key>/logs holds the latest failure of a key until `cache gc` sees the key built."""
+        self._writing()
         dest = self.root / "failed" / key
         shutil.rmtree(dest, ignore_errors=True)
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.mkdir(parents=True, exist_ok=True)
         shutil.copytree(logs, dest / "logs")
         return dest / "logs"
 
-    def tmpdir(self, prefix: str) -> Path:
-        return Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=self.root / "tmp"))
+    def failures(self) -> list[str]:
+        folder = self.root / "failed"
+        return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+    def remove_failure(self, key: str) -> None:
+        shutil.rmtree(self.root / "failed" / key, ignore_errors=True)
+
+    def checkouts(self) -> list[str]:
+        folder = self.root / "checkouts"
+        return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+    def remove_checkout(self, name: str) -> None:
+        path = self.root / "checkouts" / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+    def report_dir(self, recipe: str) -> Path:
+        return self.root / "reports" / recipe
 
     # ---- locks -----------------------------------------------------------------------------------
     def key_lock(self, key: str) -> FileLock:
         """Held while a key is built: a second process wanting the same key waits, then hits."""
+        self._writing()
         return FileLock(str(self.root / "locks" / f"{key}.lock"))
+
+    def checkout_lock(self, digest: str) -> FileLock:
+        self._writing()
+        return FileLock(str(self.root / "locks" / f"checkout-{digest}.lock"))
 
     @contextlib.contextmanager
     def using(self, exclusive: bool = False, wait: bool = True) -> Iterator[None]:
-        """Builds hold the store shared; `cache gc` holds it exclusive, so it never deletes bytes a
-        running build has written but not yet recorded."""
+        """Builds hold the store shared, and create it: a build creates its store when it first
+        writes, not before its recipe was checked. `cache gc` holds it exclusive, so it never
+        deletes bytes a running build has written but not yet recorded; exclusive use needs a store
+        that exists (gc and repair never create one)."""
+        if exclusive:
+            self.require()
+        else:
+            self._writing()
         with open(self.root / "locks" / "store.lock", "a+") as handle:
             flags = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
             try:
@@ -121,17 +200,25 @@ class LocalStore:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
     # ---- blobs -----------------------------------------------------------------------------------
+    def _blob_file(self, name: str) -> Path:
+        """A digest's place in cas/, or a misplaced file named by its path under cas/sha256/."""
+        return self.root / "cas" / "sha256" / name if "/" in name else self.blob_path(name)
+
     def has_blob(self, digest: str) -> bool:
         return self.blob_path(digest).exists()
 
-    def _add_blob(self, source: Path, digest: str, owned: bool) -> None:
+    def put_blob(self, source: Path, digest: str, owned: bool = False) -> None:
         """Put `source` (whose sha256 is `digest`) into cas/. Files the store owns (stage outputs in
-        tmp/) are hard-linked, so ingest moves no bytes; anything else is copied and re-verified."""
+        tmp/) are hard-linked, so ingest moves no bytes; anything else is copied and re-verified.
+        The blob is protected (0444) before its stat cache entry is written, so the entry holds the
+        ctime of the protected file and later reads trust it without re-hashing (dvc-data's
+        protect() then state.save())."""
+        self._writing()
         blob = self.blob_path(digest)
         if blob.exists():
             if self.state.sha256(blob) == digest:
                 return
-            self.discard_blob(digest)  # a damaged copy: the new bytes replace it
+            self.remove_blob(digest)  # a damaged copy: the new bytes replace it
         blob.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.root / "tmp" / f"blob-{digest[:16]}-{os.getpid()}-{os.urandom(4).hex()}"
         try:
@@ -153,21 +240,78 @@ class LocalStore:
         finally:
             tmp.unlink(missing_ok=True)
         fsync_dir(blob.parent)
-        self.state.put(blob, blob.stat(), digest)
+        self.state.put(blob, blob.stat(), digest)  # after chmod and rename: both move the ctime
+
+    _add_blob = put_blob
+
+    def open_blob(self, digest: str) -> BinaryIO:
+        try:
+            return open(self.blob_path(digest), "rb")
+        except FileNotFoundError:
+            raise CorruptStore(f"blob {digest} is missing from {self.root / 'cas'}") from None
 
     def verify_blob(self, digest: str, use_state: bool = True) -> None:
         """Raise CorruptStore unless the blob exists and hashes to its name."""
         blob = self.blob_path(digest)
         if not blob.exists():
             raise CorruptStore(f"blob {digest} is missing from {self.root / 'cas'}")
-        if use_state:
-            actual = self.state.sha256(blob)
-        else:
-            from trtbuild.store.hash import file_sha256
-
-            actual = file_sha256(blob)
+        actual = self.state.sha256(blob) if use_state else file_sha256(blob)
         if actual != digest:
             raise CorruptStore(f"blob {blob} is corrupt: its sha256 is {actual}; run `trtbuild cache verify`")
+
+    def place_blob(self, digest: str, dest: Path, executable: bool) -> None:
+        """A hard link to the read-only blob when on one filesystem (not for executables: the blob
+        is 0444), else a copy verified while copying."""
+        blob = self.blob_path(digest)
+        if not executable:
+            before = blob.stat()
+            try:
+                os.link(blob, dest)
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                    raise
+            else:
+                self._relinked(blob, before, digest)
+                return
+        copied = copy_with_sha256(blob, dest)
+        if copied != digest:
+            raise CorruptStore(f"blob {blob} is corrupt: its sha256 is {copied}; run `trtbuild cache verify`")
+        os.chmod(dest, 0o555 if executable else 0o444)
+
+    def _relinked(self, blob: Path, before: os.stat_result, digest: str) -> None:
+        """A new link moves the blob's ctime; its bytes did not change. If the stat cache vouched for
+        the blob just before, it vouches for it after (else it would be re-hashed on every read
+        following a checkout)."""
+        if self.state.get(blob, before) != digest:
+            return
+        after = blob.stat()
+        if (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns):
+            self.state.put(blob, after, digest)
+
+    def iter_blobs(self) -> Iterator[tuple[str, int]]:
+        folder = self.root / "cas" / "sha256"
+        if not folder.is_dir():
+            return
+        for path in sorted(folder.glob("*/*")):
+            if not path.is_file():
+                continue
+            name = path.name if is_digest(path.name) and path.parent.name == path.name[:2] \
+                else path.relative_to(folder).as_posix()
+            yield name, path.stat().st_size
+
+    def rehash_blob(self, name: str, progress: Progress = None) -> str:
+        path = self._blob_file(name)
+        before = path.stat()
+        actual = file_sha256(path, progress)
+        after = path.stat()
+        if actual == name and StatCache._identity(after) == StatCache._identity(before):
+            self.state.put(path, after, actual)  # the verified hash refreshes the stat cache
+        return actual
+
+    def remove_blob(self, name: str) -> None:
+        path = self._blob_file(name)
+        path.unlink(missing_ok=True)
+        self.state.forget(path)
 
     # ---- manifests -------------------------------------------------------------------------------
     def ingest(self, folder: Path, progress: Progress = None, include=None, links_within: Optional[Path] = None,
@@ -176,12 +320,13 @@ class LocalStore:
         manifest (its digest names the artifact). Files under tmp/ are the store's own and are
         linked in place, and so are files of a download cache (`link`); anything else, such as a
         user's model folder, is copied, hashing while copying."""
+        self._writing()
         folder = Path(os.path.abspath(folder))
         owned = link or folder.is_relative_to(self.root / "tmp")
         manifest, sources = build_manifest(folder, self.state, include=include, progress=progress,
                                            links_within=links_within)
         for entry in manifest.entries:
-            self._add_blob(sources[entry.path], entry.sha256, owned)
+            self.put_blob(sources[entry.path], entry.sha256, owned)
         self.put_manifest(manifest)
         return manifest
 
@@ -189,6 +334,7 @@ class LocalStore:
         digest = manifest.digest
         path = self.manifest_path(digest)
         if not path.exists():
+            self._writing()
             missing = [e.path for e in manifest.entries if not self.has_blob(e.sha256)]
             if missing:
                 raise CorruptStore(f"manifest {digest} names blobs the store lacks: {', '.join(missing[:3])}")
@@ -237,17 +383,17 @@ class LocalStore:
                 return str(exc)
         return None
 
-    def discard_blob(self, digest: str) -> None:
-        """Remove one bad blob so that the next ingest writes it anew (ingest skips blobs it has)."""
-        blob = self.blob_path(digest)
-        blob.unlink(missing_ok=True)
-        self.state.forget(blob)
-
     def put_file_blob(self, path: Path) -> Digest:
         """Store one file (a stage's log) as a blob; returns its digest with its size."""
         digest = self.state.sha256(path)
-        self._add_blob(path, digest, owned=Path(os.path.abspath(path)).is_relative_to(self.root / "tmp"))
+        self.put_blob(path, digest, owned=Path(os.path.abspath(path)).is_relative_to(self.root / "tmp"))
         return Digest(hash=digest, size_bytes=path.stat().st_size)
+
+    def read_manifest_bytes(self, digest: str) -> bytes:
+        return self.manifest_path(digest).read_bytes()
+
+    def remove_manifest(self, digest: str) -> None:
+        self.manifest_path(digest).unlink(missing_ok=True)
 
     # ---- action records --------------------------------------------------------------------------
     def get_record(self, key: str) -> Optional[ActionRecord]:
@@ -308,6 +454,12 @@ class LocalStore:
                 out.append(record)
         return out
 
+    def read_record_bytes(self, key: str) -> bytes:
+        return self.record_path(key).read_bytes()
+
+    def record_keys(self) -> list[str]:
+        return sorted(p.stem for p in (self.root / "ac").glob("*.json") if not p.name.endswith(".divergent.json"))
+
     def delete_record(self, key: str) -> None:
         self.record_path(key).unlink(missing_ok=True)
         (self.root / "ac" / f"{key}.divergent.json").unlink(missing_ok=True)
@@ -364,8 +516,12 @@ class LocalStore:
                                f"{self.root}; give this recipe another `name:`")
 
     # ---- lock files that pin artifacts (gc roots) ------------------------------------------------
+    def embedded_lock_path(self, recipe: str) -> Path:
+        return self.root / f"{recipe}.lock"
+
     def register_lockfile(self, lock_path: Path) -> None:
         """Remember a lock file written against this store: gc keeps what it names while it exists."""
+        self._writing()
         lock_path = Path(os.path.abspath(lock_path))
         root = self.root / "roots" / f"{bytes_sha256(str(lock_path).encode())[:32]}.json"
         if not root.exists():
@@ -381,13 +537,15 @@ class LocalStore:
         return found
 
     # ---- housekeeping ----------------------------------------------------------------------------
-    def clean_tmp(self, older_than_s: float = 24 * 3600) -> int:
+    def clean_tmp(self, older_than_s: float = 24 * 3600, dry_run: bool = False) -> int:
+        """Remove (dry: count) tmp/ entries not touched for `older_than_s`."""
         removed = 0
         now = time.time()
-        for path in (self.root / "tmp").iterdir():
+        for path in (self.root / "tmp").iterdir() if (self.root / "tmp").is_dir() else ():
             try:
                 if now - path.lstat().st_mtime > older_than_s:
-                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+                    if not dry_run:
+                        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
                     removed += 1
             except FileNotFoundError:
                 continue

@@ -1,5 +1,8 @@
-"""The stat cache: (path, device, inode, size, mtime_ns) -> sha256, in sqlite, so an unchanged file
-is never read twice. A changed file changes its size or mtime (or inode when replaced), and misses."""
+"""The stat cache: (path, device, inode, size, mtime_ns, ctime_ns) -> sha256, in sqlite, so an
+unchanged file is never read twice. A changed file changes its size, mtime or inode, and misses; a
+write whose mtime was put back (os.utime) still moves the ctime, which no user can set, so it
+misses too (git compares ctime for the same reason). Linking or chmod-ing a file also moves its
+ctime: such a file is hashed once more, never trusted wrongly."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from trtbuild.store.hash import Progress, file_sha256
 
 
 RACY_NS = 100_000_000  # 0.1 s
+SCHEMA = 2  # PRAGMA user_version; 1 (no version set) had no ctime column
 
 
 class StatCache:
@@ -22,13 +26,25 @@ class StatCache:
         self._local = threading.local()
         if db_path is not None:
             db_path.parent.mkdir(parents=True, exist_ok=True)
-            with self._connect() as db:
-                db.execute(
-                    "CREATE TABLE IF NOT EXISTS stat (path TEXT PRIMARY KEY, dev INTEGER, ino INTEGER, "
-                    "size INTEGER, mtime_ns INTEGER, sha256 TEXT)"
-                )
-                # Remote objects hashed once: an S3 object is the same bytes while its ETag and size are.
-                db.execute("CREATE TABLE IF NOT EXISTS remote (url TEXT PRIMARY KEY, etag TEXT, size INTEGER, sha256 TEXT)")
+            self._migrate(self._connect())
+
+    @staticmethod
+    def _migrate(db: sqlite3.Connection) -> None:
+        """Create the tables; an index.db of an older schema loses its stat rows (they lack the
+        ctime, so none of them may answer), never the remote ones, which are still right."""
+        db.execute("BEGIN IMMEDIATE")  # two processes opening an old index.db migrate it once
+        try:
+            if db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA:
+                db.execute("DROP TABLE IF EXISTS stat")
+            db.execute("CREATE TABLE IF NOT EXISTS stat (path TEXT PRIMARY KEY, dev INTEGER, ino INTEGER, "
+                       "size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER, sha256 TEXT)")
+            # Remote objects hashed once: an S3 object is the same bytes while its ETag and size are.
+            db.execute("CREATE TABLE IF NOT EXISTS remote (url TEXT PRIMARY KEY, etag TEXT, size INTEGER, sha256 TEXT)")
+            db.execute(f"PRAGMA user_version = {SCHEMA}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     def _connect(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -40,22 +56,26 @@ class StatCache:
             self._local.db = db
         return db
 
+    @staticmethod
+    def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
     def get(self, path: Path, st: os.stat_result) -> Optional[str]:
         if self.db_path is None:
             return None
         row = self._connect().execute(
-            "SELECT dev, ino, size, mtime_ns, sha256 FROM stat WHERE path = ?", (str(path),)
+            "SELECT dev, ino, size, mtime_ns, ctime_ns, sha256 FROM stat WHERE path = ?", (str(path),)
         ).fetchone()
-        if row and tuple(row[:4]) == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns):
-            return row[4]
+        if row and tuple(row[:5]) == self._identity(st):
+            return row[5]
         return None
 
     def put(self, path: Path, st: os.stat_result, sha256: str) -> None:
         if self.db_path is None:
             return
         self._connect().execute(
-            "INSERT OR REPLACE INTO stat VALUES (?, ?, ?, ?, ?, ?)",
-            (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, sha256),
+            "INSERT OR REPLACE INTO stat VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (str(path), *self._identity(st), sha256),
         )
 
     def sha256(self, path: Path, progress: Progress = None) -> str:
@@ -69,7 +89,7 @@ class StatCache:
             return cached
         digest = file_sha256(path, progress)
         after = path.stat()
-        unchanged = (after.st_size, after.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+        unchanged = self._identity(after) == self._identity(st)
         # A file written within the filesystem's timestamp granularity could change again without its
         # mtime moving ("racy" entries, as git calls them): do not cache it yet.
         settled = time.time_ns() - after.st_mtime_ns > RACY_NS

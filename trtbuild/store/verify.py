@@ -1,65 +1,138 @@
-"""`cache verify`: re-hash every blob and manifest (no stat cache) and check every record and ref."""
+"""`cache verify`: re-hash every blob and manifest (no stat cache) and check every record and ref;
+`--repair` then drops what is bad and everything that leans on it, so the next build rebuilds it.
+
+A bad blob (corrupt, misnamed) is removed; a manifest that is tampered or names a blob that is
+missing or bad is removed, and so are its checkout, the records whose artifact it was and the
+refs pointing at it. Nothing good is touched: what is left is a smaller, sound store.
+"""
 
 from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Optional
 
-from trtbuild.errors import TrtbuildError
-from trtbuild.store.hash import bytes_sha256, file_sha256, is_digest
-from trtbuild.store.local import LocalStore
+from trtbuild.store.base import CorruptStore, Store
+from trtbuild.store.hash import bytes_sha256, is_digest
 from trtbuild.store.tree import BadTree, Manifest
 
 
-def verify(store: LocalStore, progress=None) -> list[str]:
-    """One line per bad object, naming it; an empty list means the store is sound."""
-    problems: list[str] = []
-    blobs = sorted(p for p in (store.root / "cas" / "sha256").glob("*/*") if p.is_file())
+@dataclass
+class Scan:
+    """What verify found, kept apart per kind of object so that repair can follow the chain."""
 
-    def check_blob(path: Path) -> str | None:
-        if not is_digest(path.name) or path.parent.name != path.name[:2]:
-            return f"{path}: not a blob name"
-        actual = file_sha256(path, progress)
-        if actual != path.name:
-            return f"{path}: corrupt blob (content hashes to {actual})"
-        store.state.put(path, path.stat(), actual)  # the verified hash refreshes the stat cache
+    problems: list[str] = field(default_factory=list)  # one line per bad object, for people
+    bad_blobs: dict[str, str] = field(default_factory=dict)  # name -> why
+    good_manifests: dict[str, Manifest] = field(default_factory=dict)  # whose every blob is present and sound
+    bad_manifests: dict[str, str] = field(default_factory=dict)  # digest -> why
+    bad_records: dict[str, str] = field(default_factory=dict)  # key -> why
+    bad_refs: dict[tuple[str, str], str] = field(default_factory=dict)  # (recipe, target) -> why
+
+
+def scan(store: Store, progress=None) -> Scan:
+    found = Scan()
+    blobs = [name for name, _ in store.iter_blobs()]
+
+    def check_blob(name: str) -> Optional[str]:
+        if not is_digest(name):
+            return f"{store.describe_blob(name)}: not a blob name"
+        actual = store.rehash_blob(name, progress)
+        if actual != name:
+            return f"{store.describe_blob(name)}: corrupt blob (content hashes to {actual})"
         return None
 
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2)) as pool:
-        problems += [p for p in pool.map(check_blob, blobs) if p]
-    present = {p.name for p in blobs}
+        for name, problem in zip(blobs, pool.map(check_blob, blobs)):
+            if problem:
+                found.problems.append(problem)
+                found.bad_blobs[name] = problem
+    present = set(blobs)
 
-    manifests: dict[str, Manifest] = {}
-    for path in sorted((store.root / "manifests").glob("*.json")):
-        data = path.read_bytes()
-        if bytes_sha256(data) != path.stem:
-            problems.append(f"{path}: corrupt or tampered manifest (content does not hash to its name)")
+    for digest in store.manifest_digests():
+        where = store.describe_manifest(digest)
+        data = store.read_manifest_bytes(digest)
+        if bytes_sha256(data) != digest:
+            found.problems.append(f"{where}: corrupt or tampered manifest (content does not hash to its name)")
+            found.bad_manifests[digest] = "corrupt or tampered"
             continue
         try:
-            manifest = Manifest.from_bytes(data, str(path))
+            manifest = Manifest.from_bytes(data, where)
         except BadTree as exc:
-            problems.append(str(exc))
+            found.problems.append(str(exc))
+            found.bad_manifests[digest] = "malformed"
             continue
-        manifests[path.stem] = manifest
-        for entry in manifest.entries:
-            if entry.sha256 not in present:
-                problems.append(f"{path}: names blob {entry.sha256} ({entry.path}), which is missing")
+        missing = [e for e in manifest.entries if e.sha256 not in present]
+        for entry in missing:
+            found.problems.append(f"{where}: names blob {entry.sha256} ({entry.path}), which is missing")
+        corrupt = [e for e in manifest.entries if e.sha256 in found.bad_blobs]  # reported with the blob
+        if missing or corrupt:
+            entry = (missing or corrupt)[0]
+            found.bad_manifests[digest] = f"names blob {entry.sha256} ({entry.path}), which is {'missing' if missing else 'corrupt'}"
+        else:
+            found.good_manifests[digest] = manifest
 
-    for path in sorted((store.root / "ac").glob("*.json")):
-        if path.name.endswith(".divergent.json"):
-            continue
+    for key in store.record_keys():
+        where = store.describe_record(key)
         try:
-            record = store.get_record(path.stem)
-        except TrtbuildError as exc:
-            problems.append(str(exc))
+            record = store.get_record(key)
+        except CorruptStore as exc:
+            found.problems.append(str(exc))
+            found.bad_records[key] = "malformed"
             continue
-        if record is None:
-            problems.append(f"{path}: action record of an older layout (it is rebuilt at the next build)")
-        elif record.digest not in manifests and not store.manifest_path(record.digest).exists():
-            problems.append(f"{path}: names artifact {record.digest}, whose manifest is missing")
+        if record is None:  # of the layout before records were versioned: rebuilt, then replaced
+            found.problems.append(f"{where}: action record of an older layout")
+            found.bad_records[key] = "of an older layout"
+            continue
+        digest = record.digest
+        if digest in found.good_manifests:
+            continue
+        if digest in found.bad_manifests:
+            found.bad_records[key] = f"its artifact {digest} is bad"  # reported with the manifest
+        else:
+            found.problems.append(f"{where}: names artifact {digest}, whose manifest is missing")
+            found.bad_records[key] = f"its artifact {digest} is missing"
 
     for recipe, target, ref in store.refs():
-        if ref.digest not in manifests:
-            problems.append(f"{store.ref_path(recipe, target)}: points at artifact {ref.digest}, whose manifest is missing or bad")
-    return problems
+        digest = ref.digest
+        if digest not in found.good_manifests:
+            if digest not in found.bad_manifests:
+                found.problems.append(f"{store.describe_ref(recipe, target)}: points at artifact {digest}, "
+                                      "whose manifest is missing or bad")
+            found.bad_refs[(recipe, target)] = f"points at artifact {digest}, which is " + (
+                "bad" if digest in found.bad_manifests else "missing")
+    return found
+
+
+def verify(store: Store, progress=None) -> list[str]:
+    """One line per bad object, naming it; an empty list means the store is sound."""
+    return scan(store, progress).problems
+
+
+def repair(store: Store, progress=None) -> tuple[Scan, list[str]]:
+    """Scan, then drop every bad object and what leans on it; one line per removal. Holds the store
+    exclusively from the scan on: no build may write while its inputs are judged and taken away."""
+    with store.using(exclusive=True, wait=False):
+        found = scan(store, progress)
+        return found, (_drop(store, found) if found.problems else [])
+
+
+def _drop(store: Store, found: Scan) -> list[str]:
+    done: list[str] = []
+    for name, why in sorted(found.bad_blobs.items()):
+        store.remove_blob(name)
+        done.append(f"removed blob {store.describe_blob(name)} ({why.rpartition(': ')[2]})")
+    for digest, why in sorted(found.bad_manifests.items()):
+        store.remove_manifest(digest)
+        done.append(f"removed manifest {store.describe_manifest(digest)} ({why})")
+    for name in store.checkouts():
+        if name in found.bad_manifests or (is_digest(name) and name not in found.good_manifests):
+            store.remove_checkout(name)
+            done.append(f"removed checkout {store.checkout_path(name)} (its artifact is gone)")
+    for key, why in sorted(found.bad_records.items()):
+        store.delete_record(key)
+        done.append(f"dropped action record {store.describe_record(key)} ({why}): the next build rebuilds it")
+    for (recipe, target), why in sorted(found.bad_refs.items()):
+        store.delete_ref(recipe, target)
+        done.append(f"dropped ref {store.describe_ref(recipe, target)} ({why}): the next build points it again")
+    return done
