@@ -12,6 +12,7 @@ import yaml
 
 from conftest import RECIPES, ROOT, minimal
 from trtbuild import __version__
+from trtbuild.graph import STAGE_ORDER
 
 SHIPPED = sorted(RECIPES.glob("*.yaml"))
 
@@ -164,3 +165,18 @@ def test_console_script_is_installed():
                             capture_output=True, text=True, check=False, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert [e["target"] for e in json.loads(result.stdout)["include"]] == ["fp8-tp2-sm90", "fp8-tp4-sm90"]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("--gpu", "sm99"), "--gpu: 'sm99' is not a supported architecture; use one of sm80, sm86, sm89, sm90, sm100, sm120"),
+    (("--until", "foo"), f"--until foo: not a stage ({', '.join(STAGE_ORDER)})"),
+    (("--target", "nope"), "--target nope: matches none of base-tp1, base-tp1-sm90"),
+    (("--locked",), "--locked: {lock}: no lock file; run `trtbuild build` without --locked to write it"),
+], ids=["gpu", "until", "target", "locked"])
+def test_build_errors_are_exactly_one_line_on_stderr(ws, run, args, expected):
+    # The progress display used to print an empty line on stderr when it stopped, before the error.
+    path = ws.recipe(minimal())
+    result = run("build", path, "--store", ws.root / "store", *args)
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr == expected.format(lock=path.with_suffix(".lock")) + "\n"

@@ -25,11 +25,15 @@ class ConsoleReporter:
         self.bytes = 0
 
     def __enter__(self) -> "ConsoleReporter":
-        self.progress.start()
+        # Bars only on a terminal: on a file or pipe rich's Progress.stop() prints an empty line,
+        # which came before every error message (and a bar redrawn into a log file helps nobody).
+        if self.console.is_terminal:
+            self.progress.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.progress.stop()
+        if self.progress.live.is_started:
+            self.progress.stop()
 
     def _drop(self) -> None:
         if self.task is not None:
