@@ -180,3 +180,19 @@ def test_build_errors_are_exactly_one_line_on_stderr(ws, run, args, expected):
     assert result.exit_code == 2
     assert result.stdout == ""
     assert result.stderr == expected.format(lock=path.with_suffix(".lock")) + "\n"
+
+
+def test_plan_gpu_product_is_the_card_the_estimate_assumes_and_says_so(ws, run):
+    path = ws.recipe(minimal(gpus="[L40S]"))
+    data = json.loads(run("plan", path, "--gpu", "L4", "--format", "json").stdout)
+    engine = data["targets"][1]
+    assert engine["name"] == "base-tp1-sm89"
+    assert {k: engine["estimate"][k] for k in ("gpu_product", "gpu_memory_bytes", "gpu_chosen_by")} == {
+        "gpu_product": "L4", "gpu_memory_bytes": 23034 * 1024**2, "gpu_chosen_by": "option"}
+    table = run("plan", path, "--gpu", "L4").stdout
+    assert "estimated on" in table
+    [row] = [line for line in table.splitlines() if "base-tp1-sm89" in line]
+    assert "L4 (22.5 GiB)" in row
+    [row] = [line for line in run("plan", ws.recipe(minimal(gpus="[sm89]"), name="sm.yaml")).stdout.splitlines()
+             if "base-tp1-sm89" in line]
+    assert "L40S (45.0 GiB, SM default)" in row

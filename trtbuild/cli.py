@@ -54,20 +54,23 @@ def _console():
     return console
 
 
-def _parse_gpu(value: str | None) -> set[str] | None:
+def _parse_gpu(value: str | None):
+    """`--gpu` of `plan`: None (all), or the one GpuChoice (an SM, or a product whose memory counts)."""
     if value is None or value == "all":
         return None
     from trtbuild import hardware
 
     try:
-        return {hardware.resolve_gpu(value).sm}
+        return {hardware.resolve_gpu(value)}
     except ValueError as exc:
         raise InvalidInput(f"--gpu: {exc}") from None
 
 
 @cli.command()
 @click.argument("recipes", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--gpu", "gpu", metavar="SM|PRODUCT|all", help="Plan only engines for this GPU (default: all in the recipe).")
+@click.option("--gpu", "gpu", metavar="SM|PRODUCT|all",
+              help="Plan only engines for this GPU (default: all in the recipe); a product (L4, RTX4090, ...) is "
+                   "also the card the memory estimate assumes.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "github-matrix"]), default="table", show_default=True,
               help="table for people, json for programs, github-matrix for a GitHub Actions strategy.matrix.")
 def plan(recipes: tuple[Path, ...], gpu: str | None, fmt: str) -> None:

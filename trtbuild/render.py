@@ -42,8 +42,8 @@ def print_table(plan: Plan, console) -> None:
         highlight=False, soft_wrap=True,
     )
     table = Table(show_lines=False)
-    for column, style in (("target", "bold"), ("kind", ""), ("gpu", ""), ("status", ""),
-                          ("weights/GPU", "right"), ("KV/token", "right"), ("KV tokens", "right"), ("why / notes", "")):
+    for column, style in (("target", "bold"), ("kind", ""), ("gpu", ""), ("status", ""), ("weights/GPU", "right"),
+                          ("KV/token", "right"), ("KV tokens", "right"), ("estimated on", ""), ("why / notes", "")):
         table.add_column(column, justify="right" if style == "right" else "left",
                          style=style if style == "bold" else None, overflow="fold")
     for t in plan.targets:
@@ -57,6 +57,7 @@ def print_table(plan: Plan, console) -> None:
             format_bytes(est.weights_bytes_per_gpu) if est else "-",
             format_bytes(est.kv_bytes_per_token) if est else "-",
             f"{est.kv_tokens:,}" if est and est.kv_tokens is not None else "-",
+            (est.gpu_label() if est else None) or "-",
             notes or "",
         )
     console.print(table)
