@@ -196,3 +196,23 @@ def test_plan_gpu_product_is_the_card_the_estimate_assumes_and_says_so(ws, run):
     [row] = [line for line in run("plan", ws.recipe(minimal(gpus="[sm89]"), name="sm.yaml")).stdout.splitlines()
              if "base-tp1-sm89" in line]
     assert "L40S (45.0 GiB, SM default)" in row
+
+
+def test_github_matrix_names_a_recipe_relative_to_the_current_folder(ws, run, monkeypatch):
+    # A CI job checks the repository out somewhere else: an absolute path from the planning host is useless there.
+    (ws.root / "recipes").mkdir()
+    ws.config()
+    path = ws.recipe(minimal().replace("{config}", "../config.json"), name="recipes/r.yaml")
+    monkeypatch.chdir(ws.root)
+    for given in (path, "recipes/r.yaml", "./recipes/../recipes/r.yaml"):
+        include = json.loads(run("plan", given, "--format", "github-matrix").stdout)["include"]
+        assert [e["recipe"] for e in include] == ["recipes/r.yaml"]
+
+
+def test_github_matrix_of_the_embedded_recipe_has_an_empty_recipe_that_build_reads_as_the_default(run):
+    result = run("plan", "--format", "github-matrix")
+    assert result.exit_code == 0
+    include = json.loads(result.stdout)["include"]
+    assert [e["target"] for e in include] == ["base-tp1-sm89", "int8-wo-tp1-sm89", "fp8-tp1-sm89",
+                                              "base-tp1-sm90", "int8-wo-tp1-sm90", "fp8-tp1-sm90"]
+    assert {e["recipe"] for e in include} == {""}  # `trtbuild build ${{ matrix.recipe }} ...` builds the embedded one

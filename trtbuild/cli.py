@@ -101,7 +101,7 @@ def plan(recipes: tuple[Path, ...], gpu: str | None, fmt: str) -> None:
     if fmt == "json":
         click.echo(render.plans_json(plans))
     elif fmt == "github-matrix":
-        click.echo(render.github_matrix(plans))
+        click.echo(render.github_matrix(plans, embedded=not recipes))
     else:
         console = _console()
         for p in plans:

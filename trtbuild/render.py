@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Iterable
+from pathlib import Path
+from typing import Iterable, Optional
 
 from trtbuild.estimate import format_bytes
 from trtbuild.plan import ENGINE, Plan
@@ -15,19 +16,31 @@ def plans_json(plans: list[Plan]) -> str:
     return json.dumps(data[0] if len(data) == 1 else data, indent=2)
 
 
-def github_matrix(plans: Iterable[Plan]) -> str:
+def github_matrix(plans: Iterable[Plan], embedded: bool = False) -> str:
     """`{"include": [...]}` for `strategy.matrix`: one entry per buildable engine target, ordered by
-    GPU so that a job per SM (`runs-on: [self-hosted, <gpu>]`) builds its own slice."""
+    GPU so that a job per SM (`runs-on: [self-hosted, <gpu>]`) builds its own slice. `embedded`:
+    the plans are of the package's embedded recipe, whose entries say `"recipe": ""`."""
     include = []
     for plan in plans:
+        recipe = "" if embedded else matrix_recipe_path(plan.loaded.path)
         for t in plan.targets:
             if t.kind == ENGINE and t.ok:
                 include.append({
-                    "recipe": str(plan.loaded.path), "target": t.name, "gpu": t.gpu, "variant": t.variant,
+                    "recipe": recipe, "target": t.name, "gpu": t.gpu, "variant": t.variant,
                     "tp": t.tp, "pp": t.pp, "num_gpus": (t.tp or 1) * (t.pp or 1),
                 })
     include.sort(key=lambda e: (int(e["gpu"][2:]), e["recipe"]))
     return json.dumps({"include": include})
+
+
+def matrix_recipe_path(path: Path, cwd: Optional[Path] = None) -> str:
+    """A recipe as a CI job on another checkout of the same repository can name it: relative to
+    the current folder when it is inside it (POSIX separators), else the path as given."""
+    cwd = (cwd or Path.cwd()).resolve()
+    try:
+        return path.resolve().relative_to(cwd).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def print_table(plan: Plan, console) -> None:
