@@ -9,9 +9,11 @@ import sys
 import jsonschema
 import pytest
 import yaml
+from click.testing import CliRunner
 
 from conftest import RECIPES, ROOT, minimal
 from trtbuild import __version__
+from trtbuild.cli import cli
 from trtbuild.graph import STAGE_ORDER
 
 SHIPPED = sorted(RECIPES.glob("*.yaml"))
@@ -216,3 +218,17 @@ def test_github_matrix_of_the_embedded_recipe_has_an_empty_recipe_that_build_rea
     assert [e["target"] for e in include] == ["base-tp1-sm89", "int8-wo-tp1-sm89", "fp8-tp1-sm89",
                                               "base-tp1-sm90", "int8-wo-tp1-sm90", "fp8-tp1-sm90"]
     assert {e["recipe"] for e in include} == {""}  # `trtbuild build ${{ matrix.recipe }} ...` builds the embedded one
+
+
+def test_build_help_lists_every_stage_until_takes_in_order():
+    from trtbuild.cli import until_help
+
+    result = CliRunner().invoke(cli, ["build", "--help"])
+    assert result.exit_code == 0
+    help_text = " ".join(result.stdout.split())
+    assert until_help(STAGE_ORDER) in help_text
+    steps = {}
+    for stage, rank in STAGE_ORDER.items():
+        steps.setdefault(rank, []).append(stage)
+    assert until_help(STAGE_ORDER).endswith(", ".join("/".join(steps[r]) for r in sorted(steps)) + ".")
+    assert all(stage in help_text for stage in STAGE_ORDER)

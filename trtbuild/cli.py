@@ -108,6 +108,25 @@ def plan(recipes: tuple[Path, ...], gpu: str | None, fmt: str) -> None:
             render.print_table(p, console)
 
 
+def until_help(stage_order: dict[str, int]) -> str:
+    """`--until`'s help, from graph.STAGE_ORDER: its steps in order, stages of one step joined by `/`."""
+    steps: dict[int, list[str]] = {}
+    for stage, rank in stage_order.items():
+        steps.setdefault(rank, []).append(stage)
+    listed = ", ".join("/".join(steps[rank]) for rank in sorted(steps))
+    return f"Stop after this stage (stages joined by / stop together): {listed}."
+
+
+class _UntilOption(click.Option):
+    """Its help lists graph.STAGE_ORDER, imported only when help is shown (graph imports the stages)."""
+
+    def get_help_record(self, ctx):
+        from trtbuild.graph import STAGE_ORDER
+
+        self.help = until_help(STAGE_ORDER)
+        return super().get_help_record(ctx)
+
+
 STORE_OPTION = click.option("--store", "store_url", metavar="URL",
                             help="Artifact store: a folder (default: $TRTBUILD_CACHE, else ./cache).")
 
@@ -121,8 +140,8 @@ def _load(recipe: Path | None):
 @cli.command()
 @click.argument("recipe", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--target", "targets", multiple=True, metavar="GLOB", help="Build only matching targets (and what they need).")
-@click.option("--until", metavar="STAGE", help="Stop after this stage: source, checkpoint, validate, engine.")
-@click.option("--gpu", default="all", show_default=True, metavar="auto|SM|all",
+@click.option("--until", metavar="STAGE", cls=_UntilOption)
+@click.option("--gpu", default="all", show_default=True, metavar="auto|SM|PRODUCT|all",
               help="Engines to build: auto = the SMs of this host's GPUs, an SM or product, or all.")
 @STORE_OPTION
 @click.option("--require-all", is_flag=True, help="Targets this host cannot build (or impossible ones) fail instead of being skipped.")
