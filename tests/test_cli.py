@@ -232,3 +232,53 @@ def test_build_help_lists_every_stage_until_takes_in_order():
         steps.setdefault(rank, []).append(stage)
     assert until_help(STAGE_ORDER).endswith(", ".join("/".join(steps[r]) for r in sorted(steps)) + ".")
     assert all(stage in help_text for stage in STAGE_ORDER)
+
+
+PLAN_ONLY_ABSENT = ("torch", "transformers", "modelopt", "gguf", "accelerate", "tensorrt_llm")
+
+
+@pytest.fixture
+def plan_only_install(monkeypatch):
+    """This process as `pip install trtbuild` alone leaves it: none of the quantize or trtllm extras."""
+    from trtbuild import toolchain
+
+    real = toolchain.package_version
+    monkeypatch.setattr(toolchain, "package_version", lambda name: None if name in PLAN_ONLY_ABSENT else real(name))
+
+
+def test_a_plan_only_install_names_the_command_that_installs_what_a_stage_needs(ws, run, plan_only_install):
+    (ws.root / "model").mkdir()
+    ws.config(name="model/config.json")
+    path = ws.recipe(minimal("variants: {fp8: {quant: fp8}}\nbackends: [hf-checkpoint]").replace("  config: {config}\n", ""))
+    result = run("build", path, "--store", ws.root / "store", "--json")
+    reasons = {t["name"]: t["reason"] for t in json.loads(result.stdout)["targets"]}
+    expected = ("needs torch, transformers: install them with `python3 -m pip install torch==2.13.0 'trtbuild[quantize]'` "
+                "(torch first, so that pip takes its CPU build), or use the container image")
+    assert reasons["reference"] == expected
+    # The progress line on stderr shows it as written (rich used to read "[quantize]" as markup and drop it).
+    [line] = [line for line in result.stderr.splitlines() if " reference " in line]
+    assert line.endswith(f"  {expected}")
+
+
+def test_the_install_hint_names_the_extra_that_holds_each_package_and_readmes_torch_pin():
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+
+    from trtbuild import toolchain
+    from trtbuild.stages.base import CPU_TORCH, extra_for
+    from trtbuild.stages.registry import STAGES
+
+    base, extras = set(), {}
+    for line in requires("trtbuild"):
+        req = Requirement(line)
+        if req.marker is None:
+            base.add(req.name.lower())  # always installed: never missing
+        for extra in ("quantize", "trtllm"):
+            if req.marker is not None and req.marker.evaluate({"extra": extra}):
+                extras.setdefault(extra, set()).add(req.name.lower())
+    needed = {p for stage in STAGES.values() if stage for p in stage.needs}
+    for package in needed:
+        distributions = set(toolchain.DISTRIBUTIONS.get(package, (package,)))
+        assert distributions & (base | extras[extra_for(package)]), package
+    assert f"pip install {CPU_TORCH} " in (ROOT / "README.md").read_text()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from trtbuild.estimate import format_bytes
@@ -61,6 +62,6 @@ class ConsoleReporter:
         self._drop()
         style = STATUS_STYLE.get(result.status, "")
         digest = f" {result.digest[:12]}" if result.digest else ""
-        reason = f"  {result.reason}" if result.reason else ""
+        reason = f"  {escape(result.reason)}" if result.reason else ""  # reasons hold [brackets]: not markup
         self.console.print(f"[{style}]{result.status:>10}[/] {result.id} [dim]({result.stage}, {result.seconds:.1f}s){digest}[/]{reason}",
                            highlight=False, soft_wrap=True)
