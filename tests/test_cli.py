@@ -282,3 +282,45 @@ def test_the_install_hint_names_the_extra_that_holds_each_package_and_readmes_to
         distributions = set(toolchain.DISTRIBUTIONS.get(package, (package,)))
         assert distributions & (base | extras[extra_for(package)]), package
     assert f"pip install {CPU_TORCH} " in (ROOT / "README.md").read_text()
+
+
+def _validation(node_id, kld_mean, top1, ppl_delta_pct, passed=True):
+    from trtbuild.runner import NodeResult
+
+    metrics = {"kld_mean": kld_mean, "kld_p99": 10 * kld_mean, "top1_agreement": top1, "ppl_reference": 10.0,
+               "ppl": 10.0 * (1 + ppl_delta_pct / 100), "ppl_delta_pct": ppl_delta_pct, "tokens": 1024, "windows": 4}
+    gates = {"kld_mean": {"value": kld_mean, "limit": 0.15, "passed": passed},
+             "top1_agreement": {"value": top1, "limit": 0.8, "passed": True}}
+    return NodeResult(node_id, "validate", "validate", "built" if passed else "failed", key="k" * 64, digest="d" * 64,
+                      seconds=2.5, reason=None if passed else "gate kld_mean: 0.312 > 0.15",
+                      summary={"metrics": metrics, "gates": gates, "warnings": []})
+
+
+def test_build_table_shows_each_validations_kl_top1_and_perplexity_change():
+    from rich.console import Console
+
+    from trtbuild.pipeline import BuildOutcome
+    from trtbuild.render import print_build
+    from trtbuild.runner import NodeResult
+
+    outcome = BuildOutcome("demo", [
+        NodeResult("fp8-tp1", "checkpoint", "checkpoint", "built", key="a" * 64, digest="b" * 64, seconds=1.0),
+        _validation("fp8-tp1:validate", 0.04312, 0.8912, 3.8049),
+        _validation("int4-tp1:validate", 0.312, 0.902, 12.0, passed=False),
+        NodeResult("fp8-tp1-sm90", "engine", "engine", "skipped", reason="needs torch: install it with `pip install 'trtbuild[quantize]'`"),
+    ], lock_path=None)
+    console = Console(record=True, width=240)
+    print_build(outcome, console)
+    text = console.export_text()
+    header = next(line for line in text.splitlines() if "artifact" in line)
+    assert [cell.strip() for cell in header.strip("┃").split("┃")] == [
+        "artifact", "stage", "status", "seconds", "digest", "KL mean", "top-1", "ppl change", "why / notes"]
+
+    def cells(name):
+        row = next(line for line in text.splitlines() if f" {name} " in line)
+        return [cell.strip() for cell in row.strip("│").split("│")]
+
+    assert cells("fp8-tp1:validate")[5:8] == ["0.0431", "89.1%", "+3.80%"]
+    assert cells("int4-tp1:validate")[5:9] == ["0.312", "90.2%", "+12.00%", "gate kld_mean: 0.312 > 0.15"]
+    assert cells("fp8-tp1")[5:8] == ["", "", ""]
+    assert cells("fp8-tp1-sm90")[8] == "needs torch: install it with `pip install 'trtbuild[quantize]'`"  # not markup

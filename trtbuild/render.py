@@ -44,6 +44,7 @@ def matrix_recipe_path(path: Path, cwd: Optional[Path] = None) -> str:
 
 
 def print_table(plan: Plan, console) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     ok = sum(t.ok for t in plan.targets)
@@ -71,25 +72,50 @@ def print_table(plan: Plan, console) -> None:
             format_bytes(est.kv_bytes_per_token) if est else "-",
             f"{est.kv_tokens:,}" if est and est.kv_tokens is not None else "-",
             (est.gpu_label() if est else None) or "-",
-            notes or "",
+            escape(notes or ""),
         )
     console.print(table)
+
+
+# Validation metrics the build table shows: (summary["metrics"] name, column, format).
+ACCURACY_COLUMNS = (
+    ("kld_mean", "KL mean", lambda v: f"{v:.3g}"),
+    ("top1_agreement", "top-1", lambda v: f"{v:.1%}"),
+    ("ppl_delta_pct", "ppl change", lambda v: f"{v:+.2f}%"),
+)
+
+
+def _accuracy_cells(result) -> list[str]:
+    """A validation's headline metrics (red where its gate failed); empty for other nodes."""
+    metrics = result.summary.get("metrics") or {}
+    gates = result.summary.get("gates") or {}
+    cells = []
+    for name, _, fmt in ACCURACY_COLUMNS:
+        value = metrics.get(name)
+        if value is None:
+            cells.append("")
+            continue
+        failed = gates.get(name, {}).get("passed") is False
+        cells.append(f"[red]{fmt(value)}[/]" if failed else fmt(value))
+    return cells
 
 
 def print_build(outcome, console) -> None:
     from collections import Counter
 
+    from rich.markup import escape
     from rich.table import Table
 
     from trtbuild.progress import STATUS_STYLE
 
     table = Table(show_lines=False)
-    for column in ("artifact", "stage", "status", "seconds", "digest", "why / notes"):
-        table.add_column(column, overflow="fold", justify="right" if column == "seconds" else "left")
+    right = {"seconds", *(column for _, column, _ in ACCURACY_COLUMNS)}
+    for column in ("artifact", "stage", "status", "seconds", "digest", *(c for _, c, _ in ACCURACY_COLUMNS), "why / notes"):
+        table.add_column(column, overflow="fold", justify="right" if column in right else "left")
     for r in outcome.results:
         style = STATUS_STYLE.get(r.status, "")
         table.add_row(r.id, r.stage or "-", f"[{style}]{r.status}[/]", f"{r.seconds:.1f}",
-                      r.digest[:12] if r.digest else "-", r.reason or "")
+                      r.digest[:12] if r.digest else "-", *_accuracy_cells(r), escape(r.reason or ""))
     console.print(table)
     counts = Counter(r.status for r in outcome.results)
     summary = ", ".join(f"{n} {status}" for status, n in counts.items())
