@@ -266,7 +266,7 @@ def test_the_install_hint_names_the_extra_that_holds_each_package_and_readmes_to
     from packaging.requirements import Requirement
 
     from trtbuild import toolchain
-    from trtbuild.stages.base import CPU_TORCH, extra_for
+    from trtbuild.stages.install import CPU_TORCH, extra_for
     from trtbuild.stages.registry import STAGES
 
     base, extras = set(), {}

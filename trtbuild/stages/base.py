@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from trtbuild import toolchain
+from trtbuild.stages.install import install_hint
 
 
 @dataclass(frozen=True)
@@ -24,29 +25,6 @@ class Stage:
         if absent:
             return install_hint(absent)
         return self.requires(platform) if self.requires else None
-
-
-# README's set-up installs this torch before trtbuild[quantize], so that pip takes its CPU build
-# rather than a multi-GB CUDA one (tests/test_cli.py checks the README still says so).
-CPU_TORCH = "torch==2.13.0"
-EXTRA_OF = {"tensorrt_llm": "trtllm"}  # every other package a stage needs comes with trtbuild[quantize]
-
-
-def extra_for(package: str) -> str:
-    return EXTRA_OF.get(package, "quantize")
-
-
-def install_hint(absent: list[str]) -> str:
-    """`needs torch, transformers: install them with `...``: the exact command for what is missing."""
-    commands = []
-    for extra in sorted({extra_for(p) for p in absent}):
-        if extra == "quantize":
-            commands.append(f"`python3 -m pip install {CPU_TORCH} 'trtbuild[quantize]'` "
-                            "(torch first, so that pip takes its CPU build)")
-        else:
-            commands.append(f"`python3 -m pip install 'trtbuild[{extra}]'` on a GPU host")
-    pronoun = "it" if len(absent) == 1 else "them"
-    return f"needs {', '.join(absent)}: install {pronoun} with {' and '.join(commands)}, or use the container image"
 
 
 @dataclass
