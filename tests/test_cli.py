@@ -9,9 +9,12 @@ import sys
 import jsonschema
 import pytest
 import yaml
+from click.testing import CliRunner
 
 from conftest import RECIPES, ROOT, minimal
 from trtbuild import __version__
+from trtbuild.cli import cli
+from trtbuild.graph import STAGE_ORDER
 
 SHIPPED = sorted(RECIPES.glob("*.yaml"))
 
@@ -164,3 +167,185 @@ def test_console_script_is_installed():
                             capture_output=True, text=True, check=False, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert [e["target"] for e in json.loads(result.stdout)["include"]] == ["fp8-tp2-sm90", "fp8-tp4-sm90"]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("--gpu", "sm99"), "--gpu: 'sm99' is not a supported architecture; use one of sm80, sm86, sm89, sm90, sm100, sm120"),
+    (("--until", "foo"), f"--until foo: not a stage ({', '.join(STAGE_ORDER)})"),
+    (("--target", "nope"), "--target nope: matches none of base-tp1, base-tp1-sm90"),
+    (("--locked",), "--locked: {lock}: no lock file; run `trtbuild build` without --locked to write it"),
+], ids=["gpu", "until", "target", "locked"])
+def test_build_errors_are_exactly_one_line_on_stderr(ws, run, args, expected):
+    # The progress display used to print an empty line on stderr when it stopped, before the error.
+    path = ws.recipe(minimal())
+    result = run("build", path, "--store", ws.root / "store", *args)
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr == expected.format(lock=path.with_suffix(".lock")) + "\n"
+
+
+def test_plan_gpu_product_is_the_card_the_estimate_assumes_and_says_so(ws, run):
+    path = ws.recipe(minimal(gpus="[L40S]"))
+    data = json.loads(run("plan", path, "--gpu", "L4", "--format", "json").stdout)
+    engine = data["targets"][1]
+    assert engine["name"] == "base-tp1-sm89"
+    assert {k: engine["estimate"][k] for k in ("gpu_product", "gpu_memory_bytes", "gpu_chosen_by")} == {
+        "gpu_product": "L4", "gpu_memory_bytes": 23034 * 1024**2, "gpu_chosen_by": "option"}
+    table = run("plan", path, "--gpu", "L4").stdout
+    assert "estimated on" in table
+    [row] = [line for line in table.splitlines() if "base-tp1-sm89" in line]
+    assert "L4 (22.5 GiB)" in row
+    [row] = [line for line in run("plan", ws.recipe(minimal(gpus="[sm89]"), name="sm.yaml")).stdout.splitlines()
+             if "base-tp1-sm89" in line]
+    assert "L40S (45.0 GiB, SM default)" in row
+
+
+def test_github_matrix_names_a_recipe_relative_to_the_current_folder(ws, run, monkeypatch):
+    # A CI job checks the repository out somewhere else: an absolute path from the planning host is useless there.
+    (ws.root / "recipes").mkdir()
+    ws.config()
+    path = ws.recipe(minimal().replace("{config}", "../config.json"), name="recipes/r.yaml")
+    monkeypatch.chdir(ws.root)
+    for given in (path, "recipes/r.yaml", "./recipes/../recipes/r.yaml"):
+        include = json.loads(run("plan", given, "--format", "github-matrix").stdout)["include"]
+        assert [e["recipe"] for e in include] == ["recipes/r.yaml"]
+
+
+def test_github_matrix_of_the_embedded_recipe_has_an_empty_recipe_that_build_reads_as_the_default(run):
+    result = run("plan", "--format", "github-matrix")
+    assert result.exit_code == 0
+    include = json.loads(result.stdout)["include"]
+    assert [e["target"] for e in include] == ["base-tp1-sm89", "int8-wo-tp1-sm89", "fp8-tp1-sm89",
+                                              "base-tp1-sm90", "int8-wo-tp1-sm90", "fp8-tp1-sm90"]
+    assert {e["recipe"] for e in include} == {""}  # `trtbuild build ${{ matrix.recipe }} ...` builds the embedded one
+
+
+def test_build_help_lists_every_stage_until_takes_in_order():
+    from trtbuild.cli import until_help
+
+    result = CliRunner().invoke(cli, ["build", "--help"])
+    assert result.exit_code == 0
+    help_text = " ".join(result.stdout.split())
+    assert until_help(STAGE_ORDER) in help_text
+    steps = {}
+    for stage, rank in STAGE_ORDER.items():
+        steps.setdefault(rank, []).append(stage)
+    assert until_help(STAGE_ORDER).endswith(", ".join("/".join(steps[r]) for r in sorted(steps)) + ".")
+    assert all(stage in help_text for stage in STAGE_ORDER)
+
+
+PLAN_ONLY_ABSENT = ("torch", "transformers", "modelopt", "gguf", "accelerate", "tensorrt_llm")
+
+
+@pytest.fixture
+def plan_only_install(monkeypatch):
+    """This process as `pip install trtbuild` alone leaves it: none of the quantize or trtllm extras."""
+    from trtbuild import toolchain
+
+    real = toolchain.package_version
+    monkeypatch.setattr(toolchain, "package_version", lambda name: None if name in PLAN_ONLY_ABSENT else real(name))
+
+
+def test_a_plan_only_install_names_the_command_that_installs_what_a_stage_needs(ws, run, plan_only_install):
+    (ws.root / "model").mkdir()
+    ws.config(name="model/config.json")
+    path = ws.recipe(minimal("variants: {fp8: {quant: fp8}}\nbackends: [hf-checkpoint]").replace("  config: {config}\n", ""))
+    result = run("build", path, "--store", ws.root / "store", "--json")
+    reasons = {t["name"]: t["reason"] for t in json.loads(result.stdout)["targets"]}
+    expected = ("needs torch, transformers: install them with `python3 -m pip install torch==2.13.0 'trtbuild[quantize]'` "
+                "(torch first, so that pip takes its CPU build), or use the container image")
+    assert reasons["reference"] == expected
+    # The progress line on stderr shows it as written (rich used to read "[quantize]" as markup and drop it).
+    [line] = [line for line in result.stderr.splitlines() if " reference " in line]
+    assert line.endswith(f"  {expected}")
+
+
+def test_the_install_hint_names_the_extra_that_holds_each_package_and_readmes_torch_pin():
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+
+    from trtbuild import toolchain
+    from trtbuild.stages.install import CPU_TORCH, extra_for
+    from trtbuild.stages.registry import STAGES
+
+    base, extras = set(), {}
+    for line in requires("trtbuild"):
+        req = Requirement(line)
+        if req.marker is None:
+            base.add(req.name.lower())  # always installed: never missing
+        for extra in ("quantize", "trtllm"):
+            if req.marker is not None and req.marker.evaluate({"extra": extra}):
+                extras.setdefault(extra, set()).add(req.name.lower())
+    needed = {p for stage in STAGES.values() if stage for p in stage.needs}
+    for package in needed:
+        distributions = set(toolchain.DISTRIBUTIONS.get(package, (package,)))
+        assert distributions & (base | extras[extra_for(package)]), package
+    assert f"pip install {CPU_TORCH} " in (ROOT / "README.md").read_text()
+
+
+def _validation(node_id, kld_mean, top1, ppl_delta_pct, passed=True):
+    from trtbuild.runner import NodeResult
+
+    metrics = {"kld_mean": kld_mean, "kld_p99": 10 * kld_mean, "top1_agreement": top1, "ppl_reference": 10.0,
+               "ppl": 10.0 * (1 + ppl_delta_pct / 100), "ppl_delta_pct": ppl_delta_pct, "tokens": 1024, "windows": 4}
+    gates = {"kld_mean": {"value": kld_mean, "limit": 0.15, "passed": passed},
+             "top1_agreement": {"value": top1, "limit": 0.8, "passed": True}}
+    return NodeResult(node_id, "validate", "validate", "built" if passed else "failed", key="k" * 64, digest="d" * 64,
+                      seconds=2.5, reason=None if passed else "gate kld_mean: 0.312 > 0.15",
+                      summary={"metrics": metrics, "gates": gates, "warnings": []})
+
+
+def test_build_table_shows_each_validations_kl_top1_and_perplexity_change():
+    from rich.console import Console
+
+    from trtbuild.pipeline import BuildOutcome
+    from trtbuild.render import print_build
+    from trtbuild.runner import NodeResult
+
+    outcome = BuildOutcome("demo", [
+        NodeResult("fp8-tp1", "checkpoint", "checkpoint", "built", key="a" * 64, digest="b" * 64, seconds=1.0),
+        _validation("fp8-tp1:validate", 0.04312, 0.8912, 3.8049),
+        _validation("int4-tp1:validate", 0.312, 0.902, 12.0, passed=False),
+        NodeResult("fp8-tp1-sm90", "engine", "engine", "skipped", reason="needs torch: install it with `pip install 'trtbuild[quantize]'`"),
+    ], lock_path=None)
+    console = Console(record=True, width=240)
+    print_build(outcome, console)
+    text = console.export_text()
+    header = next(line for line in text.splitlines() if "artifact" in line)
+    assert [cell.strip() for cell in header.strip("┃").split("┃")] == [
+        "artifact", "stage", "status", "seconds", "digest", "KL mean", "top-1", "ppl change", "why / notes"]
+
+    def cells(name):
+        row = next(line for line in text.splitlines() if f" {name} " in line)
+        return [cell.strip() for cell in row.strip("│").split("│")]
+
+    assert cells("fp8-tp1:validate")[5:8] == ["0.0431", "89.1%", "+3.80%"]
+    assert cells("int4-tp1:validate")[5:9] == ["0.312", "90.2%", "+12.00%", "gate kld_mean: 0.312 > 0.15"]
+    assert cells("fp8-tp1")[5:8] == ["", "", ""]
+    assert cells("fp8-tp1-sm90")[8] == "needs torch: install it with `pip install 'trtbuild[quantize]'`"  # not markup
+
+
+def _commands(group, prefix=("trtbuild",)):
+    import click
+
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*prefix, name))
+        else:
+            yield " ".join((*prefix, name)), command
+
+
+def test_readmes_cli_table_lists_every_command_and_option():
+    rows = {}
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("| `trtbuild "):
+            usage = line.split("`")[1]
+            rows[" ".join(w for w in usage.split() if w[0].isalpha())] = usage
+    for name, command in _commands(cli):
+        usage = next((u for words, u in rows.items() if words.startswith(name)), None)
+        assert usage is not None, f"README's CLI table has no row for {name}"
+        for param in command.params:
+            flags = [f for f in param.opts if f.startswith("--")]
+            if flags and flags[0] != "--help":
+                assert flags[0] in usage, f"README's row for {name} lacks {flags[0]}"

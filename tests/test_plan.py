@@ -237,6 +237,38 @@ def test_gpu_filter_keeps_one_sm(ws):
         plan_of(ws, gpus="[sm89, sm90]", gpu_filter={"sm80"})
 
 
+@pytest.mark.parametrize("choice, product, memory_mib", [("L4", "L4", 23034), ("RTX4090", "RTX4090", 24564)])
+def test_a_product_on_the_command_line_is_the_card_its_sm_is_estimated_on(ws, choice, product, memory_mib):
+    # The recipe names the L40S for sm89; `--gpu L4` asks about the L4, not the L40S's 45 GiB.
+    plan = plan_of(ws, gpus="[L40S, sm90]", gpu_filter={choice})
+    [engine] = [t for t in plan.targets if t.kind == "engine"]
+    assert engine.gpu == "sm89"
+    assert (engine.estimate.gpu_product, engine.estimate.gpu_memory_bytes, engine.estimate.gpu_chosen_by) == (
+        product, memory_mib * 1024**2, "option")
+
+
+def test_an_sm_on_the_command_line_keeps_the_recipes_cards(ws):
+    plan = plan_of(ws, gpus="[L40S, L4, sm90]", gpu_filter={"sm89"})
+    [engine] = [t for t in plan.targets if t.kind == "engine"]
+    assert (engine.estimate.gpu_product, engine.estimate.gpu_chosen_by) == ("L4", "recipe")
+    plan = plan_of(ws, gpus="[sm89]", gpu_filter={"sm89"})
+    [engine] = [t for t in plan.targets if t.kind == "engine"]
+    assert (engine.estimate.gpu_product, engine.estimate.gpu_chosen_by) == ("L40S", "default")
+
+
+def test_a_product_whose_sm_the_recipe_does_not_target_is_refused(ws):
+    with pytest.raises(InvalidInput, match=r"^--gpu L4 \(sm89\): .*recipe.yaml targets sm90$"):
+        plan_of(ws, gpu_filter={"L4"})
+
+
+def test_the_fit_on_the_card_given_decides_the_status(ws):
+    # Llama-3.1-70B in INT4 AWQ over tp2 (19.9 GiB per GPU) fits the L40S's 45 GiB but not the L4's 22.5 GiB.
+    extra = "variants: {int4: {quant: int4_awq}}\nparallelism: [{tp: 2}]"
+    assert plan_of(ws, extra, gpus="[L40S]", config=LLAMA_70B).target("int4-tp2-sm89").ok
+    on_l4 = plan_of(ws, extra, gpus="[L40S]", config=LLAMA_70B, gpu_filter={"L4"}).target("int4-tp2-sm89")
+    assert on_l4.status == "impossible" and on_l4.reason.startswith("does not fit on L4 (22.5 GiB): ")
+
+
 def test_select_by_glob_keeps_dependencies(ws):
     plan = plan_of(ws, "variants: {bf16: {}, fp8: {quant: fp8}}", gpus="[sm89, sm90]")
     assert [t.name for t in select(plan, ["fp8-*-sm90"]).targets] == ["fp8-tp1", "fp8-tp1-sm90"]

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import minimal
 from trtbuild.errors import InvalidInput
-from trtbuild.recipe import load_recipe
+from trtbuild.recipe import json_schema, load_recipe
 
 
 def errors_of(path) -> list[str]:
@@ -247,3 +247,15 @@ def test_wrong_container_types(ws):
     messages = errors_of(path)
     assert messages == [f"{path}:7:11: variants: expected a mapping, got a list",
                         f"{path}:8:9: limits: expected a mapping, got 5"]
+
+
+def test_every_field_of_the_published_schema_has_a_description():
+    # `trtbuild schema` documents the recipe for editors: every key shows what it is when hovered.
+    schema = json_schema()
+    undocumented = []
+    for model, definition in {"Recipe": schema, **schema.get("$defs", {})}.items():
+        for name, prop in definition.get("properties", {}).items():
+            if not str(prop.get("description", "")).strip():
+                undocumented.append(f"{model}.{name}")
+    assert undocumented == []
+    assert len(schema["$defs"]) >= 10  # the walk saw every model (Source, Variant, Limits, Gates, ...)

@@ -178,7 +178,7 @@ def test_report_files_table_and_plot(report):
     assert "Left out of the plot:" in text
     for target in ("bf16 (no metrics)", "nvfp4 (no metrics)", "bf16-tp1-sm89 (no metrics)"):
         assert target in text
-    assert "int4-awq: 5.73 GiB on disk, KL mean 0.312, top-1 agreement 90.2%, gates FAILED" in text
+    assert "int4-awq: 5.73 GiB on disk, KL mean 0.312, top-1 agreement 90.2%, perplexity change +7.90%, gates FAILED" in text
     assert "Dashed lines: gate limits (KL mean ≤ 0.0500; top-1 agreement ≥ 95.0%)" in text
 
 
@@ -249,3 +249,55 @@ def test_a_malformed_lock_reads_as_not_built(ws, tmp_path):
     assert found["base-tp1"]["status"] == "planned" and found["base-tp1"]["kld_mean"] is None
     assert found["base-tp1-sm90"]["status"] == "planned" and found["base-tp1-sm90"]["measured_by"] is None
     assert rows(plan, LocalStore(tmp_path / "store"), {"targets": ["not", "a", "mapping"]})[0]["status"] == "planned"
+
+
+def _gates(kl_limit, top1_limit, ppl_limit, passed=True):
+    return {"kld_mean": {"value": 0.0, "limit": kl_limit, "passed": passed},
+            "top1_agreement": {"value": 1.0, "limit": top1_limit, "passed": True},
+            "ppl_delta_pct": {"value": 0.0, "limit": ppl_limit, "passed": True}}
+
+
+def _figure_of(rows):
+    pytest.importorskip("matplotlib")
+    from trtbuild.report.html import _plot_points, accuracy_figure
+
+    points, _ = _plot_points(rows)
+    return accuracy_figure("demo", points)
+
+
+def test_the_plot_has_a_perplexity_change_panel_and_draws_every_gate_limit():
+    # Two quantization families: 8-bit gates (0.15, 80%, 15%) and 4-bit gates (0.5, 65%, 50%).
+    rows = [
+        _row("fp8-tp1", "checkpoint", "fp8", "built", quant="fp8", size_bytes=200 * 2**20, kld_mean=0.043,
+             top1_agreement=0.89, ppl_delta_pct=3.8, gates=_gates(0.15, 0.8, 15)),
+        _row("int8-wo-tp1", "checkpoint", "int8-wo", "built", quant="int8_wo", size_bytes=210 * 2**20, kld_mean=0.0026,
+             top1_agreement=0.97, ppl_delta_pct=0.4, gates=_gates(0.15, 0.8, 15)),
+        _row("int4-tp1", "checkpoint", "int4", "built", quant="int4_awq", size_bytes=120 * 2**20, kld_mean=0.3,
+             top1_agreement=0.7, ppl_delta_pct=21.0, gates=_gates(0.5, 0.65, 50)),
+    ]
+    fig, info = _figure_of(rows)
+    ax_kl, ax_top1, ax_ppl = fig.axes
+    assert ax_ppl.get_ylabel() == "perplexity change (%)"
+    # every variant's perplexity change is plotted at its size
+    offsets = sorted(tuple(xy) for c in ax_ppl.collections for xy in c.get_offsets().tolist())
+    assert offsets == [(120.0, 21.0), (200.0, 3.8), (210.0, 0.4)]
+
+    def gate_lines(ax):
+        return {line.get_label(): line.get_ydata()[0] for line in ax.get_lines() if line.get_label().startswith("gate")}
+
+    assert gate_lines(ax_kl) == {"gate: KL mean ≤ 0.150 (fp8, int8-wo)": 0.15, "gate: KL mean ≤ 0.500 (int4)": 0.5}
+    assert gate_lines(ax_top1) == {"gate: top-1 ≥ 80.0% (fp8, int8-wo)": 0.8, "gate: top-1 ≥ 65.0% (int4)": 0.65}
+    assert gate_lines(ax_ppl) == {"gate: ppl change ≤ 15% (fp8, int8-wo)": 15, "gate: ppl change ≤ 50% (int4)": 50}
+    # the legend of each panel shows them
+    for ax in fig.axes:
+        assert {t.get_text() for t in ax.get_legend().get_texts()} == set(gate_lines(ax))
+
+
+def test_one_shared_gate_limit_is_labelled_without_variants():
+    rows = [_row("fp8-tp1", "checkpoint", "fp8", "built", size_bytes=2**30, kld_mean=0.01, top1_agreement=0.95,
+                 ppl_delta_pct=1.0, gates=_gates(0.15, 0.8, 15)),
+            _row("int8-tp1", "checkpoint", "int8", "built", size_bytes=2**30, kld_mean=0.02, top1_agreement=0.93,
+                 ppl_delta_pct=2.0, gates=_gates(0.15, 0.8, 15))]
+    fig, _ = _figure_of(rows)
+    labels = [line.get_label() for ax in fig.axes for line in ax.get_lines()]
+    assert labels == ["gate: KL mean ≤ 0.150", "gate: top-1 ≥ 80.0%", "gate: ppl change ≤ 15%"]

@@ -54,20 +54,23 @@ def _console():
     return console
 
 
-def _parse_gpu(value: str | None) -> set[str] | None:
+def _parse_gpu(value: str | None):
+    """`--gpu` of `plan`: None (all), or the one GpuChoice (an SM, or a product whose memory counts)."""
     if value is None or value == "all":
         return None
     from trtbuild import hardware
 
     try:
-        return {hardware.resolve_gpu(value).sm}
+        return {hardware.resolve_gpu(value)}
     except ValueError as exc:
         raise InvalidInput(f"--gpu: {exc}") from None
 
 
 @cli.command()
 @click.argument("recipes", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--gpu", "gpu", metavar="SM|PRODUCT|all", help="Plan only engines for this GPU (default: all in the recipe).")
+@click.option("--gpu", "gpu", metavar="SM|PRODUCT|all",
+              help="Plan only engines for this GPU (default: all in the recipe); a product (L4, RTX4090, ...) is "
+                   "also the card the memory estimate assumes.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "github-matrix"]), default="table", show_default=True,
               help="table for people, json for programs, github-matrix for a GitHub Actions strategy.matrix.")
 def plan(recipes: tuple[Path, ...], gpu: str | None, fmt: str) -> None:
@@ -98,11 +101,30 @@ def plan(recipes: tuple[Path, ...], gpu: str | None, fmt: str) -> None:
     if fmt == "json":
         click.echo(render.plans_json(plans))
     elif fmt == "github-matrix":
-        click.echo(render.github_matrix(plans))
+        click.echo(render.github_matrix(plans, embedded=not recipes))
     else:
         console = _console()
         for p in plans:
             render.print_table(p, console)
+
+
+def until_help(stage_order: dict[str, int]) -> str:
+    """`--until`'s help, from graph.STAGE_ORDER: its steps in order, stages of one step joined by `/`."""
+    steps: dict[int, list[str]] = {}
+    for stage, rank in stage_order.items():
+        steps.setdefault(rank, []).append(stage)
+    listed = ", ".join("/".join(steps[rank]) for rank in sorted(steps))
+    return f"Stop after this stage (stages joined by / stop together): {listed}."
+
+
+class _UntilOption(click.Option):
+    """Its help lists graph.STAGE_ORDER, imported only when help is shown (graph imports the stages)."""
+
+    def get_help_record(self, ctx):
+        from trtbuild.graph import STAGE_ORDER
+
+        self.help = until_help(STAGE_ORDER)
+        return super().get_help_record(ctx)
 
 
 STORE_OPTION = click.option("--store", "store_url", metavar="URL",
@@ -118,8 +140,8 @@ def _load(recipe: Path | None):
 @cli.command()
 @click.argument("recipe", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--target", "targets", multiple=True, metavar="GLOB", help="Build only matching targets (and what they need).")
-@click.option("--until", metavar="STAGE", help="Stop after this stage: source, checkpoint, validate, engine.")
-@click.option("--gpu", default="all", show_default=True, metavar="auto|SM|all",
+@click.option("--until", metavar="STAGE", cls=_UntilOption)
+@click.option("--gpu", default="all", show_default=True, metavar="auto|SM|PRODUCT|all",
               help="Engines to build: auto = the SMs of this host's GPUs, an SM or product, or all.")
 @STORE_OPTION
 @click.option("--require-all", is_flag=True, help="Targets this host cannot build (or impossible ones) fail instead of being skipped.")

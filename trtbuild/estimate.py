@@ -31,6 +31,16 @@ class Estimate:
     gpu_product: Optional[str] = None
     gpu_memory_bytes: Optional[int] = None
     activation_bytes: Optional[int] = None
+    # Who chose gpu_product: "recipe" (the smallest card it names for the SM), "default" (the
+    # recipe named only the SM: hardware.DEFAULT_PRODUCT), "option" (`--gpu PRODUCT`).
+    gpu_chosen_by: Optional[str] = None
+
+    def gpu_label(self) -> Optional[str]:
+        """The card the estimate assumed, as the plan table shows it: `L4 (22.5 GiB)`."""
+        if self.gpu_product is None:
+            return None
+        default = ", SM default" if self.gpu_chosen_by == "default" else ""
+        return f"{self.gpu_product} ({format_bytes(self.gpu_memory_bytes or 0)}{default})"
 
     def as_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items()}

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from trtbuild import hardware, toolchain, trtllm
 from trtbuild.plan import CHECKPOINT, ENGINE, HF_CHECKPOINT, Plan, Target
 from trtbuild.stages.base import Stage
+from trtbuild.stages.install import install_hint
 from trtbuild.stages.registry import NOT_YET, STAGES
 from trtbuild.validate import gates
 
@@ -178,8 +179,7 @@ class Node:
             return CannotRun(Blocker.HOST, problem)
         missing = self.stage.missing_packages() if self.stage else []
         if missing:
-            return CannotRun(Blocker.INSTALL, f"needs {', '.join(missing)}, which this install lacks: "
-                                              "pip install torch==2.13.0 'trtbuild[quantize]' (README, Set-up)")
+            return CannotRun(Blocker.INSTALL, install_hint(missing))
         return None
 
     def text_digests(self) -> dict[str, str]:

@@ -44,14 +44,15 @@ class BuildOutcome:
                 "targets": [r.as_json() for r in self.results]}
 
 
-def gpu_filter(loaded: LoadedRecipe, choice: str) -> Optional[set[str]]:
+def gpu_filter(loaded: LoadedRecipe, choice: str) -> Optional[set]:
+    """--gpu: SMs (auto: this host's), or the product named, whose memory the estimates then use."""
     if choice == "all":
         return None
     if choice == "auto":  # this host's GPUs that the recipe targets (none: no engines here)
         recipe_sms = {g.sm for g in loaded.recipe.gpu_choices()}
         return {g.sm for g in hardware.detect_gpus()} & recipe_sms
     try:
-        return {hardware.resolve_gpu(choice).sm}
+        return {hardware.resolve_gpu(choice)}
     except ValueError as exc:
         raise InvalidInput(f"--gpu: {exc}") from None
 

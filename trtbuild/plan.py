@@ -8,7 +8,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional, Union
 
 from trtbuild import estimate, hardware, trtllm
 from trtbuild.errors import InvalidInput
@@ -116,7 +116,11 @@ def find_model_config(loaded: LoadedRecipe) -> Path:
 
 # ---- expansion and rules -------------------------------------------------------------------------
 
-def plan_recipe(loaded: LoadedRecipe, model: Optional[ModelSpec] = None, gpu_filter: Optional[set[str]] = None) -> Plan:
+def plan_recipe(loaded: LoadedRecipe, model: Optional[ModelSpec] = None,
+                gpu_filter: Optional[Iterable[Union[str, hardware.GpuChoice]]] = None) -> Plan:
+    """`gpu_filter`: plan only engines for these GPUs, each an SM or a product (a name, or a
+    resolved `hardware.GpuChoice`). An SM keeps the cards the recipe names for it; a product is
+    the card its SM's engine is estimated on (`--gpu L4` asks about the L4, not the recipe's L40S)."""
     recipe = loaded.recipe
     if model is None:
         model = load_config(find_model_config(loaded))
@@ -126,11 +130,7 @@ def plan_recipe(loaded: LoadedRecipe, model: Optional[ModelSpec] = None, gpu_fil
 
     gpus = _gpus_by_sm(recipe)
     if gpu_filter is not None:
-        unknown = gpu_filter - set(gpus)
-        if unknown:
-            listed = ", ".join(gpus) or "none"
-            raise InvalidInput(f"--gpu {', '.join(sorted(unknown))}: {loaded.path} targets {listed}")
-        gpus = {sm: products for sm, products in gpus.items() if sm in gpu_filter}
+        gpus = _filter_gpus(loaded, gpus, gpu_filter)
 
     targets: list[Target] = []
     for vname, variant in recipe.variants.items():
@@ -138,22 +138,52 @@ def plan_recipe(loaded: LoadedRecipe, model: Optional[ModelSpec] = None, gpu_fil
             for par in recipe.parallelism:
                 ckpt = _checkpoint_target(plan, vname, variant, par.tp, par.pp)
                 targets.append(ckpt)
-                for sm, products in gpus.items():
-                    targets.append(_engine_target(plan, ckpt, variant, sm, products))
+                for cards in gpus.values():
+                    targets.append(_engine_target(plan, ckpt, variant, cards))
         if HF_CHECKPOINT in recipe.backends:
             targets.append(_hf_target(plan, vname, variant))
     plan.targets = _drop_unused(_apply_excludes(recipe, targets))
     return plan
 
 
-def _gpus_by_sm(recipe: Recipe) -> dict[str, list[hardware.GpuProduct]]:
+@dataclass(frozen=True)
+class SmCards:
+    """The cards one SM's engine must fit, and who chose them (Estimate.gpu_chosen_by)."""
+
+    sm: str
+    products: tuple[hardware.GpuProduct, ...]
+    chosen_by: str  # recipe | default (the recipe named only the SM) | option (--gpu PRODUCT)
+
+
+def _gpus_by_sm(recipe: Recipe) -> dict[str, SmCards]:
     """One engine per SM; the products named for it (or the SM's default) are the ones it must fit."""
-    by_sm: dict[str, list[hardware.GpuProduct]] = {}
+    named: dict[str, list[hardware.GpuProduct]] = {}
+    defaults: dict[str, hardware.GpuProduct] = {}
     for choice in recipe.gpu_choices():
-        products = by_sm.setdefault(choice.sm, [])
-        if choice.product not in products:
+        products = named.setdefault(choice.sm, [])
+        if choice.named_product and choice.product not in products:
             products.append(choice.product)
-    return by_sm
+        elif not choice.named_product:
+            defaults[choice.sm] = choice.product
+    return {sm: SmCards(sm, tuple(products), "recipe") if products else SmCards(sm, (defaults[sm],), "default")
+            for sm, products in named.items()}
+
+
+def _filter_gpus(loaded: LoadedRecipe, gpus: dict[str, SmCards],
+                 gpu_filter: Iterable[Union[str, hardware.GpuChoice]]) -> dict[str, SmCards]:
+    choices = [c if isinstance(c, hardware.GpuChoice) else hardware.resolve_gpu(c) for c in gpu_filter]
+    unknown = sorted({c.product.name + f" ({c.sm})" if c.named_product else c.sm for c in choices if c.sm not in gpus})
+    if unknown:
+        listed = ", ".join(gpus) or "none"
+        raise InvalidInput(f"--gpu {', '.join(unknown)}: {loaded.path} targets {listed}")
+    kept: dict[str, SmCards] = {}
+    for sm, cards in gpus.items():
+        wanted = [c for c in choices if c.sm == sm]
+        if not wanted:
+            continue
+        products = tuple(dict.fromkeys(c.product for c in wanted if c.named_product))
+        kept[sm] = SmCards(sm, products, "option") if products else cards
+    return kept
 
 
 def _model_rules(model: ModelSpec, variant: Variant, tp: int, pp: int) -> Optional[str]:
@@ -213,17 +243,18 @@ def _checkpoint_target(plan: Plan, vname: str, variant: Variant, tp: int, pp: in
     )
 
 
-def _engine_target(plan: Plan, ckpt: Target, variant: Variant, sm: str, products: list[hardware.GpuProduct]) -> Target:
-    recipe, model = plan.recipe, plan.model
+def _engine_target(plan: Plan, ckpt: Target, variant: Variant, cards: SmCards) -> Target:
+    recipe, model, sm = plan.recipe, plan.model, cards.sm
     tp, pp = ckpt.tp or 1, ckpt.pp or 1
     weights = ckpt.estimate.weights_bytes_per_gpu
     kv_per_token = ckpt.estimate.kv_bytes_per_token
     activations = estimate.activation_bytes(
         model, tp, plan.dtype, recipe.limits.max_num_tokens, recipe.limits.max_batch_size, recipe.limits.max_beam_width
     )
-    smallest = min(products, key=lambda p: p.memory_mib)  # an engine for an SM must fit every GPU named for it
+    smallest = min(cards.products, key=lambda p: p.memory_mib)  # an engine for an SM must fit every GPU named for it
     fits, kv_tokens = estimate.fit_on_gpu(weights, kv_per_token, activations, smallest.memory_bytes)
-    est = estimate.Estimate(weights, kv_per_token, kv_tokens, fits, smallest.name, smallest.memory_bytes, activations)
+    est = estimate.Estimate(weights, kv_per_token, kv_tokens, fits, smallest.name, smallest.memory_bytes, activations,
+                            cards.chosen_by)
 
     reason = None
     if not ckpt.ok:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from trtbuild.estimate import format_bytes
@@ -25,11 +26,15 @@ class ConsoleReporter:
         self.bytes = 0
 
     def __enter__(self) -> "ConsoleReporter":
-        self.progress.start()
+        # Bars only on a terminal: on a file or pipe rich's Progress.stop() prints an empty line,
+        # which came before every error message (and a bar redrawn into a log file helps nobody).
+        if self.console.is_terminal:
+            self.progress.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.progress.stop()
+        if self.progress.live.is_started:
+            self.progress.stop()
 
     def _drop(self) -> None:
         if self.task is not None:
@@ -57,6 +62,6 @@ class ConsoleReporter:
         self._drop()
         style = STATUS_STYLE.get(result.status, "")
         digest = f" {result.digest[:12]}" if result.digest else ""
-        reason = f"  {result.reason}" if result.reason else ""
+        reason = f"  {escape(result.reason)}" if result.reason else ""  # reasons hold [brackets]: not markup
         self.console.print(f"[{style}]{result.status:>10}[/] {result.id} [dim]({result.stage}, {result.seconds:.1f}s){digest}[/]{reason}",
                            highlight=False, soft_wrap=True)

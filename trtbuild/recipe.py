@@ -57,7 +57,9 @@ class Source(_Strict):
         description="a GGUF file; `pkg:DIST_MODULE/FILE` names a file inside an installed Python package",
     )
     s3: Optional[str] = Field(None, pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", description="s3://BUCKET/PREFIX")
-    trust_remote_code: bool = False
+    trust_remote_code: bool = Field(
+        False, description="accept a Hugging Face model whose config.json names custom code (`auto_map`): such a "
+        "source is refused unless this is true (default false)")
     config: Optional[str] = Field(
         None, min_length=1, description="local config.json that `plan` uses when the source is not on this machine"
     )
@@ -93,29 +95,35 @@ class Calibration(_Strict):
     """The calibration set ModelOpt quantizes with (its token ids are hashed into the checkpoint key)."""
 
     text: str = Field("builtin", min_length=1, description="`builtin`, or a text file or folder of text files")
-    samples: PositiveInt = 512
-    seq_len: PositiveInt = 512
-    seed: int = Field(0, ge=0)
-    device: Device = "auto"
+    samples: PositiveInt = Field(512, description="number of calibration windows (default 512)")
+    seq_len: PositiveInt = Field(512, description="tokens per calibration window (default 512)")
+    seed: int = Field(0, ge=0, description="seed that picks the windows from the text (default 0); the same seed "
+                      "and text give the same windows")
+    device: Device = Field("auto", description="where ModelOpt calibrates: `auto` (CUDA when this host has an NVIDIA "
+                           "GPU, else CPU), `cpu` or `cuda`; part of the key, since results differ in the last bits")
 
 
 class CalibrationOverride(_Strict):
     """Per-variant calibration: only the fields given replace the top-level calibration's."""
 
-    text: Optional[str] = Field(None, min_length=1)
-    samples: Optional[PositiveInt] = None
-    seq_len: Optional[PositiveInt] = None
-    seed: Optional[int] = Field(None, ge=0)
-    device: Optional[Device] = None
+    text: Optional[str] = Field(None, min_length=1, description="replaces calibration.text for this variant")
+    samples: Optional[PositiveInt] = Field(None, description="replaces calibration.samples for this variant")
+    seq_len: Optional[PositiveInt] = Field(None, description="replaces calibration.seq_len for this variant")
+    seed: Optional[int] = Field(None, ge=0, description="replaces calibration.seed for this variant")
+    device: Optional[Device] = Field(None, description="replaces calibration.device for this variant (`auto`, `cpu`, `cuda`)")
 
 
 class Variant(_Strict):
     """One quantization of the model; `{}` builds it unquantized."""
 
-    quant: Optional[QuantName] = None
-    kv_cache: Optional[KvCacheName] = None
+    quant: Optional[QuantName] = Field(
+        None, description="weight (and activation) quantization, a ModelOpt qformat: `fp8`, `int8_sq` (SmoothQuant), "
+        "`int4_awq`, `w4a8_awq`, `int8_wo`, `int4_wo` (weight-only), `nvfp4`; unset: the recipe's dtype")
+    kv_cache: Optional[KvCacheName] = Field(
+        None, description="KV-cache quantization: `fp8`, `int8` or `nvfp4`; unset: the KV cache is kept in the dtype")
     group_size: Optional[PositiveInt] = Field(None, description="AWQ block size along the input dimension (default 128)")
-    calibration: Optional[CalibrationOverride] = None
+    calibration: Optional[CalibrationOverride] = Field(
+        None, description="fields that replace the top-level calibration's for this variant only")
 
     @model_validator(mode="after")
     def _group_size_only_for_awq(self) -> "Variant":
@@ -135,18 +143,34 @@ class Variant(_Strict):
 
 
 class Parallelism(_Strict):
-    tp: PositiveInt = 1
-    pp: PositiveInt = 1
+    """One tensor x pipeline split: an engine runs on tp * pp GPUs."""
+
+    tp: PositiveInt = Field(1, description="tensor-parallel degree: GPUs each layer is split over (default 1)")
+    pp: PositiveInt = Field(1, description="pipeline-parallel degree: stages the layers are split into (default 1)")
 
 
 class Limits(_Strict):
     """Engine limits; defaults are trtllm-build's (BuildConfig), max_seq_len from the model config."""
 
-    max_batch_size: PositiveInt = trtllm.build_default("max_batch_size")
-    max_input_len: PositiveInt = trtllm.build_default("max_input_len")
-    max_seq_len: Optional[PositiveInt] = None
-    max_num_tokens: PositiveInt = trtllm.build_default("max_num_tokens")
-    max_beam_width: PositiveInt = trtllm.build_default("max_beam_width")
+    max_batch_size: PositiveInt = Field(
+        trtllm.build_default("max_batch_size"),
+        description=f"most requests an engine serves at once (trtllm-build default {trtllm.build_default('max_batch_size')})")
+    max_input_len: PositiveInt = Field(
+        trtllm.build_default("max_input_len"),
+        description=f"most prompt tokens per request (trtllm-build default {trtllm.build_default('max_input_len')}); "
+        "at most max_seq_len")
+    max_seq_len: Optional[PositiveInt] = Field(
+        None, description="most tokens per request, prompt and output together; unset: the model's positions "
+        "(max_position_embeddings, times the rope scaling factor where it applies), 2048 when the config has none; "
+        "at most those positions")
+    max_num_tokens: PositiveInt = Field(
+        trtllm.build_default("max_num_tokens"),
+        description=f"most tokens in one forward pass over the whole batch (trtllm-build default "
+        f"{trtllm.build_default('max_num_tokens')}); sizes the activation memory")
+    max_beam_width: PositiveInt = Field(
+        trtllm.build_default("max_beam_width"),
+        description=f"most beams of beam search (trtllm-build default {trtllm.build_default('max_beam_width')}; "
+        "1 means no beam search)")
 
 
 class Toolchain(_Strict):
@@ -163,11 +187,12 @@ class Engine(_Strict):
 class Exclude(_Strict):
     """Drops every target that matches all the fields given."""
 
-    variant: Optional[str] = None
-    tp: Optional[PositiveInt] = None
-    pp: Optional[PositiveInt] = None
-    gpu: Optional[GpuName] = None
-    backend: Optional[Backend] = None
+    variant: Optional[str] = Field(None, description="a variant name of this recipe")
+    tp: Optional[PositiveInt] = Field(None, description="a tensor-parallel degree")
+    pp: Optional[PositiveInt] = Field(None, description="a pipeline-parallel degree")
+    gpu: Optional[GpuName] = Field(None, description="an SM (`sm90`) or a product (`H100`, matched by its SM); "
+                                   "matches engine targets only")
+    backend: Optional[Backend] = Field(None, description="`engine` or `hf-checkpoint`")
 
     @model_validator(mode="after")
     def _not_empty(self) -> "Exclude":
@@ -177,18 +202,28 @@ class Exclude(_Strict):
 
 
 class Gates(_Strict):
-    kld_mean: Optional[float] = Field(None, ge=0, description="largest mean KL divergence to the reference")
-    kld_p99: Optional[float] = Field(None, ge=0, description="largest 99th-percentile per-token KL divergence")
-    top1_agreement: Optional[float] = Field(None, ge=0, le=1, description="smallest share of tokens with the reference's top-1")
-    ppl_delta_pct: Optional[float] = Field(None, ge=0, description="largest perplexity increase in percent")
+    kld_mean: Optional[float] = Field(None, ge=0, description="largest mean KL divergence to the reference, in nats "
+                                      "per token; unset: the family's default")
+    kld_p99: Optional[float] = Field(None, ge=0, description="largest 99th-percentile per-token KL divergence, in nats; "
+                                     "unset: the family's default")
+    top1_agreement: Optional[float] = Field(None, ge=0, le=1, description="smallest share (0-1) of tokens whose most "
+                                            "likely next token is the reference's; unset: the family's default")
+    ppl_delta_pct: Optional[float] = Field(None, ge=0, description="largest perplexity increase over the reference, in "
+                                           "percent; unset: the family's default")
 
 
 class Validate(_Strict):
-    text: str = Field("builtin", min_length=1)
-    samples: PositiveInt = 32
-    seq_len: PositiveInt = 512
-    device: Device = "auto"
-    gates: Gates = Field(default_factory=Gates)
+    """Accuracy validation of every checkpoint (and engine) against the unquantized source."""
+
+    text: str = Field("builtin", min_length=1, description="evaluation text: `builtin` (the docstrings of Python's "
+                      "standard library modules, no text shared with the calibration default), or a text file or "
+                      "folder of .txt/.md/.rst files, relative to the recipe")
+    samples: PositiveInt = Field(32, description="number of evaluation windows (default 32)")
+    seq_len: PositiveInt = Field(512, description="tokens per evaluation window (default 512)")
+    device: Device = Field("auto", description="where the torch runner evaluates the reference and the checkpoints: "
+                           "`auto` (CUDA when this host has an NVIDIA GPU, else CPU), `cpu` or `cuda`")
+    gates: Gates = Field(default_factory=Gates, description="limits a target must meet; each unset limit is the "
+                         "default of the variant's quantization family (unquantized, 8-bit, 4-bit)")
     engines: Literal["twin", "published", "none"] = Field(
         "twin", description="how engines are validated (they need --gather_context_logits): `twin` builds and "
         "validates a copy with that flag, `published` builds the published engine with it, `none` validates "
@@ -204,23 +239,36 @@ class Recipe(_Strict):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True, title="trtbuild recipe")
 
-    schema_version: Literal[1] = Field(alias="schema")
-    name: str = Field(pattern=NAME_PATTERN)
-    source: Source
-    dtype: Optional[DType] = Field(None, description="default: the model config's dtype, else float16")
+    schema_version: Literal[1] = Field(alias="schema", description="version of the recipe format: 1")
+    name: str = Field(pattern=NAME_PATTERN, description="the recipe's name (lowercase letters, digits, `.`, `_`, `-`): "
+                      "names its refs in the store and its report")
+    source: Source = Field(description="the model to build from: exactly one of hf, nemo, path, gguf, s3")
+    dtype: Optional[DType] = Field(None, description="`float16`, `bfloat16` or `float32`: the dtype of unquantized "
+                                   "weights and activations; default: the model config's dtype, else float16")
     variants: dict[Annotated[str, Field(pattern=NAME_PATTERN)], Variant] = Field(
-        default_factory=lambda: {"base": Variant()}, min_length=1
+        default_factory=lambda: {"base": Variant()}, min_length=1,
+        description="name -> quantization to build; `{}` is unquantized (default: `{base: {}}`)",
     )
-    calibration: Calibration = Field(default_factory=Calibration)
-    parallelism: list[Parallelism] = Field(default_factory=lambda: [Parallelism()], min_length=1)
-    limits: Limits = Field(default_factory=Limits)
-    gpus: list[GpuName] = Field(default_factory=list, description="SM names or GPU products")
-    backends: list[Backend] = Field(default_factory=lambda: ["engine"], min_length=1)
-    toolchain: Toolchain = Field(default_factory=Toolchain)
-    engine: Engine = Field(default_factory=Engine)
-    exclude: list[Exclude] = Field(default_factory=list)
-    validation: Validate = Field(default_factory=Validate, alias="validate")
-    publish: Publish = Field(default_factory=Publish)
+    calibration: Calibration = Field(default_factory=Calibration,
+                                     description="the calibration set of every quantized variant (a variant may override it)")
+    parallelism: list[Parallelism] = Field(default_factory=lambda: [Parallelism()], min_length=1,
+                                           description="the tp x pp splits to build (default `[{tp: 1, pp: 1}]`)")
+    limits: Limits = Field(default_factory=Limits, description="engine limits (trtllm-build's defaults when unset)")
+    gpus: list[GpuName] = Field(default_factory=list, description="SM names (`sm80` ... `sm120`) or GPU products "
+                                "(`L4`, `H100`, ...): one engine per SM, which must fit the smallest product named for "
+                                "it; required for the engine backend")
+    backends: list[Backend] = Field(default_factory=lambda: ["engine"], min_length=1,
+                                    description="`engine` (TensorRT engines, TensorRT-LLM 1.2.x) and/or `hf-checkpoint` "
+                                    "(a quantized Hugging Face checkpoint for TensorRT-LLM's PyTorch backend, vLLM, "
+                                    "SGLang); default `[engine]`")
+    toolchain: Toolchain = Field(default_factory=Toolchain, description="the TensorRT-LLM version (and image) engines "
+                                 "are built with")
+    engine: Engine = Field(default_factory=Engine, description="options of the engine build")
+    exclude: list[Exclude] = Field(default_factory=list, description="partial matches of targets to drop; a checkpoint "
+                                   "no remaining engine needs is dropped too")
+    validation: Validate = Field(default_factory=Validate, alias="validate",
+                                 description="accuracy validation: evaluation text, windows, device, gates")
+    publish: Publish = Field(default_factory=Publish, description="where built artifacts are published")
 
     @field_validator("variants", mode="before")
     @classmethod

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Iterable
+from pathlib import Path
+from typing import Iterable, Optional
 
 from trtbuild.estimate import format_bytes
 from trtbuild.plan import ENGINE, Plan
@@ -15,22 +16,35 @@ def plans_json(plans: list[Plan]) -> str:
     return json.dumps(data[0] if len(data) == 1 else data, indent=2)
 
 
-def github_matrix(plans: Iterable[Plan]) -> str:
+def github_matrix(plans: Iterable[Plan], embedded: bool = False) -> str:
     """`{"include": [...]}` for `strategy.matrix`: one entry per buildable engine target, ordered by
-    GPU so that a job per SM (`runs-on: [self-hosted, <gpu>]`) builds its own slice."""
+    GPU so that a job per SM (`runs-on: [self-hosted, <gpu>]`) builds its own slice. `embedded`:
+    the plans are of the package's embedded recipe, whose entries say `"recipe": ""`."""
     include = []
     for plan in plans:
+        recipe = "" if embedded else matrix_recipe_path(plan.loaded.path)
         for t in plan.targets:
             if t.kind == ENGINE and t.ok:
                 include.append({
-                    "recipe": str(plan.loaded.path), "target": t.name, "gpu": t.gpu, "variant": t.variant,
+                    "recipe": recipe, "target": t.name, "gpu": t.gpu, "variant": t.variant,
                     "tp": t.tp, "pp": t.pp, "num_gpus": (t.tp or 1) * (t.pp or 1),
                 })
     include.sort(key=lambda e: (int(e["gpu"][2:]), e["recipe"]))
     return json.dumps({"include": include})
 
 
+def matrix_recipe_path(path: Path, cwd: Optional[Path] = None) -> str:
+    """A recipe as a CI job on another checkout of the same repository can name it: relative to
+    the current folder when it is inside it (POSIX separators), else the path as given."""
+    cwd = (cwd or Path.cwd()).resolve()
+    try:
+        return path.resolve().relative_to(cwd).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def print_table(plan: Plan, console) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     ok = sum(t.ok for t in plan.targets)
@@ -42,8 +56,8 @@ def print_table(plan: Plan, console) -> None:
         highlight=False, soft_wrap=True,
     )
     table = Table(show_lines=False)
-    for column, style in (("target", "bold"), ("kind", ""), ("gpu", ""), ("status", ""),
-                          ("weights/GPU", "right"), ("KV/token", "right"), ("KV tokens", "right"), ("why / notes", "")):
+    for column, style in (("target", "bold"), ("kind", ""), ("gpu", ""), ("status", ""), ("weights/GPU", "right"),
+                          ("KV/token", "right"), ("KV tokens", "right"), ("estimated on", ""), ("why / notes", "")):
         table.add_column(column, justify="right" if style == "right" else "left",
                          style=style if style == "bold" else None, overflow="fold")
     for t in plan.targets:
@@ -57,25 +71,51 @@ def print_table(plan: Plan, console) -> None:
             format_bytes(est.weights_bytes_per_gpu) if est else "-",
             format_bytes(est.kv_bytes_per_token) if est else "-",
             f"{est.kv_tokens:,}" if est and est.kv_tokens is not None else "-",
-            notes or "",
+            (est.gpu_label() if est else None) or "-",
+            escape(notes or ""),
         )
     console.print(table)
+
+
+# Validation metrics the build table shows: (summary["metrics"] name, column, format).
+ACCURACY_COLUMNS = (
+    ("kld_mean", "KL mean", lambda v: f"{v:.3g}"),
+    ("top1_agreement", "top-1", lambda v: f"{v:.1%}"),
+    ("ppl_delta_pct", "ppl change", lambda v: f"{v:+.2f}%"),
+)
+
+
+def _accuracy_cells(result) -> list[str]:
+    """A validation's headline metrics (red where its gate failed); empty for other nodes."""
+    metrics = result.summary.get("metrics") or {}
+    gates = result.summary.get("gates") or {}
+    cells = []
+    for name, _, fmt in ACCURACY_COLUMNS:
+        value = metrics.get(name)
+        if value is None:
+            cells.append("")
+            continue
+        failed = gates.get(name, {}).get("passed") is False
+        cells.append(f"[red]{fmt(value)}[/]" if failed else fmt(value))
+    return cells
 
 
 def print_build(outcome, console) -> None:
     from collections import Counter
 
+    from rich.markup import escape
     from rich.table import Table
 
     from trtbuild.progress import STATUS_STYLE
 
     table = Table(show_lines=False)
-    for column in ("artifact", "stage", "status", "seconds", "digest", "why / notes"):
-        table.add_column(column, overflow="fold", justify="right" if column == "seconds" else "left")
+    right = {"seconds", *(column for _, column, _ in ACCURACY_COLUMNS)}
+    for column in ("artifact", "stage", "status", "seconds", "digest", *(c for _, c, _ in ACCURACY_COLUMNS), "why / notes"):
+        table.add_column(column, overflow="fold", justify="right" if column in right else "left")
     for r in outcome.results:
         style = STATUS_STYLE.get(r.status, "")
         table.add_row(r.id, r.stage or "-", f"[{style}]{r.status}[/]", f"{r.seconds:.1f}",
-                      r.digest[:12] if r.digest else "-", r.reason or "")
+                      r.digest[:12] if r.digest else "-", *_accuracy_cells(r), escape(r.reason or ""))
     console.print(table)
     counts = Counter(r.status for r in outcome.results)
     summary = ", ".join(f"{n} {status}" for status, n in counts.items())

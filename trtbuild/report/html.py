@@ -251,7 +251,7 @@ def _row_html(row: dict) -> str:
 
 
 def _has_metrics(row: dict) -> bool:
-    return row.get("kld_mean") is not None or row.get("top1_agreement") is not None
+    return any(row.get(k) is not None for k in ("kld_mean", "top1_agreement", "ppl_delta_pct"))
 
 
 def _plot_size(row: dict) -> tuple[Optional[float], bool]:
@@ -282,33 +282,47 @@ def _plot_points(rows: list[dict]) -> tuple[list[dict], list[tuple[str, str]]]:
             continue
         points.append({"variant": variant, "row": row, "size": size, "estimated": estimated,
                        "kld_mean": row.get("kld_mean"), "top1": row.get("top1_agreement"),
-                       "failed": _gate_state(row) == "failed"})
+                       "ppl_delta_pct": row.get("ppl_delta_pct"), "failed": _gate_state(row) == "failed"})
     for row in rows:
         if not _has_metrics(row):
             left_out.append((str(row.get("target")), "no metrics"))
     return points, left_out
 
 
-def _shared_limit(points: list[dict], gate: str) -> Optional[float]:
-    """The gate's limit when every plotted row has the same one, else None."""
-    limits = set()
+# The plot's panels: (point key, gate, y label, title, how a gate limit reads in its label).
+PANELS = (
+    ("kld_mean", "kld_mean", "KL divergence, mean", "mean KL divergence to the reference (lower is better)",
+     lambda v: f"KL mean \u2264 {_sig3(v)}"),
+    ("top1", "top1_agreement", "top-1 agreement", "top-1 agreement with the reference (higher is better)",
+     lambda v: f"top-1 \u2265 {format_share(v)}"),
+    ("ppl_delta_pct", "ppl_delta_pct", "perplexity change (%)", "perplexity change against the reference (lower is better)",
+     lambda v: f"ppl change \u2264 {v:g}%"),
+)
+
+
+def _gate_limits(points: list[dict], gate: str) -> list[tuple[float, list[str]]]:
+    """Each distinct limit of `gate` among the plotted variants, with the variants it applies to
+    (variants of different quantization families have different limits)."""
+    by_limit: dict[float, list[str]] = {}
     for p in points:
         g = (p["row"].get("gates") or {}).get(gate)
-        if not g or g.get("limit") is None:
-            return None
-        limits.add(float(g["limit"]))
-    return limits.pop() if len(limits) == 1 else None
+        if g and g.get("limit") is not None:
+            by_limit.setdefault(float(g["limit"]), []).append(p["variant"])
+    return list(by_limit.items())  # in the variants' order, so a family keeps its line style on every panel
 
 
-def _render_png(title: str, points: list[dict], path: Path) -> dict:
+def accuracy_figure(title: str, points: list[dict]):
+    """The report's plot as a matplotlib Figure: KL mean, top-1 agreement and perplexity change
+    against size, one marker per variant, a dashed line per gate limit. Returns (figure, info)."""
     try:
         from matplotlib.figure import Figure
         from matplotlib.ticker import PercentFormatter
     except ImportError as e:
         raise TrtbuildError("trtbuild report needs matplotlib: pip install 'trtbuild[report]'") from e
 
-    fig = Figure(figsize=(11, 4.6), dpi=100, layout="constrained")
-    ax_kl, ax_top1 = fig.subplots(1, 2)
+    fig = Figure(figsize=(16, 4.8), dpi=100, layout="constrained")
+    axes = fig.subplots(1, len(PANELS))
+    ax_kl, ax_top1, _ = axes
     fig.suptitle(f"{title}: accuracy against size", fontsize=12)
 
     max_size = max((p["size"] for p in points), default=GIB)
@@ -327,48 +341,54 @@ def _render_png(title: str, points: list[dict], path: Path) -> dict:
         label = p["variant"] + (" (FAILED)" if p["failed"] else "")
         style = dict(marker="X" if p["failed"] else "o", s=70, edgecolors=color, linewidths=1.6, zorder=3,
                      facecolors="none" if p["estimated"] else color)
-        for ax, y in ((ax_kl, p["kld_mean"]), (ax_top1, p["top1"])):
+        for ax, (key, *_rest) in zip(axes, PANELS):
+            y = p[key]
             if y is None:
                 continue
             ax.scatter([p["size"] / scale], [y], **style)
             ax.annotate(label, (p["size"] / scale, y), xytext=(6, 5), textcoords="offset points", fontsize=9,
                         color="#b00020" if p["failed"] else "#1d2430")
 
-    kl_limit = _shared_limit(points, "kld_mean")
-    top1_limit = _shared_limit(points, "top1_agreement")
-    if kl_limit is not None:
-        ax_kl.axhline(kl_limit, linestyle="--", color="#b00020", linewidth=1.2, label=f"gate: KL mean \u2264 {_sig3(kl_limit)}")
-    if top1_limit is not None:
-        ax_top1.axhline(top1_limit, linestyle="--", color="#b00020", linewidth=1.2,
-                        label=f"gate: top-1 \u2265 {format_share(top1_limit)}")
+    limits: dict[str, list[tuple[float, list[str]]]] = {}
+    line_styles = ("--", ":", "-.")
+    for ax, (_, gate, ylabel, panel_title, reads) in zip(axes, PANELS):
+        limits[gate] = _gate_limits(points, gate)
+        shared = len(limits[gate]) == 1
+        for n, (limit, variants) in enumerate(limits[gate]):
+            label = f"gate: {reads(limit)}" + ("" if shared else f" ({', '.join(variants)})")
+            ax.axhline(limit, linestyle=line_styles[n % len(line_styles)], color="#b00020", linewidth=1.2, label=label)
+        ax.set_ylabel(ylabel)
+        ax.set_title(panel_title, fontsize=10)
 
     if log_kl:
         if len(positive) < len(kls):  # zeros (a reference against itself) stay visible
             ax_kl.set_yscale("symlog", linthresh=min(positive))
         else:
             ax_kl.set_yscale("log")
-    ax_kl.set_ylabel("KL divergence, mean" + (" (log scale)" if log_kl else ""))
-    ax_kl.set_title("mean KL divergence to the reference (lower is better)", fontsize=10)
-    ax_top1.set_ylabel("top-1 agreement")
+        ax_kl.set_ylabel("KL divergence, mean (log scale)")
     ax_top1.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=None))
-    ax_top1.set_title("top-1 agreement with the reference (higher is better)", fontsize=10)
     xlabel = f"size on disk ({unit})" + ("; hollow = estimated weights, not built" if any_estimated else "")
-    for ax in (ax_kl, ax_top1):
+    for ax in axes:
         ax.set_xlabel(xlabel)
         ax.grid(True, which="major", alpha=0.3)
         ax.margins(x=0.15, y=0.15)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="best", fontsize=8)
     if not points:
-        for ax in (ax_kl, ax_top1):
+        for ax in axes:
             ax.text(0.5, 0.5, "no target has metrics yet", transform=ax.transAxes, ha="center", va="center",
                     color="#6b7280")
             ax.set_xticks([])
             ax.set_yticks([])
+    return fig, {"log_kl": log_kl, "limits": limits, "any_estimated": any_estimated}
+
+
+def _render_png(title: str, points: list[dict], path: Path) -> dict:
+    fig, info = accuracy_figure(title, points)
     png = io.BytesIO()
     fig.savefig(png, format="png", metadata={"Software": None})
     atomic_write(Path(path), png.getvalue())  # an interrupted report leaves the old file, not half a PNG
-    return {"log_kl": log_kl, "kl_limit": kl_limit, "top1_limit": top1_limit, "any_estimated": any_estimated}
+    return info
 
 
 # ---------------------------------------------------------------- the page
@@ -390,19 +410,21 @@ def _summary(rows: list[dict]) -> tuple[str, str]:
 def _plot_text(points: list[dict], left_out: list[tuple[str, str]], info: dict) -> tuple[str, str, str]:
     """(alt text, caption html, notes html) describing the plot in words."""
     names = ", ".join(p["variant"] for p in points)
-    alt = (f"Plot of mean KL divergence (left) and top-1 agreement (right) against size on disk for "
+    alt = (f"Plot of mean KL divergence (left), top-1 agreement (middle) and perplexity change (right) "
+           f"against size on disk for "
            f"{len(points)} variant{'s' if len(points) != 1 else ''}" + (f": {names}" if names else ": none has metrics"))
     caption = ("Accuracy against size, one marker per variant (engines share their variant's checkpoint "
                "numbers). Left: mean KL divergence to the reference"
-               + (" on a log scale" if info["log_kl"] else "") + "; right: top-1 agreement. "
+               + (" on a log scale" if info["log_kl"] else "") + "; middle: top-1 agreement; right: perplexity "
+               "change. "
                "X marks a variant that failed a gate.")
     if info["any_estimated"]:
         caption += " Hollow markers sit at the estimated weights of targets not built yet."
     limits = []
-    if info["kl_limit"] is not None:
-        limits.append(f"KL mean \u2264 {_sig3(info['kl_limit'])}")
-    if info["top1_limit"] is not None:
-        limits.append(f"top-1 agreement \u2265 {format_share(info['top1_limit'])}")
+    for _, gate, _, _, reads in PANELS:
+        shared = len(info["limits"][gate]) == 1
+        for limit, variants in info["limits"][gate]:
+            limits.append(reads(limit).replace("top-1", "top-1 agreement") + ("" if shared else f" for {', '.join(variants)}"))
     if limits:
         caption += " Dashed lines: gate limits (" + "; ".join(limits) + ")."
     items = []
@@ -410,7 +432,8 @@ def _plot_text(points: list[dict], left_out: list[tuple[str, str]], info: dict) 
         size = format_size(p["size"]) + (" (estimated weights)" if p["estimated"] else " on disk")
         gate = {"passed": "gates passed", "failed": "gates FAILED", "none": "not validated"}[_gate_state(p["row"])]
         items.append(f"<li><code>{_esc(p['variant'])}</code>: {_esc(size)}, KL mean {_esc(format_number(p['kld_mean']))}, "
-                     f"top-1 agreement {_esc(format_share(p['top1']))}, {_esc(gate)} "
+                     f"top-1 agreement {_esc(format_share(p['top1']))}, "
+                     f"perplexity change {_esc(format_pct_delta(p['ppl_delta_pct']))}, {_esc(gate)} "
                      f"(from <code>{_esc(p['row'].get('target'))}</code>)</li>")
     if not points:
         items.append("<li>No target has accuracy metrics yet: the plot is empty.</li>")
