@@ -19,6 +19,7 @@ from safetensors import safe_open
 from trtbuild.checkpoint import calibration as cal  # noqa: E402
 from trtbuild.checkpoint import quantize as q  # noqa: E402
 from trtbuild.errors import InvalidInput  # noqa: E402
+from trtbuild.quantformats import FORMATS, KV_FORMATS  # noqa: E402
 from tinymodels import make_model, make_tokenizer, pydoc_text  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
@@ -244,8 +245,8 @@ def test_quantize_and_export(arch, quant, kv, quantized, models, tmp_path):
         assert sorted(p.name for p in out.glob("rank*.safetensors")) == [f"rank{r}.safetensors" for r in range(tp)]
         assert config["mapping"] == {"world_size": tp, "tp_size": tp, "pp_size": 1}
         quantization = config["quantization"]
-        assert quantization["quant_algo"] == q.TRTLLM_QUANT_ALGO[quant]
-        assert quantization["kv_cache_quant_algo"] == (q.KV_CACHE_QUANT_ALGO[kv] if kv else None)
+        assert quantization["quant_algo"] == FORMATS[quant].quant_algo
+        assert quantization["kv_cache_quant_algo"] == (KV_FORMATS[kv].quant_algo if kv else None)
         if quant in ("int4_awq", "w4a8_awq", "int4_wo"):  # the grouped formats, named here, not read from q
             assert quantization["group_size"] == GROUP and quantization["pre_quant_scale"] is True
         assert config["rotary_base"] == (1e6 if arch == "qwen2" else 10000.0)
@@ -255,7 +256,7 @@ def test_quantize_and_export(arch, quant, kv, quantized, models, tmp_path):
         qkv = "transformer.layers.0.attention.qkv"
         assert dtypes[f"{qkv}.weight"] == ("F8_E4M3" if quant == "fp8" else "I8")
         assert dtypes["transformer.vocab_embedding.weight"] == "BF16"
-        if quant in q.GROUPED or quant == "int8_sq":
+        if FORMATS[quant].grouped or quant == "int8_sq":
             # W4A16_AWQ/W4A8_AWQ/SQ layers need it; int4_wo gets ones (TRT-LLM requires the tensor).
             for layer in ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj"):
                 assert f"transformer.layers.1.{layer}.prequant_scaling_factor" in dtypes

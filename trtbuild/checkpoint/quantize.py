@@ -35,46 +35,14 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 
 from trtbuild.checkpoint.trtllm_convert import FAMILIES
+from trtbuild.quantformats import FORMATS, KV_FORMATS, PER_GROUP_ALGOS
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.modelconfig import read_json_object
 from trtbuild.modelfiles import copy_companion_files
 from trtbuild.store.hash import file_sha256
 
-# quant name -> ModelOpt config attribute (modelopt.torch.quantization).
-QUANT_CONFIGS = {
-    "fp8": "FP8_DEFAULT_CFG",
-    "int8_sq": "INT8_SMOOTHQUANT_CFG",
-    "int4_awq": "INT4_AWQ_CFG",
-    "w4a8_awq": "W4A8_AWQ_BETA_CFG",
-    "int8_wo": "INT8_WEIGHT_ONLY_CFG",
-    # Per-group INT4 weights, max calibration, no activation quantization (INT4_AWQ_CFG's
-    # quantizers without the AWQ search). Exported as W4A16_AWQ with a pre_quant_scale of ones.
-    "int4_wo": "INT4_BLOCKWISE_WEIGHT_ONLY_CFG",
-    "nvfp4": "NVFP4_DEFAULT_CFG",
-}
-# kv_cache name -> ModelOpt config attribute; None: built here (ModelOpt 0.47 has no INT8_KV_CFG).
-KV_CONFIGS = {"fp8": "FP8_KV_CFG", "int8": None, "nvfp4": "NVFP4_KV_CFG"}
+# The formats, their ModelOpt configs and what the exports write: trtbuild/quantformats.py.
 _INT8_KV_ENTRY = {"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": 8, "axis": None}}
-
-# Formats whose weight quantizer is per group: the group size is the block size of the last dim.
-GROUPED = {"int4_awq", "w4a8_awq", "int4_wo"}
-DEFAULT_GROUP_SIZE = 128
-
-# What ModelOpt 0.47 writes for each format (config.json "quantization" of the TRT-LLM checkpoint,
-# hf_quant_config.json "quantization" of the HF checkpoint); checked in tests/test_quantize.py.
-TRTLLM_QUANT_ALGO = {
-    "fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int4_awq": "W4A16_AWQ",
-    "w4a8_awq": "W4A8_AWQ", "int8_wo": "W8A16", "int4_wo": "W4A16_AWQ", "nvfp4": "NVFP4",
-}
-KV_CACHE_QUANT_ALGO = {"fp8": "FP8", "int8": "INT8", "nvfp4": "NVFP4"}
-
-# Why a CPU cannot do it: dynamic block quantization has only a CUDA implementation in 0.47
-# (tensor_quant._dynamic_block_quantize_impl asserts amax.is_cuda during calibration).
-_CUDA_ONLY = {
-    "nvfp4": "NVFP4 uses dynamic block quantization (FP4 values with an FP8 scale per 16 elements), "
-             "which ModelOpt 0.47 implements only as a CUDA kernel (it asserts 'amax must be a CUDA "
-             "tensor for dynamic block quantization' during calibration)",
-}
 
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -106,10 +74,10 @@ def _modelopt():
 
 
 def _check_quant(quant: Optional[str], kv_cache: Optional[str]) -> None:
-    if quant is not None and quant not in QUANT_CONFIGS:
-        raise InvalidInput(f"quantization {quant!r}: expected one of {', '.join(QUANT_CONFIGS)}")
-    if kv_cache is not None and kv_cache not in KV_CONFIGS:
-        raise InvalidInput(f"kv_cache {kv_cache!r}: expected one of {', '.join(KV_CONFIGS)}")
+    if quant is not None and quant not in FORMATS:
+        raise InvalidInput(f"quantization {quant!r}: expected one of {', '.join(FORMATS)}")
+    if kv_cache is not None and kv_cache not in KV_FORMATS:
+        raise InvalidInput(f"kv_cache {kv_cache!r}: expected one of {', '.join(KV_FORMATS)}")
     if quant is None and kv_cache is None:
         raise InvalidInput("nothing to quantize: neither a quantization nor a kv_cache format")
 
@@ -119,10 +87,10 @@ def needs_cuda(quant: Optional[str], kv_cache: Optional[str]) -> Optional[str]:
     if quant is not None or kv_cache is not None:
         _check_quant(quant, kv_cache)
     reasons = []
-    if quant in _CUDA_ONLY:
-        reasons.append(f"quantization {quant}: {_CUDA_ONLY[quant]}")
-    if kv_cache in _CUDA_ONLY:
-        reasons.append(f"kv_cache {kv_cache}: {_CUDA_ONLY[kv_cache]}")
+    if quant is not None and FORMATS[quant].cuda_only:
+        reasons.append(f"quantization {quant}: {FORMATS[quant].cuda_only}")
+    if kv_cache is not None and KV_FORMATS[kv_cache].cuda_only:
+        reasons.append(f"kv_cache {kv_cache}: {KV_FORMATS[kv_cache].cuda_only}")
     return "; ".join(reasons) or None
 
 
@@ -139,9 +107,9 @@ def quant_config(quant: Optional[str], kv_cache: Optional[str], group_size: Opti
         # KV cache only: every other quantizer off.
         cfg: dict[str, Any] = {"quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"}
     else:
-        cfg = copy.deepcopy(getattr(mtq, QUANT_CONFIGS[quant]))
-    if quant in GROUPED:
-        size = group_size or DEFAULT_GROUP_SIZE
+        cfg = copy.deepcopy(getattr(mtq, FORMATS[quant].modelopt_config))
+    if quant is not None and FORMATS[quant].grouped:
+        size = group_size or FORMATS[quant].default_group_size
         found = 0
         for entry in cfg["quant_cfg"]:
             if entry.get("quantizer_name") != "*weight_quantizer" or "cfg" not in entry:
@@ -152,9 +120,10 @@ def quant_config(quant: Optional[str], kv_cache: Optional[str], group_size: Opti
                     part["block_sizes"][-1] = size
                     found += 1
         if found != 1:
-            raise RuntimeError(f"{QUANT_CONFIGS[quant]}: expected one INT4 block weight quantizer, found {found}")
+            raise RuntimeError(f"{FORMATS[quant].modelopt_config}: expected one INT4 block weight quantizer, "
+                               f"found {found}")
     if kv_cache is not None:
-        name = KV_CONFIGS[kv_cache]
+        name = KV_FORMATS[kv_cache].modelopt_config
         entries = [copy.deepcopy(_INT8_KV_ENTRY)] if name is None else copy.deepcopy(getattr(mtq, name)["quant_cfg"])
         cfg["quant_cfg"] = list(cfg["quant_cfg"]) + entries
     return cfg
@@ -425,16 +394,17 @@ def calibrate_and_quantize(model, quant: Optional[str], kv_cache: Optional[str],
             raise TrtbuildError(f"calibration ran out of memory at batch size {batch_size}; "
                                 f"reload the model and run again with max_batch={max(1, batch_size // 2)}") from e
         raise
-    if quant == "int4_wo":
-        _ones_pre_quant_scale(model)
+    if quant is not None and FORMATS[quant].quant_algo in PER_GROUP_ALGOS and not FORMATS[quant].awq:
+        _ones_pre_quant_scale(model)  # int4_wo: an AWQ layout without the AWQ search
     after = _digests(model)
     changed = sorted(k for k in after if before.get(k) != after[k])
     unexplained = [k for k in changed if k not in recorder.calls]
     # For save_quantized: the source digests, and how ModelOpt rewrote weights in place.
     model._trtbuild_source_digests = before
     model._trtbuild_weight_scalings = recorder.calls
+    grouped = quant is not None and FORMATS[quant].grouped
     model._trtbuild_quant = {"quant": quant, "kv_cache": kv_cache,
-                             "group_size": (group_size or DEFAULT_GROUP_SIZE) if quant in GROUPED else None}
+                             "group_size": (group_size or FORMATS[quant].default_group_size) if grouped else None}
     seconds = time.perf_counter() - t0
     report = {
         "quant": quant, "kv_cache": kv_cache, "group_size": model._trtbuild_quant["group_size"],
@@ -677,7 +647,7 @@ def kv_cache_format(model) -> Optional[str]:
         if name.rsplit(".", 1)[-1] in ("k_bmm_quantizer", "v_bmm_quantizer") and getattr(module, "is_enabled", False):
             bits = module.num_bits
             bits = tuple(bits) if isinstance(bits, list) else bits
-            found.add({(4, 3): "fp8", 8: "int8", (2, 1): "nvfp4"}.get(bits, str(bits)))
+            found.add(next((name for name, f in KV_FORMATS.items() if f.num_bits == bits), str(bits)))
     if len(found) > 1:
         raise TrtbuildError(f"mixed KV-cache quantizers: {sorted(found)}")
     return found.pop() if found else None
@@ -694,8 +664,9 @@ def export_hf(model, out_dir: Union[Path, str], source_dir: Union[Path, str], in
     from safetensors import safe_open
 
     kv = kv_cache_format(model)
-    if kv not in (None, "fp8", "nvfp4"):
-        raise InvalidInput(f"kv_cache {kv}: ModelOpt 0.47's Hugging Face export supports only fp8 and nvfp4 "
+    if kv is not None and not (kv in KV_FORMATS and KV_FORMATS[kv].hf_export):
+        supported = " and ".join(name for name, f in KV_FORMATS.items() if f.hf_export)
+        raise InvalidInput(f"kv_cache {kv}: ModelOpt 0.47's Hugging Face export supports only {supported} "
                            "KV caches (export a TensorRT-LLM checkpoint instead)")
     out_dir = Path(out_dir)
     source_dir = Path(source_dir)

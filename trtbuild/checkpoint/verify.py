@@ -48,13 +48,11 @@ from trtbuild.checkpoint.trtllm_convert import (
     read_safetensors_header,
 )
 from trtbuild.errors import InvalidInput, TrtbuildError
+from trtbuild.quantformats import KV_CACHE_ALGOS, PER_GROUP_ALGOS, QUANT_ALGOS, TRTLLM_DEFAULT_GROUP_SIZE
 from trtbuild.modelconfig import padded_vocab, read_json_object
 from trtbuild.trtllm import ENGINE_ARCHITECTURES
 
-QUANT_ALGOS = (None, "FP8", "FP8_PER_CHANNEL_PER_TOKEN", "W8A8_SQ_PER_CHANNEL", "W4A16_AWQ", "W4A8_AWQ",
-               "W8A16", "W4A16", "NVFP4")
-KV_CACHE_ALGOS = (None, "FP8", "INT8", "NVFP4")  # reference/trtllm.md section 3: KV_CACHE_QUANT_ALGO_LIST
-_AWQ = ("W4A16_AWQ", "W4A8_AWQ")
+_AWQ = PER_GROUP_ALGOS
 _ST_OF = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
 _RANK_FILE = re.compile(r"^rank(\d+)\.safetensors$")
 _MAX_LINES = 20
@@ -105,7 +103,7 @@ class _Expected:
         quant = config.get("quantization") or {}
         self.algo = quant.get("quant_algo")
         self.kv_algo = quant.get("kv_cache_quant_algo")
-        self.group = int(quant.get("group_size") or 128)
+        self.group = int(quant.get("group_size") or TRTLLM_DEFAULT_GROUP_SIZE)
         self.pre_quant_scale = bool(quant.get("pre_quant_scale", self.algo in _AWQ))
         self.exclude = quant.get("exclude_modules") or []
         self.vocab = int(config.get("vocab_size") or layout.vocab)
@@ -280,7 +278,7 @@ def _config_problems(cfg: dict, layout: HFLayout) -> list[str]:
             bad(f"quantization.kv_cache_quant_algo {quant.get('kv_cache_quant_algo')!r} is not one of "
                 f"{', '.join(str(a) for a in KV_CACHE_ALGOS)}")
         if quant.get("quant_algo") in _AWQ:
-            group = quant.get("group_size", 128)
+            group = quant.get("group_size", TRTLLM_DEFAULT_GROUP_SIZE)
             if not isinstance(group, int) or group <= 0:
                 bad(f"quantization.group_size expected a positive integer, found {group!r}")
     return problems
