@@ -36,6 +36,11 @@ KV_CACHE_ALGOS = (None, QuantAlgo.FP8, QuantAlgo.INT8, QuantAlgo.NVFP4)
 PER_GROUP_ALGOS = (QuantAlgo.W4A16_AWQ, QuantAlgo.W4A8_AWQ)
 TRTLLM_DEFAULT_GROUP_SIZE = 128  # QuantConfig.group_size's default (the docs table says 64; the code 128)
 
+# ModelOpt 0.47's export_tensorrt_llm_checkpoint writes the unquantized tensors in float16 when
+# asked for any other dtype than these ("dtype ... not fully compatible with TensorRT-LLM
+# optimizations, Default to float16", model_config_export.torch_to_tensorrt_llm_checkpoint).
+MODELOPT_TRTLLM_EXPORT_DTYPES = ("float16", "bfloat16")
+
 _SM100_INT = "'INT8/INT4 quantization is not supported on SM>=100.'"  # tensorrt_llm builder.build
 
 
@@ -146,3 +151,11 @@ def sm_unsupported_reason(quant: Optional[str], kv_cache: Optional[str], sm_numb
     rules = (FORMATS[quant].sm_rules if quant else ()) + (KV_FORMATS[kv_cache].sm_rules if kv_cache else ())
     return next((rule.reason.format(sm=sm) for rule in rules if rule.applies(sm_number)), None)
 
+
+def trtllm_export_dtype_problem(quant: Optional[str], kv_cache: Optional[str], dtype: str) -> Optional[str]:
+    """Why ModelOpt's TensorRT-LLM export cannot write a checkpoint of this variant in `dtype`."""
+    if (quant is None and kv_cache is None) or dtype in MODELOPT_TRTLLM_EXPORT_DTYPES:
+        return None
+    what = FORMATS[quant].label if quant else KV_FORMATS[kv_cache].label
+    return (f"ModelOpt's TensorRT-LLM export writes unquantized tensors in float16 or bfloat16 only; "
+            f"dtype {dtype} is not supported with {what}: use bfloat16 or float16")
