@@ -55,7 +55,17 @@ from trtbuild.trtllm import ENGINE_ARCHITECTURES
 _AWQ = PER_GROUP_ALGOS
 _ST_OF = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
 _RANK_FILE = re.compile(r"^rank(\d+)\.safetensors$")
-_MAX_LINES = 20
+
+
+class CheckpointInvalid(TrtbuildError):
+    """A checkpoint that is not what TensorRT-LLM expects. Its message is one line: the first
+    problem and how many more; `problems` holds them all (the checkpoint stage logs them)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        rest = len(self.problems) - 1
+        more = f"; and {rest} more problem{'s' if rest > 1 else ''}" if rest else ""
+        super().__init__(f"{self.problems[0]}{more}")
 
 
 @dataclass(frozen=True)
@@ -303,7 +313,7 @@ def _ranks_desc(ranks) -> str:
 
 
 def verify_trtllm_checkpoint(folder: Path, hf_config: dict) -> None:
-    """Raise TrtbuildError (one line per problem, at most 20) unless `folder` is a TensorRT-LLM
+    """Raise CheckpointInvalid (every problem found; one line) unless `folder` is a TensorRT-LLM
     checkpoint of the model `hf_config` describes, in the layout config.json claims."""
     folder = Path(folder)
     cfg = read_json_object(folder / "config.json")
@@ -321,8 +331,8 @@ def verify_trtllm_checkpoint(folder: Path, hf_config: dict) -> None:
             f"{folder}: config.json mapping (world_size {world} = tp {tp} x pp {pp}) needs "
             f"{_ranks_desc(wanted)}; missing: {_ranks_desc(wanted - present)}; "
             f"unexpected: {_ranks_desc(present - wanted)}")
-    if problems or cfg.get("dtype") not in _ST_OF:
-        raise TrtbuildError(*_cap(problems))
+    if problems:  # the rank files cannot be checked against a config that is wrong
+        raise CheckpointInvalid(problems)
 
     expected = _Expected(layout, cfg, tp, pp)
     for rank in range(world):
@@ -333,10 +343,8 @@ def verify_trtllm_checkpoint(folder: Path, hf_config: dict) -> None:
             problems.append(str(exc))
             continue
         problems += _rank_problems(path, header, expected.rank(rank))
-        if len(problems) > _MAX_LINES:
-            break
     if problems:
-        raise TrtbuildError(*_cap(problems))
+        raise CheckpointInvalid(problems)
 
 
 def _rank_problems(path: Path, header: dict, want: dict[str, _Expect]) -> list[str]:
@@ -365,12 +373,6 @@ def _rank_problems(path: Path, header: dict, want: dict[str, _Expect]) -> list[s
     if size < 8 + header_len + end:
         problems.append(f"{name}: truncated (header needs {8 + header_len + end} bytes, file has {size})")
     return problems
-
-
-def _cap(problems: list[str]) -> list[str]:
-    if len(problems) <= _MAX_LINES:
-        return problems
-    return problems[:_MAX_LINES] + [f"... and {len(problems) - _MAX_LINES} more problems"]
 
 
 _MISSING = object()
