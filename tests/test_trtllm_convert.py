@@ -28,8 +28,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config
 
-from trtbuild.checkpoint.trtllm_convert import convert_hf_to_trtllm, read_safetensors_header
-from trtbuild.checkpoint.verify import CheckpointInvalid, fix_trtllm_config, verify_trtllm_checkpoint
+from trtbuild.checkpoint.safetensors_files import read_safetensors_header
+from trtbuild.checkpoint.trtllm_config import fix_trtllm_config
+from trtbuild.checkpoint.trtllm_convert import convert_hf_to_trtllm
+from trtbuild.checkpoint.verify import CheckpointInvalid, verify_trtllm_checkpoint
 from trtbuild.errors import TrtbuildError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from trtbuild.checkpoint.trtllm_convert import FAMILIES
+from trtbuild.checkpoint.hf_layout import FAMILIES
 from trtbuild.quantformats import FORMATS, KV_FORMATS, PER_GROUP_ALGOS
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.modelconfig import read_json_object
@@ -610,13 +610,13 @@ def export_trtllm(model, out_dir: Union[Path, str], tp: int, pp: int, dtype: str
     The export mutates AWQ models (it resmooths q/k/v and gate/up to one shared pre_quant_scale,
     rewriting their weights and amax), so it runs on a deep copy unless `inplace` (for a caller
     that no longer needs the model and cannot afford the copy). config.json is then corrected by
-    verify.fix_trtllm_config (rope fields from the HF config, Qwen's qwen_type/attn_bias, dtype and
+    trtllm_config.fix_trtllm_config (rope fields from the HF config, Qwen's qwen_type/attn_bias, dtype and
     mapping); `patched` lists the changes."""
     import warnings
 
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
-    from trtbuild.checkpoint.verify import fix_trtllm_config
+    from trtbuild.checkpoint.trtllm_config import fix_trtllm_config
 
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (tp, pp)):
         raise InvalidInput(f"tp and pp must be positive integers, got tp={tp!r} pp={pp!r}")

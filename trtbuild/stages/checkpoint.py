@@ -71,7 +71,7 @@ def verify(out: Path, hf_config: dict) -> None:
 
 
 def _fix_and_verify(out: Path, source: Path, ctx: StageContext) -> list[str]:
-    from trtbuild.checkpoint.verify import fix_trtllm_config
+    from trtbuild.checkpoint.trtllm_config import fix_trtllm_config
 
     hf_config = _hf_config(source)
     requested = {"dtype": ctx.params["dtype"], "tp": ctx.params["tp"], "pp": ctx.params["pp"]}
