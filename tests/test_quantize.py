@@ -18,6 +18,8 @@ from safetensors import safe_open
 
 from trtbuild.checkpoint import calibration as cal  # noqa: E402
 from trtbuild.checkpoint import quantize as q  # noqa: E402
+from trtbuild.checkpoint.modelopt_config import modelopt_modules  # noqa: E402
+from trtbuild.checkpoint.quantstate import quantizer_tensors  # noqa: E402
 from trtbuild.errors import InvalidInput  # noqa: E402
 from trtbuild.quantformats import FORMATS, KV_FORMATS  # noqa: E402
 from tinymodels import make_model, make_tokenizer, pydoc_text  # noqa: E402
@@ -59,7 +61,7 @@ def windows(models) -> np.ndarray:
 @pytest.fixture(scope="module")
 def modelopt():
     """Import ModelOpt once for the whole module."""
-    return q._modelopt()
+    return modelopt_modules()
 
 
 @pytest.fixture(scope="module")
@@ -429,5 +431,5 @@ def test_awq_batch_size_and_progress(models, windows, quantized, capsys):
     assert "pass 1 (awq_lite: caching activation statistics)" in log
     assert "pass 2 (awq_lite: searching" in log and f"batch {SAMPLES}/{SAMPLES}" in log
     ref, _, _ = quantized("llama", "int4_awq", None)
-    for k, v in q._quantizer_tensors(model).items():
-        assert torch.equal(v, q._quantizer_tensors(ref)[k]), k
+    for k, v in quantizer_tensors(model).items():
+        assert torch.equal(v, quantizer_tensors(ref)[k]), k

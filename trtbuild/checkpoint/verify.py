@@ -11,7 +11,6 @@ docs/checkpoints.md.
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 import re
 from dataclasses import dataclass
