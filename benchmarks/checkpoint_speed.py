@@ -81,7 +81,8 @@ import warnings
 warnings.filterwarnings("ignore")
 import torch
 from trtbuild.checkpoint import calibration, quantize as mq
-mq._modelopt()
+from trtbuild.checkpoint.modelopt_config import modelopt_modules
+modelopt_modules()
 import modelopt.torch.export
 
 def peak():

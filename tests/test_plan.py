@@ -128,6 +128,45 @@ def test_awq_group_size_reason_names_the_dimension(ws):
     assert statuses(plan)["awq-tp4"] == ("impossible", "AWQ group_size 128 does not divide attention width/tp (256/4) = 64")
 
 
+def test_int4_weight_only_group_size_is_checked_against_the_model(ws):
+    """int4_wo quantizes per group of 128 input channels (INT4_BLOCKWISE_WEIGHT_ONLY_CFG): the plan
+    checks the group against the split dimensions, as for AWQ."""
+    config = {**TINY_LLAMA, "hidden_size": 320, "intermediate_size": 640, "head_dim": 40}
+    plan = plan_of(ws, "variants: {wo: {quant: int4_wo}, wo64: {quant: int4_wo, group_size: 64}}\n"
+                       "backends: [engine, hf-checkpoint]", config=config)
+    s = statuses(plan)
+    assert s["wo-tp1"] == ("impossible", "INT4 weight-only group_size 128 does not divide hidden_size = 320")
+    assert s["wo-hf"] == ("impossible", "INT4 weight-only group_size 128 does not divide hidden_size = 320")
+    assert s["wo64-tp1"] == ("ok", None)
+
+
+def test_int4_weight_only_group_size_is_in_the_checkpoint_keys(ws):
+    from trtbuild.graph import build_graph
+
+    plan = plan_of(ws, "variants: {wo: {quant: int4_wo}, wo64: {quant: int4_wo, group_size: 64}, w8: {quant: int8_wo}}")
+    graph = build_graph(plan)
+    for node_id, group in (("wo-tp1", 128), ("wo-quantized", 128), ("wo64-tp1", 64), ("wo64-quantized", 64)):
+        assert graph.node(node_id).params["group_size"].value == group, node_id
+    assert graph.node("wo-tp1").params["group_size"].origin == "default: variants.wo.group_size"
+    assert "group_size" not in graph.node("w8-tp1").params
+
+
+@pytest.mark.parametrize("variant, what", [
+    ("{quant: fp8}", "FP8"), ("{quant: int8_sq}", "INT8 SmoothQuant"), ("{kv_cache: fp8}", "an FP8 KV cache"),
+])
+def test_float32_with_a_quantized_trtllm_checkpoint_is_impossible(ws, variant, what):
+    """ModelOpt 0.47's TensorRT-LLM export writes unquantized tensors in float16 when asked for
+    float32 (torch_to_tensorrt_llm_checkpoint); the checkpoint would then fail its verification."""
+    plan = plan_of(ws, f"dtype: float32\nvariants: {{base: {{}}, q: {variant}}}\nbackends: [engine, hf-checkpoint]")
+    s = statuses(plan)
+    assert s["q-tp1"] == ("impossible", "ModelOpt's TensorRT-LLM export writes unquantized tensors in float16 or "
+                          f"bfloat16 only; dtype float32 is not supported with {what}: use bfloat16 or float16")
+    assert s["q-tp1-sm90"][0] == "impossible"
+    # trtbuild's own converter writes float32, and the Hugging Face export keeps the model's dtype
+    assert s["base-tp1"] == ("ok", None) and s["q-hf"] == ("ok", None)
+    assert statuses(plan_of(ws, f"dtype: bfloat16\nvariants: {{q: {variant}}}"))["q-tp1"] == ("ok", None)
+
+
 def test_nvfp4_blocks_must_divide_dimensions(ws):
     config = {**TINY_LLAMA, "intermediate_size": 520}
     plan = plan_of(ws, "variants: {fp4: {quant: nvfp4}}", gpus="[sm100]", config=config)

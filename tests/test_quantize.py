@@ -18,7 +18,10 @@ from safetensors import safe_open
 
 from trtbuild.checkpoint import calibration as cal  # noqa: E402
 from trtbuild.checkpoint import quantize as q  # noqa: E402
+from trtbuild.checkpoint.modelopt_config import modelopt_modules  # noqa: E402
+from trtbuild.checkpoint.quantstate import quantizer_tensors  # noqa: E402
 from trtbuild.errors import InvalidInput  # noqa: E402
+from trtbuild.quantformats import FORMATS, KV_FORMATS  # noqa: E402
 from tinymodels import make_model, make_tokenizer, pydoc_text  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
@@ -58,7 +61,7 @@ def windows(models) -> np.ndarray:
 @pytest.fixture(scope="module")
 def modelopt():
     """Import ModelOpt once for the whole module."""
-    return q._modelopt()
+    return modelopt_modules()
 
 
 @pytest.fixture(scope="module")
@@ -244,8 +247,8 @@ def test_quantize_and_export(arch, quant, kv, quantized, models, tmp_path):
         assert sorted(p.name for p in out.glob("rank*.safetensors")) == [f"rank{r}.safetensors" for r in range(tp)]
         assert config["mapping"] == {"world_size": tp, "tp_size": tp, "pp_size": 1}
         quantization = config["quantization"]
-        assert quantization["quant_algo"] == q.TRTLLM_QUANT_ALGO[quant]
-        assert quantization["kv_cache_quant_algo"] == (q.KV_CACHE_QUANT_ALGO[kv] if kv else None)
+        assert quantization["quant_algo"] == FORMATS[quant].quant_algo
+        assert quantization["kv_cache_quant_algo"] == (KV_FORMATS[kv].quant_algo if kv else None)
         if quant in ("int4_awq", "w4a8_awq", "int4_wo"):  # the grouped formats, named here, not read from q
             assert quantization["group_size"] == GROUP and quantization["pre_quant_scale"] is True
         assert config["rotary_base"] == (1e6 if arch == "qwen2" else 10000.0)
@@ -255,7 +258,7 @@ def test_quantize_and_export(arch, quant, kv, quantized, models, tmp_path):
         qkv = "transformer.layers.0.attention.qkv"
         assert dtypes[f"{qkv}.weight"] == ("F8_E4M3" if quant == "fp8" else "I8")
         assert dtypes["transformer.vocab_embedding.weight"] == "BF16"
-        if quant in q.GROUPED or quant == "int8_sq":
+        if FORMATS[quant].grouped or quant == "int8_sq":
             # W4A16_AWQ/W4A8_AWQ/SQ layers need it; int4_wo gets ones (TRT-LLM requires the tensor).
             for layer in ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj"):
                 assert f"transformer.layers.1.{layer}.prequant_scaling_factor" in dtypes
@@ -396,21 +399,26 @@ def test_restore_rejects_other_source_and_dtype(quantized, models, tmp_path):
 # Batching and progress
 
 
-def test_batch_size_and_progress(models, windows, quantized, capsys):
-    _, report8, logits8 = quantized("llama", "fp8", "fp8")
+@pytest.mark.parametrize("quant,kv", [("fp8", "fp8"), ("int8_sq", None), ("int8_wo", None), ("int4_wo", None)])
+def test_max_calibration_is_batch_size_independent_bit_for_bit(quant, kv, models, windows, quantized):
+    """The batch size follows the memory available and is not in the key, so max calibration
+    must give the same quantized model, bit for bit, in batches of 2 as in one batch of 8:
+    every weight (SmoothQuant rescales them in place) and every quantizer buffer (amax,
+    pre_quant_scale)."""
+    ref, report8, _ = quantized("llama", quant, kv)
+    assert report8["batch_size"] == SAMPLES
     events = []
     model = q.load_model(models["llama"], "bfloat16", "cpu")
-    report = q.calibrate_and_quantize(model, "fp8", "fp8", None, windows, "cpu",
+    report = q.calibrate_and_quantize(model, quant, kv, GROUP, windows, "cpu",
                                       progress=lambda done, total: events.append((done, total)), max_batch=3)
     assert report["batch_size"] == 2 and report["batches"] == 4  # the largest divisor of 8 <= 3
     assert events == [(1, 4), (2, 4), (3, 4), (4, 4)]
-    ref, _, _ = quantized("llama", "fp8", "fp8")
-    amax = {k: v for k, v in q._quantizer_tensors(model).items() if k.endswith("_amax")}
-    ref_amax = q._quantizer_tensors(ref)
-    assert amax.keys() <= ref_amax.keys() and len(amax) > 0
-    for k, v in amax.items():
-        assert torch.allclose(v.float(), ref_amax[k].float(), rtol=1e-2, atol=0), k
+    state, ref_state = model.state_dict(), ref.state_dict()
+    assert state.keys() == ref_state.keys() and any(k.endswith("_amax") for k in state)
+    assert [k for k in state if not torch.equal(state[k], ref_state[k])] == []
 
+
+def test_awq_batch_size_and_progress(models, windows, quantized, capsys):
     # AWQ: one window per batch whatever the memory (its statistics depend on the batch size),
     # two passes (caching activation statistics, then the alpha search).
     awq_events = []
@@ -423,5 +431,5 @@ def test_batch_size_and_progress(models, windows, quantized, capsys):
     assert "pass 1 (awq_lite: caching activation statistics)" in log
     assert "pass 2 (awq_lite: searching" in log and f"batch {SAMPLES}/{SAMPLES}" in log
     ref, _, _ = quantized("llama", "int4_awq", None)
-    for k, v in q._quantizer_tensors(model).items():
-        assert torch.equal(v, q._quantizer_tensors(ref)[k]), k
+    for k, v in quantizer_tensors(model).items():
+        assert torch.equal(v, quantizer_tensors(ref)[k]), k

@@ -127,10 +127,19 @@ def test_source_rules(ws, source, message):
     assert got.startswith(f"{path}:3:") and message in got
 
 
-def test_group_size_only_for_awq(ws):
+def test_group_size_only_for_grouped_formats(ws):
     path = ws.recipe(minimal("variants: {fp8: {quant: fp8, group_size: 64}}"))
     [message] = errors_of(path)
-    assert message.endswith("variants.fp8: group_size applies only to int4_awq and w4a8_awq")
+    assert message == f"{path}:7:17: variants.fp8: group_size applies only to int4_awq, w4a8_awq and int4_wo"
+
+
+def test_int4_weight_only_is_grouped_like_awq(ws):
+    """int4_wo quantizes per group of 128 input channels (INT4_BLOCKWISE_WEIGHT_ONLY_CFG), like AWQ."""
+    recipe = load_recipe(ws.recipe(minimal(
+        "variants: {wo: {quant: int4_wo}, wo64: {quant: int4_wo, group_size: 64}, w8: {quant: int8_wo}}"))).recipe
+    assert recipe.variants["wo"].effective_group_size == 128
+    assert recipe.variants["wo64"].effective_group_size == 64
+    assert recipe.variants["w8"].effective_group_size is None
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -28,8 +28,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config
 
-from trtbuild.checkpoint.trtllm_convert import convert_hf_to_trtllm, read_safetensors_header
-from trtbuild.checkpoint.verify import fix_trtllm_config, verify_trtllm_checkpoint
+from trtbuild.checkpoint.safetensors_files import read_safetensors_header
+from trtbuild.checkpoint.trtllm_config import fix_trtllm_config
+from trtbuild.checkpoint.trtllm_convert import convert_hf_to_trtllm
+from trtbuild.checkpoint.verify import CheckpointInvalid, verify_trtllm_checkpoint
 from trtbuild.errors import TrtbuildError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -332,6 +334,56 @@ def test_verifier_rejects(case, ours, hf_model, tmp_path):
         assert fragment in message, (fragment, message)
 
 
+def _unquantized_in_float16(folder: Path) -> None:
+    """What ModelOpt's export wrote when asked for float32 (it falls back to float16), under a
+    config.json that says float32."""
+    for rank in range(len(list(folder.glob("rank*.safetensors")))):
+        _edit_rank(folder, rank, lambda t: t.update({k: v.half() for k, v in t.items()}))
+    _edit_config(folder, lambda c: c.update(dtype="float32"))
+
+
+def test_verifier_failure_is_one_line_with_every_problem_kept(ours, hf_model, tmp_path):
+    broken = tmp_path / "ckpt"
+    shutil.copytree(ours("llama", 1, 1), broken)
+    _unquantized_in_float16(broken)
+    with pytest.raises(CheckpointInvalid) as info:
+        verify_trtllm_checkpoint(broken, hf_config(hf_model("llama")))
+    problems = info.value.problems
+    # 4 layers x (2 norms + 5 linears) + embedding, ln_f and lm_head
+    assert len(problems) == 4 * 7 + 3 and all(p.endswith("dtype expected F32, found F16") for p in problems)
+    assert problems[0] == "rank0.safetensors: lm_head.weight dtype expected F32, found F16"
+    assert str(info.value) == f"{problems[0]}; and {len(problems) - 1} more problems"
+    assert info.value.messages == [str(info.value)]
+
+
+def test_checkpoint_stage_logs_every_problem_and_fails_in_one_line(ours, hf_model, tmp_path, capsys):
+    """Through the worker, as the runner runs it: the log holds every problem, the failure line
+    (to which the runner adds the log's path) holds the first and how many more."""
+    from trtbuild.stages import worker
+
+    broken = tmp_path / "ckpt"
+    shutil.copytree(ours("llama", 1, 1), broken)
+    _unquantized_in_float16(broken)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(hf_config(hf_model("llama"))))
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"entry": "test_trtllm_convert:_verify_stage", "out": str(broken),
+                                "inputs": {"source": str(tmp_path / "hf")}, "params": {}, "runtime": {}}))
+    assert worker.main(str(spec)) == 1
+    out, err = capsys.readouterr()
+    logged = [line for line in out.splitlines() if line.startswith("verify:")]
+    assert logged[0] == "verify: ckpt: 31 problem(s):" and len(logged) == 32
+    assert logged[1] == "verify:   rank0.safetensors: lm_head.weight dtype expected F32, found F16"
+    assert err.splitlines()[-1] == (f"{worker.ERROR_PREFIX}CheckpointInvalid: rank0.safetensors: lm_head.weight "
+                                    "dtype expected F32, found F16; and 30 more problems")
+
+
+def _verify_stage(ctx) -> None:
+    from trtbuild.stages.checkpoint import _hf_config, verify
+
+    verify(ctx.out, _hf_config(ctx.inputs["source"]))
+
+
 _NVFP4_LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
 
 
@@ -409,12 +461,13 @@ def test_fix_restores_rope_fields_modelopt_drops(transformers5, modelopt_ckpt, h
     hf = hf_config(hf_model("llama"))
     if transformers5:
         hf = _transformers5_config(hf)
-    with pytest.raises(TrtbuildError) as info:
+    with pytest.raises(CheckpointInvalid) as info:
         verify_trtllm_checkpoint(folder, hf)
-    assert str(info.value).splitlines() == [
+    assert info.value.problems == [
         "config.json: rotary_base missing; the HF config has rope_theta 500000.0 (TensorRT-LLM would use 10000.0)",
         f"config.json: rotary_scaling missing; the HF config has rope_scaling {LLAMA3_SCALING}",
     ]
+    assert str(info.value) == info.value.problems[0] + "; and 1 more problem"
     changes = fix_trtllm_config(folder, hf, {})
     assert changes == ["rotary_base: missing -> 500000.0", f"rotary_scaling: missing -> {LLAMA3_SCALING!r}"]
     fixed = read_config(folder)

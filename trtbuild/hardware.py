@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from trtbuild import quantformats
+
 MIB = 1024 * 1024
 
 # SM architectures an engine can target. Engines are not portable across SMs
@@ -116,48 +118,10 @@ def sm_number(sm: str) -> int:
     return int(sm[2:])
 
 
-# Quantization x SM. Sources: reference/trtllm.md section 3 and tensorrt_llm/builder.py@14e801d
-# `build()`: on 100 <= SM < 120 it raises for is_int8_weight_only / is_int4_weight_only /
-# has_int8_kv_cache ("INT8/INT4 quantization is not supported on SM>=100.") and for
-# has_act_and_weight_quant ("SmoothQuant ..."). quantization/mode.py maps both W4A16_AWQ and
-# W4A8_AWQ to use_weight_only(use_int4_weights=True, per_group=True), so both AWQ formats count as
-# INT4 weight-only there. The lower bounds come from the hardware: FP8 tensor cores exist from Ada
-# (sm89) on, FP4 tensor cores from Blackwell (sm100) on; TensorRT-LLM leaves them to its kernels.
-FP8_MIN_SM = 89
-FP4_MIN_SM = 100
-QUANT_LABEL = {
-    "fp8": "FP8",
-    "int8_sq": "INT8 SmoothQuant",
-    "int4_awq": "INT4 AWQ (W4A16)",
-    "w4a8_awq": "W4A8 AWQ",
-    "int8_wo": "INT8 weight-only",
-    "int4_wo": "INT4 weight-only",
-    "nvfp4": "NVFP4",
-}
-
-
 def quant_unsupported_reason(quant: str | None, kv_cache: str | None, sm: str) -> str | None:
-    """Why TensorRT-LLM cannot build `quant` / `kv_cache` for `sm`, or None if it can."""
-    n = sm_number(sm)
-    blackwell_dc = 100 <= n < 120  # builder.build's "SM>=100" checks cover SM 100-119
-    if quant in ("fp8", "w4a8_awq") and n < FP8_MIN_SM:
-        return f"{QUANT_LABEL[quant]} needs FP8 tensor cores (sm89 or newer); {sm} has none"
-    if quant == "nvfp4" and n < FP4_MIN_SM:
-        return f"NVFP4 needs FP4 tensor cores (sm100 or newer); {sm} has none"
-    if kv_cache == "fp8" and n < FP8_MIN_SM:
-        return f"an FP8 KV cache needs sm89 or newer; {sm} has no FP8 support"
-    if kv_cache == "nvfp4" and n < FP4_MIN_SM:
-        return f"an NVFP4 KV cache needs sm100 or newer; {sm} has no FP4 support"
-    if blackwell_dc:
-        if quant in ("int8_wo", "int4_wo", "int4_awq", "w4a8_awq"):
-            return (f"{QUANT_LABEL[quant]} is rejected on {sm} by TensorRT-LLM: "
-                    "'INT8/INT4 quantization is not supported on SM>=100.'")
-        if kv_cache == "int8":
-            return (f"an INT8 KV cache is rejected on {sm} by TensorRT-LLM: "
-                    "'INT8/INT4 quantization is not supported on SM>=100.'")
-        if quant == "int8_sq":
-            return f"SmoothQuant is rejected on {sm} by TensorRT-LLM: 'SmoothQuant is not supported on SM>=100.'"
-    return None
+    """Why TensorRT-LLM cannot build `quant` / `kv_cache` for `sm`, or None if it can: the SM rules
+    of trtbuild/quantformats.py's table (sources there and in reference/trtllm.md section 3)."""
+    return quantformats.sm_unsupported_reason(quant, kv_cache, sm_number(sm), sm)
 
 
 # PluginConfig.validate rejects these plugins on SM 100 (reference/trtllm.md section 3).

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
-from trtbuild import estimate, hardware, trtllm
+from trtbuild import estimate, hardware, quantformats, trtllm
 from trtbuild.errors import InvalidInput
 from trtbuild.modelconfig import ModelSpec, load_config
 from trtbuild.recipe import LoadedRecipe, Recipe, Variant
@@ -198,17 +198,25 @@ def _model_rules(model: ModelSpec, variant: Variant, tp: int, pp: int) -> Option
         return f"pp={pp} exceeds the model's {model.num_layers} layers"
     group = variant.effective_group_size
     if group:
+        fmt = quantformats.FORMATS[variant.quant]
         dims = {"hidden_size": model.hidden_size,
                 f"intermediate_size/tp ({model.intermediate_size}/{tp})": model.intermediate_size / tp,
                 f"attention width/tp ({model.num_heads * model.head_dim}/{tp})": model.num_heads * model.head_dim / tp}
         for label, size in dims.items():
             if size % group:
-                return f"AWQ group_size {group} does not divide {label} = {size:g}"
-    if variant.quant == "nvfp4" or variant.kv_cache == "nvfp4":
-        for label, size in (("hidden_size", model.hidden_size), ("intermediate_size", model.intermediate_size)):
-            if size % 16:
-                return f"NVFP4 blocks of 16 do not divide {label} = {size}"
+                return f"{'AWQ' if fmt.awq else fmt.label} group_size {group} does not divide {label} = {size:g}"
+    for fmt in _formats(variant):
+        if fmt.block:
+            for label, size in (("hidden_size", model.hidden_size), ("intermediate_size", model.intermediate_size)):
+                if size % fmt.block:
+                    return f"{fmt.name.upper()} blocks of {fmt.block} do not divide {label} = {size}"
     return None
+
+
+def _formats(variant: Variant) -> list:
+    """The variant's weight format and KV-cache format, from trtbuild/quantformats.py's table."""
+    return ([quantformats.FORMATS[variant.quant]] if variant.quant else []) + (
+        [quantformats.KV_FORMATS[variant.kv_cache]] if variant.kv_cache else [])
 
 
 def _limit_rules(plan: Plan) -> Optional[str]:
@@ -232,7 +240,8 @@ def _checkpoint_target(plan: Plan, vname: str, variant: Variant, tp: int, pp: in
     if plan.model.architecture not in CHECKPOINT_ARCHITECTURES:
         reason = (f"not supported: {plan.model.architecture} (TensorRT-LLM checkpoints are written for "
                   f"{', '.join(CHECKPOINT_ARCHITECTURES)}; the hf-checkpoint backend takes others)")
-    reason = reason or _model_rules(plan.model, variant, tp, pp)
+    reason = (reason or _model_rules(plan.model, variant, tp, pp)
+              or quantformats.trtllm_export_dtype_problem(variant.quant, variant.kv_cache, plan.dtype))
     est = estimate.Estimate(
         weights_bytes_per_gpu=estimate.weights_bytes_per_gpu(plan.model, tp, pp, variant.quant, plan.dtype, variant.effective_group_size or 128),
         kv_bytes_per_token=estimate.kv_bytes_per_token(plan.model, tp, pp, variant.kv_cache, plan.dtype),
@@ -284,9 +293,9 @@ def _engine_target(plan: Plan, ckpt: Target, variant: Variant, cards: SmCards) -
 
 def _hf_target(plan: Plan, vname: str, variant: Variant) -> Target:
     reason = _model_rules(plan.model, variant, 1, 1) or _limit_rules(plan)
-    if reason is None and variant.kv_cache == "int8":
-        reason = ("an INT8 KV cache has no Hugging Face checkpoint form: ModelOpt 0.47's export_hf_checkpoint "
-                  "rejects it (use fp8, or the engine backend)")
+    if reason is None and variant.kv_cache and not quantformats.KV_FORMATS[variant.kv_cache].hf_export:
+        reason = (f"{quantformats.KV_FORMATS[variant.kv_cache].label} has no Hugging Face checkpoint form: ModelOpt 0.47's "
+                  "export_hf_checkpoint rejects it (use fp8, or the engine backend)")
     est = estimate.Estimate(
         weights_bytes_per_gpu=estimate.weights_bytes_per_gpu(
             plan.model, 1, 1, variant.quant, plan.dtype, variant.effective_group_size or 128, hf_layout=True),

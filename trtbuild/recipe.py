@@ -20,16 +20,15 @@ from pydantic import (
     model_validator,
 )
 
-from trtbuild import hardware, trtllm
+from trtbuild import hardware, quantformats, trtllm
 from trtbuild.errors import InvalidInput
 from trtbuild.yamlsource import LocatedDocument, format_path, load_located_file
 
-QuantName = Literal["fp8", "int8_sq", "int4_awq", "w4a8_awq", "int8_wo", "int4_wo", "nvfp4"]
-KvCacheName = Literal["fp8", "int8", "nvfp4"]
+QuantName = Literal[quantformats.QUANT_NAMES]  # the names of trtbuild/quantformats.py's table
+KvCacheName = Literal[quantformats.KV_CACHE_NAMES]
 DType = Literal["float16", "bfloat16", "float32"]
 Backend = Literal["engine", "hf-checkpoint"]
 Device = Literal["auto", "cpu", "cuda"]
-AWQ_QUANTS = ("int4_awq", "w4a8_awq")
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 
 
@@ -121,20 +120,23 @@ class Variant(_Strict):
         "`int4_awq`, `w4a8_awq`, `int8_wo`, `int4_wo` (weight-only), `nvfp4`; unset: the recipe's dtype")
     kv_cache: Optional[KvCacheName] = Field(
         None, description="KV-cache quantization: `fp8`, `int8` or `nvfp4`; unset: the KV cache is kept in the dtype")
-    group_size: Optional[PositiveInt] = Field(None, description="AWQ block size along the input dimension (default 128)")
+    group_size: Optional[PositiveInt] = Field(
+        None, description="block size along the input dimension of the grouped INT4 formats (default 128)")
     calibration: Optional[CalibrationOverride] = Field(
         None, description="fields that replace the top-level calibration's for this variant only")
 
     @model_validator(mode="after")
-    def _group_size_only_for_awq(self) -> "Variant":
-        if self.group_size is not None and self.quant not in AWQ_QUANTS:
-            raise ValueError(f"group_size applies only to {' and '.join(AWQ_QUANTS)}")
+    def _group_size_only_for_grouped(self) -> "Variant":
+        if self.group_size is not None and self.quant not in quantformats.GROUPED:
+            grouped = quantformats.GROUPED
+            raise ValueError(f"group_size applies only to {', '.join(grouped[:-1])} and {grouped[-1]}")
         return self
 
     @property
     def effective_group_size(self) -> Optional[int]:
-        if self.quant in AWQ_QUANTS:
-            return self.group_size or 128
+        fmt = quantformats.FORMATS.get(self.quant) if self.quant else None
+        if fmt is not None and fmt.grouped:
+            return self.group_size or fmt.default_group_size
         return None
 
     @property

@@ -263,7 +263,7 @@ def run_graph(graph: Graph, store: LocalStore, options: Optional[RunOptions] = N
 
 def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, results: dict[str, NodeResult],
               resolutions: dict[str, Resolved], reporter) -> NodeResult:
-    result = NodeResult(node.id, node.kind, node.stage.ident if node.stage else node.kind, SKIPPED)
+    result = NodeResult(node.id, node.kind, node.stage.name if node.stage else node.kind, SKIPPED)
     ruled_out = node.ruled_out()
     if ruled_out and ruled_out.kind == Blocker.PLAN:
         result.status, result.reason = IMPOSSIBLE, ruled_out.reason

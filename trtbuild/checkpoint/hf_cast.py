@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trtbuild.checkpoint.trtllm_convert import weight_files
+from trtbuild.checkpoint.safetensors_files import weight_files
 from trtbuild.modelconfig import read_json_object
 from trtbuild.modelfiles import copy_companion_files
 

@@ -15,18 +15,8 @@ copies one block of whole source rows' worth of bytes into a fresh tensor (conve
 the way) and closes it again; the `"pread"` backend is no help, it reads the whole tensor for any
 slice.
 
-Layout (reference/trtllm.md section 2, checked tensor for tensor against ModelOpt 0.47's
-`export_tensorrt_llm_checkpoint` in tests/test_trtllm_convert.py):
-- `transformer.vocab_embedding.weight` (first PP stage): vocab padded with zero rows to a multiple of
-  tp and split on dim 0 (ModelOpt writes `use_parallel_embedding: true`, `embedding_sharding_dim: 0`).
-- `transformer.layers.{l - first_layer_of_stage}.`: `input_layernorm`, `post_layernorm` replicated;
-  `attention.qkv` = per rank cat(q_t, k_t, v_t), each split on dim 0, KV heads duplicated when tp
-  exceeds them (rank t gets KV head t * kv // tp); `attention.dense` row-parallel (dim 1);
-  `mlp.fc` = gate_proj, `mlp.gate` = up_proj (dim 0), `mlp.proj` = down_proj (dim 1).
-  Mixtral: `mlp.router.weight` float32 replicated, `mlp.fc` [E, 2I/tp, H] = per expert w3_t then
-  w1_t, `mlp.proj` [E, H, I/tp] = w2 split on its dim 1.
-- `transformer.ln_f.weight`, `lm_head.weight` (last PP stage; lm_head from embed_tokens when tied,
-  vocab padded with zero rows to a multiple of tp, split on dim 0).
+The layout it writes (reference/trtllm.md section 2, checked tensor for tensor against ModelOpt
+0.47's export in tests/test_trtllm_convert.py) is described in docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -42,267 +32,18 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
 
 from trtbuild import __version__
+from trtbuild.checkpoint.hf_layout import HFLayout, check_parallel, hf_layout, kv_rows, normalize_dtype
+from trtbuild.checkpoint.safetensors_files import ST_CODE, ST_ITEMSIZE, read_safetensors_header, weight_files
+from trtbuild.checkpoint.trtllm_config import build_trtllm_config
 from trtbuild.errors import InvalidInput
-from trtbuild.modelconfig import padded_vocab, parse_config, read_json_object
+from trtbuild.modelconfig import padded_vocab, read_json_object
 
-# model_type -> ModelOpt's decoder_type (modelopt/torch/export/model_utils.py).
-FAMILIES = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen"}
-
-# Class defaults of the transformers config classes, for keys a hand-written config.json may omit
-# (save_pretrained writes them all). LlamaConfig's num_key_value_heads defaults to the head count.
-_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {"rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "hidden_act": "silu"},
-    "mistral": {"rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 131072,
-                "num_key_value_heads": 8, "hidden_act": "silu"},
-    "qwen2": {"rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
-              "num_key_value_heads": 32, "hidden_act": "silu"},
-    "mixtral": {"rope_theta": 1e6, "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
-                "num_key_value_heads": 8, "hidden_act": "silu", "num_experts_per_tok": 2},
-}
-
-DTYPES = {"float16": "float16", "fp16": "float16", "half": "float16",
-          "bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32"}
-_ST_CODE = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
-ST_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-               "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
 DEFAULT_CHUNK_BYTES = 64 << 20
-
-
-# --------------------------------------------------------------------------------------------
-# The model's shape, from config.json alone (shared with verify.py; no torch here)
-# --------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class HFLayout:
-    """What the TensorRT-LLM layout of a LLaMA-family model depends on."""
-
-    model_type: str
-    architecture: str
-    decoder: str
-    num_layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    num_experts: int
-    top_k: int
-    tied: bool
-    qkv_bias: bool
-    dense_bias: bool
-    mlp_bias: bool
-    norm_eps: float
-    max_position_embeddings: Optional[int]
-    hidden_act: str
-    rotary_pct: float
-    rotary_base: float
-    rotary_scaling: Optional[dict]
-    dtype: Optional[str]
-
-
-def hf_rope(hf: dict) -> tuple[float, Optional[dict]]:
-    """(rotary_base, rotary_scaling) as TensorRT-LLM wants them, from rope_theta/rope_scaling or the
-    transformers-5 `rope_parameters` (reference/modelopt.md section 6)."""
-    params = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else None
-    theta = hf.get("rope_theta")
-    if theta is None and params is not None:
-        theta = params.get("rope_theta")
-    if theta is None:
-        theta = _FAMILY_DEFAULTS.get(str(hf.get("model_type")), {}).get("rope_theta", 10000.0)
-    scaling = hf.get("rope_scaling")
-    if scaling is None and params is not None and params.get("rope_type", "default") != "default":
-        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-    if not isinstance(scaling, dict) or not scaling:
-        return float(theta), None
-    scaling = dict(scaling)
-    # transformers 4.x config classes copy a legacy "type" into "rope_type"; ModelOpt copies the
-    # resulting dict, so do the same.
-    if "type" in scaling and "rope_type" not in scaling:
-        scaling["rope_type"] = scaling["type"]
-    if scaling.get("rope_type", scaling.get("type")) == "default" and "factor" not in scaling:
-        # Deliberate difference: ModelOpt would copy {"rope_type": "default"}; it means "no scaling".
-        return float(theta), None
-    return float(theta), scaling
-
-
-def hf_layout(hf: dict, source: str = "config.json") -> HFLayout:
-    """Normalize a Hugging Face config.json dict of a supported family; InvalidInput otherwise."""
-    model_type = str(hf.get("model_type", ""))
-    if model_type not in FAMILIES:
-        raise InvalidInput(f"{source}: model_type {model_type!r} is not supported by the streaming converter "
-                           f"(supported: {', '.join(sorted(FAMILIES))})")
-    filled = dict(hf)
-    for key, value in _FAMILY_DEFAULTS[model_type].items():
-        if filled.get(key) is None and not (key == "rope_theta" and "rope_parameters" in filled):
-            filled[key] = value
-    spec = parse_config(filled, source)
-    base, scaling = hf_rope(filled)
-    moe = model_type == "mixtral"
-    if moe and spec.num_experts <= 0:
-        raise InvalidInput(f"{source}: a Mixtral config needs num_local_experts")
-    rotary_pct = next((float(filled[k]) for k in ("rotary_pct", "partial_rotary_factor")
-                       if filled.get(k) is not None), 1.0)
-    return HFLayout(
-        model_type=model_type,
-        architecture=spec.architecture,
-        decoder=FAMILIES[model_type],
-        num_layers=spec.num_layers,
-        hidden=spec.hidden_size,
-        heads=spec.num_heads,
-        kv_heads=spec.num_kv_heads,
-        head_dim=spec.head_dim,
-        intermediate=spec.intermediate_size,
-        vocab=spec.vocab_size,
-        num_experts=spec.num_experts if moe else 0,
-        top_k=spec.experts_per_token if moe else 0,
-        tied=spec.tied_embeddings,
-        # Qwen2 always has q/k/v biases; Llama's attention_bias adds them to q, k, v and o.
-        qkv_bias=model_type == "qwen2" or (model_type == "llama" and bool(filled.get("attention_bias"))),
-        dense_bias=model_type == "llama" and bool(filled.get("attention_bias")),
-        mlp_bias=model_type == "llama" and bool(filled.get("mlp_bias")),
-        norm_eps=float(filled["rms_norm_eps"]),
-        max_position_embeddings=spec.max_position_embeddings,
-        hidden_act=str(filled.get("hidden_act") or "silu"),
-        rotary_pct=rotary_pct,
-        rotary_base=base,
-        rotary_scaling=scaling,
-        dtype=spec.dtype,
-    )
-
-
-def normalize_dtype(dtype: str, layout: Optional[HFLayout] = None) -> str:
-    if dtype == "auto" and layout is not None and layout.dtype in ("float16", "bfloat16"):
-        return layout.dtype
-    if dtype not in DTYPES:
-        choices = "float16, bfloat16, float32" + (" or auto" if layout else "")
-        raise InvalidInput(f"dtype {dtype!r}: expected one of {choices}")
-    return DTYPES[dtype]
-
-
-def check_parallel(layout: HFLayout, tp: int, pp: int, source: str = "config.json") -> None:
-    """The splits must be exact (ModelOpt asserts the same, except that it would zero-pad uneven
-    column splits, which TensorRT-LLM cannot use)."""
-    if not isinstance(tp, int) or not isinstance(pp, int) or tp < 1 or pp < 1:
-        raise InvalidInput(f"tp and pp must be positive integers, got tp={tp!r} pp={pp!r}")
-    if layout.heads % tp:
-        raise InvalidInput(f"{source}: num_attention_heads {layout.heads} is not divisible by tp {tp}")
-    if layout.kv_heads % tp and tp % layout.kv_heads:
-        raise InvalidInput(f"{source}: num_key_value_heads {layout.kv_heads} and tp {tp}: one must divide the other")
-    if layout.intermediate % tp:
-        raise InvalidInput(f"{source}: intermediate_size {layout.intermediate} is not divisible by tp {tp}")
-    if layout.num_layers % pp:
-        raise InvalidInput(f"{source}: num_hidden_layers {layout.num_layers} is not divisible by pp {pp}")
-
-
-def kv_rows(layout: HFLayout, tp_rank: int, tp: int) -> tuple[int, int]:
-    """Rows of k_proj/v_proj that rank tp_rank holds (a whole KV head, duplicated, when tp > KV heads)."""
-    hd = layout.head_dim
-    if layout.kv_heads >= tp:
-        per = layout.kv_heads // tp
-        return tp_rank * per * hd, (tp_rank + 1) * per * hd
-    head = tp_rank * layout.kv_heads // tp
-    return head * hd, (head + 1) * hd
-
-
-def build_trtllm_config(layout: HFLayout, tp: int, pp: int, dtype: str) -> dict:
-    """config.json in the shape ModelOpt 0.47 writes it (key for key, same order) for the same
-    unquantized model; differences are deliberate and commented."""
-    config: dict[str, Any] = {
-        # Deliberate: the producer is trtbuild, not modelopt.
-        "producer": {"name": "trtbuild", "version": __version__},
-        "architecture": layout.architecture,
-        "dtype": dtype,
-        "logits_dtype": "float16" if dtype == "bfloat16" else dtype,
-        "num_hidden_layers": layout.num_layers,
-        "num_attention_heads": layout.heads,
-        "num_key_value_heads": layout.kv_heads,  # the HF count: duplication is in the weights
-        "hidden_size": layout.hidden,
-        "norm_epsilon": layout.norm_eps,
-        "vocab_size": layout.vocab,  # unpadded, as ModelOpt writes it for unquantized models
-        "max_position_embeddings": layout.max_position_embeddings,
-        # ModelOpt's MoE config always says swiglu (layer_utils.build_moe_config).
-        "hidden_act": "swiglu" if layout.num_experts else layout.hidden_act,
-        "use_parallel_embedding": True,
-        "embedding_sharding_dim": 0,
-        "head_size": layout.head_dim,
-        "intermediate_size": layout.intermediate,
-        "position_embedding_type": "rope_gpt_neox",
-        "share_embedding_table": False,  # lm_head.weight is always written, even when tied
-        "residual_mlp": False,
-        "bias": layout.dense_bias,
-        "rotary_pct": layout.rotary_pct,
-        "rank": tp * pp - 1,  # ModelOpt writes config.json from the last rank; TRT-LLM ignores it
-        "decoder": layout.decoder,
-        "rmsnorm": True,
-        "lm_head_bias": False,
-        # Deliberate: always written and always from the HF config (rope_theta/rope_scaling or
-        # transformers-5 rope_parameters); ModelOpt drops them with transformers 5.
-        "rotary_base": layout.rotary_base,
-    }
-    if layout.rotary_scaling:
-        config["rotary_scaling"] = layout.rotary_scaling
-    if layout.decoder == "qwen":
-        # Deliberate: ModelOpt's fallback config (no tensorrt_llm installed) omits these, and
-        # TRT-LLM's QWenConfig then defaults to qwen_type "qwen" (Qwen-1 MLP sizes).
-        config["qwen_type"] = layout.model_type
-        config["attn_bias"] = layout.qkv_bias
-    config["mapping"] = {"world_size": tp * pp, "tp_size": tp, "pp_size": pp}
-    config["quantization"] = {"quant_algo": None, "kv_cache_quant_algo": None}
-    if layout.num_experts:
-        config["mapping"].update({"moe_tp_size": tp, "moe_ep_size": 1})
-        config["moe"] = {"num_experts": layout.num_experts, "top_k": layout.top_k, "normalization_mode": 1}
-    return config
-
-
-def read_safetensors_header(path: Path) -> dict[str, dict]:
-    """name -> {"dtype", "shape", "data_offsets"}, read without mapping or loading the data."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) != 8:
-                raise InvalidInput(f"{path.name}: not a safetensors file (shorter than 8 bytes)")
-            (size,) = struct.unpack("<Q", head)
-            if size > 100 << 20:
-                raise InvalidInput(f"{path.name}: not a safetensors file (header length {size})")
-            raw = f.read(size)
-    except FileNotFoundError:
-        raise InvalidInput(f"{path}: no such file") from None
-    try:
-        header = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"{path.name}: unreadable safetensors header ({exc})") from None
-    if not isinstance(header, dict):
-        raise InvalidInput(f"{path.name}: unreadable safetensors header")
-    header.pop("__metadata__", None)
-    return header
 
 
 # --------------------------------------------------------------------------------------------
 # Source checkpoint and the per-rank plan
 # --------------------------------------------------------------------------------------------
-
-def weight_files(folder: Path) -> list[str]:
-    """The safetensors files that hold a HF checkpoint's weights: the index's shards, else
-    model.safetensors, else every top-level *.safetensors (never a stray copy beside an index,
-    such as Mistral's consolidated.safetensors)."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = read_json_object(index).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise InvalidInput(f"{index}: no weight_map")
-        files = sorted(set(weight_map.values()))
-        missing = [name for name in files if not (folder / name).is_file()]
-        if missing:
-            raise InvalidInput(f"{index}: names {missing[0]}, which is missing")
-        return files
-    if (folder / "model.safetensors").is_file():
-        return ["model.safetensors"]
-    files = sorted(p.name for p in folder.glob("*.safetensors"))
-    if not files:
-        raise InvalidInput(f"{folder}: no *.safetensors weights (PyTorch .bin checkpoints are not supported)")
-    return files
-
 
 class _Source:
     """The tensors of a HF safetensors folder (single file, or sharded with an index)."""
@@ -368,7 +109,7 @@ class _Out:
         n = 1
         for d in self.shape:
             n *= d
-        return n * ST_ITEMSIZE[_ST_CODE[self.dtype]]
+        return n * ST_ITEMSIZE[ST_CODE[self.dtype]]
 
 
 class _Planner:
@@ -519,7 +260,7 @@ def _write_rank(path: Path, outs: list[_Out], src: _Source, chunk_bytes: int,
     header: dict[str, Any] = {"__metadata__": {"format": "pt", "producer": f"trtbuild {__version__}"}}
     offset = 0
     for out in outs:
-        header[out.name] = {"dtype": _ST_CODE[out.dtype], "shape": list(out.shape),
+        header[out.name] = {"dtype": ST_CODE[out.dtype], "shape": list(out.shape),
                             "data_offsets": [offset, offset + out.nbytes]}
         offset += out.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
@@ -530,7 +271,7 @@ def _write_rank(path: Path, outs: list[_Out], src: _Source, chunk_bytes: int,
         f.write(raw)
         for out in outs:
             dt = torch_dtypes[out.dtype]
-            itemsize = ST_ITEMSIZE[_ST_CODE[out.dtype]]
+            itemsize = ST_ITEMSIZE[ST_CODE[out.dtype]]
             written = 0
             for piece in out.pieces:
                 for block in _blocks(src, piece, dt, itemsize, chunk_bytes):

@@ -2,7 +2,7 @@
 model (Llama, Mistral, Qwen2 with its q/k/v biases, Mixtral) from an unquantized TensorRT-LLM
 checkpoint (config.json + rank{N}.safetensors), at any tp/pp the converter or ModelOpt writes.
 
-What it undoes (reference/trtllm.md section 2; trtllm_convert.py's docstring):
+What it undoes (reference/trtllm.md section 2; docs/checkpoints.md):
 - TP splits: column-parallel tensors (q/k/v, mlp.fc/gate and their biases, the vocab of the
   embedding and lm_head) are concatenated on dim 0, row-parallel ones (attention.dense,
   mlp.proj) on dim 1; Mixtral's `mlp.fc` [E, 2I/tp, H] is split back into w3 | w1 per rank and
@@ -28,8 +28,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Union
 
-from trtbuild.checkpoint.trtllm_convert import hf_layout
-from trtbuild.checkpoint.verify import _mapping, verify_trtllm_checkpoint
+from trtbuild.checkpoint.hf_layout import hf_layout
+from trtbuild.checkpoint.trtllm_config import read_mapping
+from trtbuild.checkpoint.verify import verify_trtllm_checkpoint
 from trtbuild.errors import TrtbuildError
 from trtbuild.modelconfig import read_json_object
 
@@ -75,7 +76,7 @@ def trtllm_to_hf_state(ckpt_dir: Union[Path, str], hf_config: dict) -> dict:
     verify_trtllm_checkpoint(ckpt_dir, hf_config)
 
     L = hf_layout(hf_config, "HF config.json")
-    tp, pp, world = _mapping(cfg)
+    tp, pp, world = read_mapping(cfg)
     dtype = getattr(torch, cfg["dtype"])
     per_stage = L.num_layers // pp
     hd = L.head_dim
@@ -196,7 +197,7 @@ def _layer_tensor(parts: _Parts, L, s: str, rest: str, t: int, tensor, where: st
 
 def _join_kv(name: str, pieces: list, kv_heads: int, tp: int, where: str):
     """k_proj/v_proj (weight or bias) from the TP ranks' pieces. When tp > KV heads, rank t holds
-    head t * kv // tp (trtllm_convert.kv_rows): the ranks sharing a head must agree."""
+    head t * kv // tp (hf_layout.kv_rows): the ranks sharing a head must agree."""
     import torch
 
     missing = [t for t, piece in enumerate(pieces) if piece is None]

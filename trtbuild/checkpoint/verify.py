@@ -1,63 +1,43 @@
 """Check a TensorRT-LLM checkpoint folder (config.json + rank{N}.safetensors) of a LLaMA-family
-model against its Hugging Face config, before spending GPU time on trtllm-build; and patch the
-config.json fields ModelOpt's CPU export gets wrong.
+model against its Hugging Face config, before spending GPU time on trtllm-build. (The config.json
+corrections are trtllm_config.fix_trtllm_config.)
 
 Only headers are read (names, shapes, dtypes), never tensor data, and torch is not imported.
 
-Tensor names, shapes and dtypes per quantization are the ones ModelOpt 0.47 exports on CPU
-(reference/modelopt.md section 3, re-measured on a tiny LLaMA at TP2):
-- None: weights in the model dtype.
-- FP8: weight F8_E4M3; weights_scaling_factor [1] F32, activation_scaling_factor [1] F32.
-- FP8_PER_CHANNEL_PER_TOKEN: weight F8_E4M3; per_channel_scale [out] F32.
-- W8A8_SQ_PER_CHANNEL: weight I8; weights_scaling_factor [out] F32, activation_scaling_factor [1]
-  F32, prequant_scaling_factor [in] in the model dtype (doc says fp16: that was the export dtype).
-- W8A16: weight I8; weights_scaling_factor [out] F32.
-- W4A16_AWQ: weight I8 [out/2, in] (two int4 per byte); weights_scaling_factor [out, in/group]
-  F32; prequant_scaling_factor [in] (model dtype) when the config says pre_quant_scale.
-- W4A8_AWQ: as W4A16_AWQ plus weights_scaling_factor_2 [1] and activation_scaling_factor [1], F32.
-- W4A16: not produced by ModelOpt 0.47 (no config maps to it); checked by analogy with W8A16 and
-  the int4 packing: weight I8 [out/2, in], weights_scaling_factor [out] F32.
-- NVFP4 (measured on an H200 with ModelOpt 0.47, tiny LLaMA at TP1 and TP2; NVFP4 cannot be
-  calibrated on a CPU): weight U8 [out, in/2] (two FP4 values per byte along the input dimension,
-  unlike AWQ's int4 packing along the output); weights_scaling_factor [out, in/16] F8_E4M3 (one
-  per block of 16); weights_scaling_factor_2 [] F32 and activation_scaling_factor [] F32 (scalars
-  with no dimension). group_size in config.json is 16.
-- kv_cache_quant_algo set: attention.kv_cache_scaling_factor [1] F32 is required; ModelOpt 0.47 also
-  writes k_cache_scaling_factor and v_cache_scaling_factor [1] F32, which are allowed. With an NVFP4
-  KV cache the three are scalars ([] F32), also measured on the H200.
-lm_head (and anything else matched by quantization.exclude_modules) stays unquantized. Quantized
-Mixtral experts are only partly modelled: expert weights are checked, their scale tensors are
-allowed but not shape-checked (no quantized MoE export was available to measure).
+The tensors expected per quantization are the ones ModelOpt 0.47 exports, measured: see
+docs/checkpoints.md.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-from trtbuild.checkpoint.trtllm_convert import (
-    DTYPES,
-    HFLayout,
-    check_parallel,
-    hf_layout,
-    read_safetensors_header,
-)
+from trtbuild.checkpoint.hf_layout import HFLayout, check_parallel, hf_layout
+from trtbuild.checkpoint.safetensors_files import ST_CODE, read_safetensors_header
+from trtbuild.checkpoint.trtllm_config import norm_rope_scaling, read_mapping
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.modelconfig import padded_vocab, read_json_object
+from trtbuild.quantformats import KV_CACHE_ALGOS, PER_GROUP_ALGOS, QUANT_ALGOS, TRTLLM_DEFAULT_GROUP_SIZE
 from trtbuild.trtllm import ENGINE_ARCHITECTURES
 
-QUANT_ALGOS = (None, "FP8", "FP8_PER_CHANNEL_PER_TOKEN", "W8A8_SQ_PER_CHANNEL", "W4A16_AWQ", "W4A8_AWQ",
-               "W8A16", "W4A16", "NVFP4")
-KV_CACHE_ALGOS = (None, "FP8", "INT8", "NVFP4")  # reference/trtllm.md section 3: KV_CACHE_QUANT_ALGO_LIST
-_AWQ = ("W4A16_AWQ", "W4A8_AWQ")
-_ST_OF = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
+_AWQ = PER_GROUP_ALGOS
 _RANK_FILE = re.compile(r"^rank(\d+)\.safetensors$")
-_MAX_LINES = 20
+
+
+class CheckpointInvalid(TrtbuildError):
+    """A checkpoint that is not what TensorRT-LLM expects. Its message is one line: the first
+    problem and how many more; `problems` holds them all (the checkpoint stage logs them)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        rest = len(self.problems) - 1
+        more = f"; and {rest} more problem{'s' if rest > 1 else ''}" if rest else ""
+        super().__init__(f"{self.problems[0]}{more}")
 
 
 @dataclass(frozen=True)
@@ -69,14 +49,6 @@ class _Expect:
 
 def _fmt(shape) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
-
-
-def _norm_scaling(scaling: Any) -> Optional[dict]:
-    if not isinstance(scaling, dict) or not scaling:
-        return None
-    out = {k: v for k, v in scaling.items() if k != "type"}
-    out["rope_type"] = scaling.get("rope_type", scaling.get("type"))
-    return {k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v) for k, v in out.items()}
 
 
 def _excluded(module: str, patterns: list) -> bool:
@@ -101,11 +73,11 @@ class _Expected:
 
     def __init__(self, layout: HFLayout, config: dict, tp: int, pp: int) -> None:
         self.L, self.tp, self.pp = layout, tp, pp
-        self.D = _ST_OF[config["dtype"]]
+        self.D = ST_CODE[config["dtype"]]
         quant = config.get("quantization") or {}
         self.algo = quant.get("quant_algo")
         self.kv_algo = quant.get("kv_cache_quant_algo")
-        self.group = int(quant.get("group_size") or 128)
+        self.group = int(quant.get("group_size") or TRTLLM_DEFAULT_GROUP_SIZE)
         self.pre_quant_scale = bool(quant.get("pre_quant_scale", self.algo in _AWQ))
         self.exclude = quant.get("exclude_modules") or []
         self.vocab = int(config.get("vocab_size") or layout.vocab)
@@ -227,7 +199,7 @@ def _config_problems(cfg: dict, layout: HFLayout) -> list[str]:
         bad(f"architecture expected {layout.architecture!r} (the HF architectures[0]), found {arch!r}")
     elif arch not in ENGINE_ARCHITECTURES:
         bad(f"architecture {arch!r} is not in TensorRT-LLM's MODEL_MAP")
-    if cfg.get("dtype") not in _ST_OF:
+    if cfg.get("dtype") not in ST_CODE:
         bad(f"dtype expected one of float16, bfloat16, float32, found {cfg.get('dtype')!r}")
 
     for key, want in (("num_hidden_layers", layout.num_layers), ("num_attention_heads", layout.heads),
@@ -257,7 +229,7 @@ def _config_problems(cfg: dict, layout: HFLayout) -> list[str]:
                 f"(TensorRT-LLM would use 10000.0)")
     elif not isinstance(base, (int, float)) or float(base) != layout.rotary_base:
         bad(f"rotary_base expected {layout.rotary_base} (HF rope_theta), found {base!r}")
-    want_scaling, found_scaling = _norm_scaling(layout.rotary_scaling), _norm_scaling(cfg.get("rotary_scaling"))
+    want_scaling, found_scaling = norm_rope_scaling(layout.rotary_scaling), norm_rope_scaling(cfg.get("rotary_scaling"))
     if want_scaling != found_scaling:
         if found_scaling is None:
             bad(f"rotary_scaling missing; the HF config has rope_scaling {layout.rotary_scaling}")
@@ -280,24 +252,10 @@ def _config_problems(cfg: dict, layout: HFLayout) -> list[str]:
             bad(f"quantization.kv_cache_quant_algo {quant.get('kv_cache_quant_algo')!r} is not one of "
                 f"{', '.join(str(a) for a in KV_CACHE_ALGOS)}")
         if quant.get("quant_algo") in _AWQ:
-            group = quant.get("group_size", 128)
+            group = quant.get("group_size", TRTLLM_DEFAULT_GROUP_SIZE)
             if not isinstance(group, int) or group <= 0:
                 bad(f"quantization.group_size expected a positive integer, found {group!r}")
     return problems
-
-
-def _mapping(cfg: dict) -> tuple[int, int, int]:
-    mapping = cfg.get("mapping")
-    if not isinstance(mapping, dict):
-        raise TrtbuildError(f"config.json: mapping expected {{world_size, tp_size, pp_size}}, found {mapping!r}")
-    tp, pp = mapping.get("tp_size", 1), mapping.get("pp_size", 1)
-    world = mapping.get("world_size", 1)
-    for key, value in (("tp_size", tp), ("pp_size", pp), ("world_size", world)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise TrtbuildError(f"config.json: mapping.{key} expected a positive integer, found {value!r}")
-    if world != tp * pp:
-        raise TrtbuildError(f"config.json: mapping world_size expected tp_size x pp_size = {tp * pp}, found {world}")
-    return tp, pp, world
 
 
 def _ranks_desc(ranks) -> str:
@@ -305,13 +263,13 @@ def _ranks_desc(ranks) -> str:
 
 
 def verify_trtllm_checkpoint(folder: Path, hf_config: dict) -> None:
-    """Raise TrtbuildError (one line per problem, at most 20) unless `folder` is a TensorRT-LLM
+    """Raise CheckpointInvalid (every problem found; one line) unless `folder` is a TensorRT-LLM
     checkpoint of the model `hf_config` describes, in the layout config.json claims."""
     folder = Path(folder)
     cfg = read_json_object(folder / "config.json")
     layout = hf_layout(hf_config, "HF config.json")
     problems = _config_problems(cfg, layout)
-    tp, pp, world = _mapping(cfg)
+    tp, pp, world = read_mapping(cfg)
     try:
         check_parallel(layout, tp, pp, "HF config.json")
     except InvalidInput as exc:
@@ -323,8 +281,8 @@ def verify_trtllm_checkpoint(folder: Path, hf_config: dict) -> None:
             f"{folder}: config.json mapping (world_size {world} = tp {tp} x pp {pp}) needs "
             f"{_ranks_desc(wanted)}; missing: {_ranks_desc(wanted - present)}; "
             f"unexpected: {_ranks_desc(present - wanted)}")
-    if problems or cfg.get("dtype") not in _ST_OF:
-        raise TrtbuildError(*_cap(problems))
+    if problems:  # the rank files cannot be checked against a config that is wrong
+        raise CheckpointInvalid(problems)
 
     expected = _Expected(layout, cfg, tp, pp)
     for rank in range(world):
@@ -335,10 +293,8 @@ def verify_trtllm_checkpoint(folder: Path, hf_config: dict) -> None:
             problems.append(str(exc))
             continue
         problems += _rank_problems(path, header, expected.rank(rank))
-        if len(problems) > _MAX_LINES:
-            break
     if problems:
-        raise TrtbuildError(*_cap(problems))
+        raise CheckpointInvalid(problems)
 
 
 def _rank_problems(path: Path, header: dict, want: dict[str, _Expect]) -> list[str]:
@@ -367,67 +323,3 @@ def _rank_problems(path: Path, header: dict, want: dict[str, _Expect]) -> list[s
     if size < 8 + header_len + end:
         problems.append(f"{name}: truncated (header needs {8 + header_len + end} bytes, file has {size})")
     return problems
-
-
-def _cap(problems: list[str]) -> list[str]:
-    if len(problems) <= _MAX_LINES:
-        return problems
-    return problems[:_MAX_LINES] + [f"... and {len(problems) - _MAX_LINES} more problems"]
-
-
-_MISSING = object()
-
-
-def fix_trtllm_config(folder: Path, hf_config: dict, requested: dict) -> list[str]:
-    """Correct a ModelOpt-exported config.json in place and return one line per change:
-    rotary_base/rotary_scaling from the HF config (ModelOpt drops them with transformers 5),
-    qwen_type/attn_bias for Qwen (ModelOpt's fallback config omits them), and dtype and mapping as
-    `requested` ({"dtype": ..., "tp": ..., "pp": ...}; "tp_size"/"pp_size" are accepted too)."""
-    folder = Path(folder)
-    path = folder / "config.json"
-    cfg = read_json_object(path)
-    layout = hf_layout(hf_config, "HF config.json")
-    changes: list[str] = []
-
-    def put(key: str, value: Any, where: Optional[dict] = None, label: Optional[str] = None) -> None:
-        target = cfg if where is None else where
-        old = target.get(key, _MISSING)
-        if old is _MISSING or old != value:
-            target[key] = value
-            changes.append(f"{label or key}: {'missing' if old is _MISSING else repr(old)} -> {value!r}")
-
-    put("rotary_base", layout.rotary_base)
-    if layout.rotary_scaling:
-        if _norm_scaling(cfg.get("rotary_scaling")) != _norm_scaling(layout.rotary_scaling):
-            put("rotary_scaling", layout.rotary_scaling)
-    elif "rotary_scaling" in cfg:
-        changes.append(f"rotary_scaling: {cfg.pop('rotary_scaling')!r} -> removed (the HF config has no rope scaling)")
-    if layout.decoder == "qwen":
-        put("qwen_type", layout.model_type)
-        put("attn_bias", layout.qkv_bias)
-
-    if requested.get("dtype") not in (None, "auto"):
-        dtype = DTYPES.get(str(requested["dtype"]))
-        if dtype is None:
-            raise InvalidInput(f"requested dtype {requested['dtype']!r}: expected float16, bfloat16 or float32")
-        put("dtype", dtype)
-        put("logits_dtype", "float16" if dtype == "bfloat16" else dtype)  # ModelOpt's rule
-    tp = requested.get("tp", requested.get("tp_size"))
-    pp = requested.get("pp", requested.get("pp_size"))
-    if tp is not None or pp is not None:
-        mapping = cfg.setdefault("mapping", {})
-        tp = int(tp if tp is not None else mapping.get("tp_size", 1))
-        pp = int(pp if pp is not None else mapping.get("pp_size", 1))
-        put("world_size", tp * pp, mapping, "mapping.world_size")
-        put("tp_size", tp, mapping, "mapping.tp_size")
-        put("pp_size", pp, mapping, "mapping.pp_size")
-        if "moe_tp_size" in mapping:
-            put("moe_tp_size", tp, mapping, "mapping.moe_tp_size")
-        if "rank" in cfg:
-            put("rank", tp * pp - 1)
-
-    if changes:
-        partial = path.with_name(path.name + ".partial")
-        partial.write_text(json.dumps(cfg, indent=4) + "\n", encoding="utf-8")
-        os.replace(partial, path)
-    return changes

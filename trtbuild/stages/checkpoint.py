@@ -56,13 +56,27 @@ def quantize(ctx: StageContext) -> None:
     ctx.measure(calibration_seconds=round(time.monotonic() - started, 2))
 
 
+def verify(out: Path, hf_config: dict) -> None:
+    """verify_trtllm_checkpoint, with every problem in the stage's log: the failure itself is one
+    line (the first problem and how many more), to which the runner adds the log's path."""
+    from trtbuild.checkpoint.verify import CheckpointInvalid, verify_trtllm_checkpoint
+
+    try:
+        verify_trtllm_checkpoint(out, hf_config)
+    except CheckpointInvalid as exc:
+        print(f"verify: {out.name}: {len(exc.problems)} problem(s):", flush=True)
+        for problem in exc.problems:
+            print(f"verify:   {problem}", flush=True)
+        raise
+
+
 def _fix_and_verify(out: Path, source: Path, ctx: StageContext) -> list[str]:
-    from trtbuild.checkpoint.verify import fix_trtllm_config, verify_trtllm_checkpoint
+    from trtbuild.checkpoint.trtllm_config import fix_trtllm_config
 
     hf_config = _hf_config(source)
     requested = {"dtype": ctx.params["dtype"], "tp": ctx.params["tp"], "pp": ctx.params["pp"]}
     changed = fix_trtllm_config(out, hf_config, requested)
-    verify_trtllm_checkpoint(out, hf_config)
+    verify(out, hf_config)
     return changed
 
 
@@ -85,14 +99,13 @@ def convert_checkpoint(ctx: StageContext) -> None:
 
 def export_checkpoint(ctx: StageContext) -> None:
     from trtbuild.checkpoint import quantize as mq
-    from trtbuild.checkpoint.verify import verify_trtllm_checkpoint
 
     source = ctx.inputs["source"]
     model = mq.restore_quantized(source, ctx.inputs["quantized"], ctx.params["dtype"], "cpu")
     # restored for this export only: no deep copy (a second model in memory)
     report = mq.export_trtllm(model, ctx.out, ctx.params["tp"], ctx.params["pp"], ctx.params["dtype"], inplace=True)
     del model
-    verify_trtllm_checkpoint(ctx.out, _hf_config(source))
+    verify(ctx.out, _hf_config(source))
     ctx.report({**report, "config_fixes": report.pop("patched")})
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from trtbuild import quantformats
+
 TOP_K = 256  # top-64 underestimated KL by 15% on SmolLM2 FP8; 256 costs 2 MB (benchmarks/RESULTS.md)
 
 # Default gates per quantization family: generous enough that a healthy quantization passes on a
@@ -16,15 +18,14 @@ DEFAULT_GATES: dict[str, dict[str, float]] = {
     "8bit": {"kld_mean": 0.15, "kld_p99": 2.0, "top1_agreement": 0.80, "ppl_delta_pct": 15.0},
     "4bit": {"kld_mean": 0.5, "kld_p99": 5.0, "top1_agreement": 0.65, "ppl_delta_pct": 50.0},
 }
-FAMILY = {None: "none", "fp8": "8bit", "int8_sq": "8bit", "int8_wo": "8bit",
-          "int4_awq": "4bit", "w4a8_awq": "4bit", "int4_wo": "4bit", "nvfp4": "4bit"}
+FAMILY = {None: "none", **{name: f.family for name, f in quantformats.FORMATS.items()}}
 HIGHER_IS_BETTER = {"top1_agreement"}
 
 
 def default_gates(quant: Optional[str], kv_cache: Optional[str]) -> dict[str, float]:
     family = FAMILY[quant]
     if family == "none" and kv_cache is not None:  # a quantized KV cache alone behaves like 8-bit
-        family = "8bit" if kv_cache in ("fp8", "int8") else "4bit"
+        family = quantformats.KV_FORMATS[kv_cache].family
     return dict(DEFAULT_GATES[family])
 
 

@@ -1,0 +1,161 @@
+"""The quantization formats trtbuild builds: one table, read by the recipe, the plan, the SM rules,
+the default gates, the quantizer and the checkpoint verifier.
+
+The shape follows TensorRT-LLM's `QuantConfig` (`quant_algo`, `kv_cache_quant_algo`, `group_size`,
+reference/trtllm.md sections 2-3): a recipe's `quant` is one weight/activation format, its
+`kv_cache` one KV-cache format. Plain data, no torch or numpy: `plan` imports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+class QuantAlgo:
+    """TensorRT-LLM's QuantAlgo names, as config.json's `quantization` spells them (the ones
+    trtbuild writes or checks; reference/trtllm.md section 3)."""
+
+    FP8 = "FP8"
+    FP8_PER_CHANNEL_PER_TOKEN = "FP8_PER_CHANNEL_PER_TOKEN"
+    W8A8_SQ_PER_CHANNEL = "W8A8_SQ_PER_CHANNEL"
+    W4A16_AWQ = "W4A16_AWQ"
+    W4A8_AWQ = "W4A8_AWQ"
+    W8A16 = "W8A16"
+    W4A16 = "W4A16"
+    NVFP4 = "NVFP4"
+    INT8 = "INT8"  # KV cache only (QUANT_ALGO_LIST excludes it)
+
+
+# The quant_algo values the verifier knows the tensor layout of (None: unquantized).
+QUANT_ALGOS = (None, QuantAlgo.FP8, QuantAlgo.FP8_PER_CHANNEL_PER_TOKEN, QuantAlgo.W8A8_SQ_PER_CHANNEL,
+               QuantAlgo.W4A16_AWQ, QuantAlgo.W4A8_AWQ, QuantAlgo.W8A16, QuantAlgo.W4A16, QuantAlgo.NVFP4)
+# KV_CACHE_QUANT_ALGO_LIST, asserted by QuantMode.from_quant_algo.
+KV_CACHE_ALGOS = (None, QuantAlgo.FP8, QuantAlgo.INT8, QuantAlgo.NVFP4)
+# Per-group int4 layouts: QuantConfig.group_size and pre_quant_scale apply.
+PER_GROUP_ALGOS = (QuantAlgo.W4A16_AWQ, QuantAlgo.W4A8_AWQ)
+TRTLLM_DEFAULT_GROUP_SIZE = 128  # QuantConfig.group_size's default (the docs table says 64; the code 128)
+
+# ModelOpt 0.47's export_tensorrt_llm_checkpoint writes the unquantized tensors in float16 when
+# asked for any other dtype than these ("dtype ... not fully compatible with TensorRT-LLM
+# optimizations, Default to float16", model_config_export.torch_to_tensorrt_llm_checkpoint).
+MODELOPT_TRTLLM_EXPORT_DTYPES = ("float16", "bfloat16")
+
+_SM100_INT = "'INT8/INT4 quantization is not supported on SM>=100.'"  # tensorrt_llm builder.build
+
+
+@dataclass(frozen=True)
+class SmRule:
+    """TensorRT-LLM cannot build the format for an SM in [low, high): `reason` ({sm}: the SM)."""
+
+    low: int
+    high: int
+    reason: str
+
+    def applies(self, sm_number: int) -> bool:
+        return self.low <= sm_number < self.high
+
+
+# The lower bounds come from the hardware (FP8 tensor cores from Ada, sm89; FP4 from Blackwell,
+# sm100); TensorRT-LLM leaves those to its kernels. The SM 100-119 rejections are the RuntimeErrors
+# of tensorrt_llm/builder.py@14e801d build() for is_int8/int4_weight_only, has_int8_kv_cache and
+# has_act_and_weight_quant (SmoothQuant); both AWQ formats count as INT4 weight-only there
+# (quantization/mode.py: use_weight_only(use_int4_weights=True, per_group=True)).
+def _needs_fp8(label: str) -> SmRule:
+    return SmRule(0, 89, f"{label} needs FP8 tensor cores (sm89 or newer); {{sm}} has none")
+
+
+def _rejected_on_blackwell(label: str, message: str = _SM100_INT) -> SmRule:
+    return SmRule(100, 120, f"{label} is rejected on {{sm}} by TensorRT-LLM: {message}")
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    """One `variants.X.quant` value."""
+
+    name: str  # the recipe's spelling
+    label: str  # for people
+    family: str  # default gates: "8bit" or "4bit" (validate/gates.py)
+    modelopt_config: str  # attribute of modelopt.torch.quantization
+    quant_algo: str  # what ModelOpt 0.47's exports write (QuantConfig.quant_algo, hf_quant_config.json)
+    grouped: bool = False  # the weight quantizer is per group of `group_size` input channels
+    default_group_size: Optional[int] = None
+    awq: bool = False  # calibrated by awq_lite (its statistics depend on the batch size)
+    block: Optional[int] = None  # fixed block along the input dimension (NVFP4: 16)
+    cuda_only: Optional[str] = None  # why ModelOpt cannot calibrate it on a CPU
+    sm_rules: tuple[SmRule, ...] = ()
+
+
+@dataclass(frozen=True)
+class KvCacheFormat:
+    """One `variants.X.kv_cache` value."""
+
+    name: str
+    label: str  # "an FP8 KV cache"
+    family: str  # default gates of a variant with only a quantized KV cache
+    modelopt_config: Optional[str]  # None: built by trtbuild (ModelOpt 0.47 has no INT8_KV_CFG)
+    quant_algo: str  # QuantConfig.kv_cache_quant_algo
+    num_bits: object  # the k/v BMM quantizers' num_bits: (exponent, mantissa) bits of a float, or int bits
+    hf_export: bool  # whether ModelOpt 0.47's export_hf_checkpoint supports it
+    block: Optional[int] = None
+    cuda_only: Optional[str] = None
+    sm_rules: tuple[SmRule, ...] = ()
+
+
+# tensor_quant._dynamic_block_quantize_impl asserts amax.is_cuda during calibration.
+_DYNAMIC_BLOCK_CUDA_ONLY = ("NVFP4 uses dynamic block quantization (FP4 values with an FP8 scale per 16 elements), "
+                            "which ModelOpt 0.47 implements only as a CUDA kernel (it asserts 'amax must be a CUDA "
+                            "tensor for dynamic block quantization' during calibration)")
+
+FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
+    QuantFormat("fp8", "FP8", "8bit", "FP8_DEFAULT_CFG", QuantAlgo.FP8,
+                sm_rules=(_needs_fp8("FP8"),)),
+    QuantFormat("int8_sq", "INT8 SmoothQuant", "8bit", "INT8_SMOOTHQUANT_CFG", QuantAlgo.W8A8_SQ_PER_CHANNEL,
+                sm_rules=(_rejected_on_blackwell("SmoothQuant", "'SmoothQuant is not supported on SM>=100.'"),)),
+    QuantFormat("int4_awq", "INT4 AWQ (W4A16)", "4bit", "INT4_AWQ_CFG", QuantAlgo.W4A16_AWQ,
+                grouped=True, default_group_size=128, awq=True,
+                sm_rules=(_rejected_on_blackwell("INT4 AWQ (W4A16)"),)),
+    QuantFormat("w4a8_awq", "W4A8 AWQ", "4bit", "W4A8_AWQ_BETA_CFG", QuantAlgo.W4A8_AWQ,
+                grouped=True, default_group_size=128, awq=True,
+                sm_rules=(_needs_fp8("W4A8 AWQ"), _rejected_on_blackwell("W4A8 AWQ"))),
+    QuantFormat("int8_wo", "INT8 weight-only", "8bit", "INT8_WEIGHT_ONLY_CFG", QuantAlgo.W8A16,
+                sm_rules=(_rejected_on_blackwell("INT8 weight-only"),)),
+    # Per-group INT4 weights, max calibration, no activation quantization (INT4_AWQ_CFG's
+    # quantizers without the AWQ search), exported as W4A16_AWQ with a pre_quant_scale of ones.
+    QuantFormat("int4_wo", "INT4 weight-only", "4bit", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", QuantAlgo.W4A16_AWQ,
+                grouped=True, default_group_size=128,
+                sm_rules=(_rejected_on_blackwell("INT4 weight-only"),)),
+    QuantFormat("nvfp4", "NVFP4", "4bit", "NVFP4_DEFAULT_CFG", QuantAlgo.NVFP4, block=16,
+                cuda_only=_DYNAMIC_BLOCK_CUDA_ONLY,
+                sm_rules=(SmRule(0, 100, "NVFP4 needs FP4 tensor cores (sm100 or newer); {sm} has none"),)),
+)}
+
+KV_FORMATS: dict[str, KvCacheFormat] = {f.name: f for f in (
+    KvCacheFormat("fp8", "an FP8 KV cache", "8bit", "FP8_KV_CFG", QuantAlgo.FP8, (4, 3), hf_export=True,
+                  sm_rules=(SmRule(0, 89, "an FP8 KV cache needs sm89 or newer; {sm} has no FP8 support"),)),
+    KvCacheFormat("int8", "an INT8 KV cache", "8bit", None, QuantAlgo.INT8, 8, hf_export=False,
+                  sm_rules=(_rejected_on_blackwell("an INT8 KV cache"),)),
+    KvCacheFormat("nvfp4", "an NVFP4 KV cache", "4bit", "NVFP4_KV_CFG", QuantAlgo.NVFP4, (2, 1), hf_export=True,
+                  block=16,
+                  cuda_only=_DYNAMIC_BLOCK_CUDA_ONLY,
+                  sm_rules=(SmRule(0, 100, "an NVFP4 KV cache needs sm100 or newer; {sm} has no FP4 support"),)),
+)}
+
+QUANT_NAMES = tuple(FORMATS)
+KV_CACHE_NAMES = tuple(KV_FORMATS)
+GROUPED = tuple(name for name, f in FORMATS.items() if f.grouped)
+
+
+def sm_unsupported_reason(quant: Optional[str], kv_cache: Optional[str], sm_number: int, sm: str) -> Optional[str]:
+    """The first SM rule of the weight format, then of the KV-cache format, that `sm` breaks."""
+    rules = (FORMATS[quant].sm_rules if quant else ()) + (KV_FORMATS[kv_cache].sm_rules if kv_cache else ())
+    return next((rule.reason.format(sm=sm) for rule in rules if rule.applies(sm_number)), None)
+
+
+def trtllm_export_dtype_problem(quant: Optional[str], kv_cache: Optional[str], dtype: str) -> Optional[str]:
+    """Why ModelOpt's TensorRT-LLM export cannot write a checkpoint of this variant in `dtype`."""
+    if (quant is None and kv_cache is None) or dtype in MODELOPT_TRTLLM_EXPORT_DTYPES:
+        return None
+    what = FORMATS[quant].label if quant else KV_FORMATS[kv_cache].label
+    return (f"ModelOpt's TensorRT-LLM export writes unquantized tensors in float16 or bfloat16 only; "
+            f"dtype {dtype} is not supported with {what}: use bfloat16 or float16")
