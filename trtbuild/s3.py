@@ -82,6 +82,22 @@ def head(s3, bucket: str, key: str) -> tuple[S3Object, Optional[str]]:
     return obj, base64.b64decode(checksum).hex()
 
 
+def get_small_object(url: str, limit: int = 16 << 20) -> bytes:
+    """One GET of a small object (a model folder's config.json), with the source's credentials and
+    one-line errors; `limit` guards against a URL that names a weights file by mistake."""
+    bucket, key = parse_url(url)
+    try:
+        response = client().get_object(Bucket=bucket, Key=key)
+        if response["ContentLength"] > limit:
+            response["Body"].close()
+            raise InvalidInput(f"{url}: {response['ContentLength']} bytes, more than a config file ({limit} at most)")
+        return response["Body"].read()
+    except TrtbuildError:
+        raise
+    except Exception as exc:
+        raise error(url, exc) from None
+
+
 def download(s3, bucket: str, key: str, dest: Path) -> None:
     """Parallel ranged download with boto3's transfer manager (it writes a temp file, then renames)."""
     from boto3.s3.transfer import TransferConfig
