@@ -28,38 +28,56 @@ def s3_config(url: str) -> tuple[dict, str]:
     return parse_json_object(s3.get_small_object(url), url), url
 
 
-# Members of a .nemo tar that hold its config (NeMo 1 at the top, NeMo 2 under context/); its
-# tokenizer is read too when the config does not state the vocabulary size (NeMo 1).
+# A .nemo tar's config members are small; a member bigger than this is not one (a tar bomb guard).
 _MEMBER_LIMIT = 64 << 20
 
 
 def nemo_config(location: str, base_dir: Path) -> tuple[dict, str]:
+    """The config inside the checkpoint: a folder's YAML, or the config members of a .nemo tar
+    (locally, or on S3 through ranged GETs), never the weights."""
     if location.startswith("s3://"):
-        raise InvalidInput(f"source.nemo: {location}: reading the model config of a NeMo checkpoint on S3 is not "
-                           "supported yet; set source.config to a copy of its Hugging Face config.json")
+        return _nemo_s3_config(location.rstrip("/")), f"NeMo model config in {location}"
     path = Path(location).expanduser()
     path = path if path.is_absolute() else base_dir / path
     if path.is_dir():
-        return _nemo_folder_config(path, path), f"NeMo model config in {path}"
+        return _nemo_folder_config(path, str(path)), f"NeMo model config in {path}"
     if not path.is_file():
         raise InvalidInput(f"source.nemo: {path}: no such file or folder")
+    with open(path, "rb") as archive:
+        return _nemo_archive_config(archive, str(path)), f"NeMo model config in {path}"
+
+
+def _nemo_s3_config(url: str) -> dict:
+    from trtbuild import s3
+
+    if url.endswith(".nemo"):
+        with s3.open_ranged(url) as archive:
+            return _nemo_archive_config(archive, url)
+    with tempfile.TemporaryDirectory(prefix="trtbuild-nemo-config-") as scratch:  # a NeMo 2 folder
+        yaml_path = Path(scratch) / "context" / "model.yaml"
+        yaml_path.parent.mkdir()
+        yaml_path.write_bytes(s3.get_small_object(f"{url}/context/model.yaml"))
+        return _nemo_folder_config(Path(scratch), url)
+
+
+def _nemo_archive_config(archive, label: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="trtbuild-nemo-config-") as scratch:
-        _extract_config_members(path, Path(scratch))
-        return _nemo_folder_config(Path(scratch), path), f"NeMo model config in {path}"
+        _extract_config_members(archive, label, Path(scratch))
+        return _nemo_folder_config(Path(scratch), label)
 
 
-def _nemo_folder_config(root: Path, source: Path) -> dict:
+def _nemo_folder_config(root: Path, label: str) -> dict:
     """The LlamaForCausalLM config.json the NeMo conversion writes, as far as the config tells:
     bias flags from the config (conversion looks at the tensors), vocab from the config or tokenizer."""
     from trtbuild.nemo.config import hf_config, read_nemo1, read_nemo2
     from trtbuild.nemo.tokenizer import export_tokenizer
 
     if (root / "context").is_dir():
-        cfg = read_nemo2(root / "context" / "model.yaml", f"{source}: context/model.yaml")
+        cfg = read_nemo2(root / "context" / "model.yaml", f"{label}: context/model.yaml")
     elif (root / "model_config.yaml").is_file():
-        cfg = read_nemo1(root / "model_config.yaml", f"{source}: model_config.yaml")
+        cfg = read_nemo1(root / "model_config.yaml", f"{label}: model_config.yaml")
     else:
-        raise InvalidInput(f"source.nemo: {source}: not a NeMo checkpoint (no model_config.yaml, no context/)")
+        raise InvalidInput(f"source.nemo: {label}: not a NeMo checkpoint (no model_config.yaml, no context/)")
     vocab = cfg.vocab_size
     if vocab is None:
         with tempfile.TemporaryDirectory(prefix="trtbuild-nemo-tokenizer-") as out:
@@ -70,34 +88,51 @@ def _nemo_folder_config(root: Path, source: Path) -> dict:
     return hf_config(cfg, vocab_size=vocab, attention_bias=cfg.bias or cfg.qkv_bias, mlp_bias=cfg.bias)
 
 
-def _extract_config_members(archive: Path, dest: Path) -> None:
-    """Copy the config members (and a NeMo 1 tokenizer they name) out of a .nemo tar; weights stay."""
+def _extract_config_members(archive, label: str, dest: Path) -> None:
+    """Copy a .nemo tar's config members into `dest`: model_config.yaml and the tokenizer files it
+    names (NeMo 1), or context/ (a tarred NeMo 2 folder). The walk reads member headers and stops
+    once they are found; NeMo writes its archives in sorted order, so that is before the weights."""
     import yaml
 
-    from trtbuild.nemo.archive import _open_tar, _safe_name
+    from trtbuild.nemo.archive import _safe_name
 
-    tar, _ = _open_tar(archive)
+    try:
+        tar = tarfile.open(fileobj=archive, mode="r:")
+    except tarfile.ReadError:  # gzipped, as NeMo wrote them before 2022: readable only from the start
+        archive.seek(0)
+        try:
+            tar = tarfile.open(fileobj=archive, mode="r:gz")
+        except (tarfile.ReadError, OSError) as exc:
+            raise InvalidInput(f"{label}: not a .nemo archive (neither a tar nor a gzipped tar): {exc}") from None
     try:
         with tar:
-            members = {}
-            for member in tar:  # headers only: an uncompressed tar is walked by seeking past the data
+            members: dict[str, tarfile.TarInfo] = {}
+            needed: set[str] | None = None  # the tokenizer members model_config.yaml names
+            for member in tar:
                 name = _safe_name(member.name)
-                if name and member.isreg():
-                    members[name] = member
-            wanted = [n for n in members if n == "model_config.yaml" or n.startswith("context/")]
-            if "model_config.yaml" in members:
-                tokenizer = yaml.safe_load(tar.extractfile(members["model_config.yaml"]).read() or b"{}")
-                tokenizer = (tokenizer or {}).get("tokenizer") if isinstance(tokenizer, dict) else None
-                for value in (tokenizer or {}).values():
-                    if isinstance(value, str) and value.startswith("nemo:") and _safe_name(value[5:]) in members:
-                        wanted.append(_safe_name(value[5:]))
+                if not name or not member.isreg():
+                    continue
+                if name.startswith("weights/") and "context/model.yaml" in members:
+                    break  # a tarred NeMo 2 folder: context/ sorts before weights/
+                members[name] = member
+                if name == "model_config.yaml":
+                    config = yaml.safe_load(_read_member(tar, member, label)) or {}
+                    tokenizer = config.get("tokenizer") if isinstance(config, dict) else None
+                    refs = [v[5:] for v in (tokenizer or {}).values() if isinstance(v, str) and v.startswith("nemo:")]
+                    needed = {_safe_name(r) for r in refs} - {None}
+                if needed is not None and needed <= set(members):
+                    break
+            wanted = [n for n in members if n in (needed or set()) | {"model_config.yaml"} or n.startswith("context/")]
             for name in wanted:
-                member = members[name]
-                if member.size > _MEMBER_LIMIT:
-                    raise InvalidInput(f"{archive}: member '{member.name}' is {member.size} bytes, "
-                                       f"more than a config or tokenizer file ({_MEMBER_LIMIT} at most)")
                 target = dest / name
                 target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(tar.extractfile(member).read())
+                target.write_bytes(_read_member(tar, members[name], label))
     except (tarfile.TarError, EOFError, OSError, yaml.YAMLError) as exc:
-        raise InvalidInput(f"{archive}: malformed .nemo archive ({type(exc).__name__}: {exc})") from None
+        raise InvalidInput(f"{label}: malformed .nemo archive ({type(exc).__name__}: {exc})") from None
+
+
+def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo, label: str) -> bytes:
+    if member.size > _MEMBER_LIMIT:
+        raise InvalidInput(f"{label}: member '{member.name}' is {member.size} bytes, "
+                           f"more than a config or tokenizer file ({_MEMBER_LIMIT} at most)")
+    return tar.extractfile(member).read()
