@@ -146,3 +146,29 @@ def tarfile_with(path: Path, files: dict[str, bytes]) -> Path:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return path
+
+
+def test_planning_nemo_and_gguf_sources_imports_no_torch(tmp_path):
+    # The import hook of test_cli's plan test, on the sources whose configs plan now reads itself.
+    recipe = plain_recipe(tmp_path, str(DATA / CASES[0][0]))
+    script = f"""
+import sys
+attempted = []
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('torch', 'transformers', 'modelopt'):
+            attempted.append(name)
+        return None
+sys.meta_path.insert(0, Spy())
+from trtbuild.cli import cli
+for args in (['plan', {str(recipe)!r}], ['plan', {str(DATA.parent.parent.parent / 'trtbuild' / 'recipes' / 'smollm2-demo.yaml')!r}]):
+    try:
+        cli(args, standalone_mode=False)
+    except SystemExit:
+        pass
+print('ATTEMPTED', attempted)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    out = " ".join(result.stdout.split())
+    assert "ATTEMPTED []" in out, out[-2000:]
+    assert f"(config: NeMo model config in {DATA / CASES[0][0]})" in out and "(config: GGUF header of " in out

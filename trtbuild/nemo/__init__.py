@@ -8,6 +8,7 @@ def __getattr__(name: str):
     if name == "convert":
         from trtbuild.nemo.convert import convert
 
+        globals()["convert"] = convert  # importing the submodule bound its name to the module: rebind
         return convert
     raise AttributeError(f"module 'trtbuild.nemo' has no attribute {name!r}")
 
