@@ -236,8 +236,9 @@ def test_a_config_json_that_is_not_an_object_is_one_line(server, bucket, tmp_pat
         assert (result.returncode, result.stderr) == (2, message + "\n")
 
 
-@pytest.mark.parametrize("key, local", [("plan/tiny.nemo", NEMO), ("plan/nemo2", NEMO_DATA / "nemo2_tiny_llama_tied_bf16")])
-def test_plan_reads_a_nemo_checkpoint_config_on_s3(server, bucket, tmp_path, key, local):
+@pytest.mark.parametrize("kind, key, local", [("nemo", "plan/tiny.nemo", NEMO), ("s3", "plan/tiny.nemo", NEMO),
+                                             ("nemo", "plan/nemo2", NEMO_DATA / "nemo2_tiny_llama_tied_bf16")])
+def test_plan_reads_a_nemo_checkpoint_config_on_s3(server, bucket, tmp_path, kind, key, local):
     """A .nemo object is read through ranged GETs up to its config members; a NeMo 2 folder by
     one GET of context/model.yaml. Either way the plan is the one the local checkpoint gives."""
     from trtbuild.plan import plan_recipe
@@ -250,7 +251,8 @@ def test_plan_reads_a_nemo_checkpoint_config_on_s3(server, bucket, tmp_path, key
     recipes = {}
     for where, location in (("s3", f"s3://{bucket}/{key}"), ("local", str(local))):
         recipes[where] = tmp_path / f"{where}.yaml"
-        recipes[where].write_text(f"schema: 1\nname: n\nsource: {{nemo: '{location}'}}\ngpus: [sm90]\n"
+        recipes[where].write_text(f"schema: 1\nname: n\nsource: {{{kind if where == 's3' else 'nemo'}: '{location}'}}\n"
+                                  "gpus: [sm90]\n"
                                   "limits: {max_input_len: 128, max_seq_len: 256}\n")
     result = plan(recipes["s3"], env_for(server, tmp_path / "store"), "--format", "json")
     assert result.returncode == 0, result.stderr

@@ -121,10 +121,10 @@ def find_model_config(loaded: LoadedRecipe) -> tuple[ModelSpec, str]:
 
     if source.gguf is not None:
         config, origin = carried.gguf_config(source.gguf, loaded.base_dir)
-    elif source.s3 is not None:
+    elif source.s3 is not None and not source.s3.rstrip("/").endswith(".nemo"):
         config, origin = carried.s3_config(source.s3)
-    else:
-        config, origin = carried.nemo_config(source.nemo, loaded.base_dir)
+    else:  # nemo:, or an s3: URL of a .nemo object (a NeMo source, as the graph reads it)
+        config, origin = carried.nemo_config(source.location, loaded.base_dir)
     return parse_config(config, origin), origin
 
 
