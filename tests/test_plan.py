@@ -342,6 +342,18 @@ def test_plan_reads_a_source_folder_that_holds_only_config_json(ws):
         """)
     plan = plan_recipe(load_recipe(recipe))
     assert plan.model.source == str(ws.root / "model" / "config.json") and plan.targets[1].ok
+    assert plan.config_origin == str(ws.root / "model" / "config.json")
+
+
+def test_the_plan_says_where_its_config_came_from(ws, run):
+    recipe = ws.recipe(minimal())  # source.config: the offline override
+    plan = plan_recipe(load_recipe(recipe))
+    assert plan.config_origin == f"source.config {ws.root / 'config.json'}"
+    assert plan.as_json()["model"]["config_origin"] == plan.config_origin
+    header = run("plan", recipe).stdout.splitlines()[0]
+    n = len(plan.targets)
+    assert header == (f"tiny ({recipe}): LlamaForCausalLM {plan.dtype}, max_seq_len {plan.max_seq_len:,} "
+                      f"(config: {plan.config_origin}); {n} targets, {n} ok, 0 impossible")
 
 
 def test_an_int8_kv_cache_has_no_hf_checkpoint(ws):

@@ -79,3 +79,96 @@ def test_a_missing_checkpoint_is_an_input_error(tmp_path):
     env = {**os.environ, "TRTBUILD_CACHE": str(tmp_path / "store")}
     result = build(recipe_for(tmp_path, "nowhere.nemo", CASES[0][1]), env)
     assert result.returncode == 2 and result.stderr.strip().endswith("nowhere.nemo: no such file or folder")
+
+
+def plain_recipe(tmp_path: Path, location: str) -> Path:
+    recipe = tmp_path / "plain.yaml"
+    recipe.write_text(f"schema: 1\nname: nemo-tiny\nsource: {{nemo: '{location}'}}\n"
+                      "gpus: [sm90]\nlimits: {max_input_len: 128, max_seq_len: 256}\n")
+    return recipe
+
+
+@pytest.mark.parametrize("checkpoint, twin", CASES)
+def test_plan_reads_the_model_config_inside_the_checkpoint(tmp_path, checkpoint, twin):
+    """No source.config: the .nemo's model_config.yaml (and the tokenizer it names, for the
+    vocabulary size) or the NeMo 2 context/model.yaml give the plan the twin's config.json."""
+    import dataclasses
+
+    from trtbuild.plan import plan_recipe
+    from trtbuild.recipe import load_recipe
+
+    ours = plan_recipe(load_recipe(plain_recipe(tmp_path, str(DATA / checkpoint))))
+    theirs = plan_recipe(load_recipe(recipe_for(tmp_path, str(DATA / checkpoint), twin)))
+    assert ours.config_origin == f"NeMo model config in {DATA / checkpoint}"
+    assert theirs.config_origin == f"source.config {tmp_path / 'config.json'}"
+    assert dataclasses.replace(ours.model, source="") == dataclasses.replace(theirs.model, source="")
+    assert [t.as_json() for t in ours.targets] == [t.as_json() for t in theirs.targets]
+
+
+def test_plan_of_a_broken_archive_is_one_line_naming_it(tmp_path):
+    bad = tmp_path / "broken.nemo"
+    bad.write_bytes((DATA / CASES[0][0]).read_bytes()[:5000])  # cut inside the tokenizer member
+    result = subprocess.run([sys.executable, "-m", "trtbuild", "plan", str(plain_recipe(tmp_path, str(bad)))],
+                            capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"{bad}: malformed .nemo archive (ReadError: unexpected end of data)\n"
+
+
+def test_plan_stops_reading_an_archive_at_its_weights(tmp_path):
+    """Cut inside model_weights/: the config and tokenizer members come first (NeMo tars are
+    sorted), so planning never reaches the damage; building would."""
+    from trtbuild.plan import plan_recipe
+    from trtbuild.recipe import load_recipe
+
+    whole = (DATA / CASES[0][0]).read_bytes()
+    cut = tmp_path / "cut.nemo"
+    cut.write_bytes(whole[:100_000])
+    assert whole.index(b"__0_0.distcp") < 100_000 < len(whole)
+    ours = plan_recipe(load_recipe(plain_recipe(tmp_path, str(cut))))
+    assert ours.model.num_layers == 2 and ours.model.vocab_size == 1000
+    empty = tmp_path / "empty.nemo"
+    empty.write_bytes(b"")
+    plain = tarfile_with(tmp_path / "plain.nemo", {"README.md": b"no config here"})
+    for path, message in ((empty, f"{empty}: not a .nemo archive (neither a tar nor a gzipped tar): empty file"),
+                          (plain, f"source.nemo: {plain}: not a NeMo checkpoint (no model_config.yaml, no context/)")):
+        result = subprocess.run([sys.executable, "-m", "trtbuild", "plan", str(plain_recipe(tmp_path, str(path)))],
+                                capture_output=True, text=True, timeout=120)
+        assert (result.returncode, result.stderr) == (2, message + "\n")
+
+
+def tarfile_with(path: Path, files: dict[str, bytes]) -> Path:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"./{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_planning_nemo_and_gguf_sources_imports_no_torch(tmp_path):
+    # The import hook of test_cli's plan test, on the sources whose configs plan now reads itself.
+    recipe = plain_recipe(tmp_path, str(DATA / CASES[0][0]))
+    script = f"""
+import sys
+attempted = []
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('torch', 'transformers', 'modelopt'):
+            attempted.append(name)
+        return None
+sys.meta_path.insert(0, Spy())
+from trtbuild.cli import cli
+for args in (['plan', {str(recipe)!r}], ['plan', {str(DATA.parent.parent.parent / 'trtbuild' / 'recipes' / 'smollm2-demo.yaml')!r}]):
+    try:
+        cli(args, standalone_mode=False)
+    except SystemExit:
+        pass
+print('ATTEMPTED', attempted)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    out = " ".join(result.stdout.split())
+    assert "ATTEMPTED []" in out, out[-2000:]
+    assert f"(config: NeMo model config in {DATA / CASES[0][0]})" in out and "(config: GGUF header of " in out

@@ -178,3 +178,92 @@ def test_broken_aws_settings_are_one_line(env, message, tmp_path):
                             capture_output=True, text=True, env={**clean, "AWS_EC2_METADATA_DISABLED": "true", **env},
                             timeout=120)
     assert result.returncode == 2 and result.stderr.strip() == message and "Traceback" not in result.stderr
+
+
+def plan(recipe: Path, env: dict, *args: str):
+    return subprocess.run([sys.executable, "-m", "trtbuild", "plan", str(recipe), *args],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_plan_reads_the_prefix_config_json_without_source_config(server, bucket, model, tmp_path):
+    from trtbuild.modelconfig import load_config
+
+    recipe = tmp_path / "s3.yaml"
+    recipe.write_text(f"schema: 1\nname: s3-tiny\nsource: {{s3: 's3://{bucket}/tiny'}}\ngpus: [sm90]\n"
+                      "limits: {max_input_len: 128, max_seq_len: 256}\n")
+    result = plan(recipe, env_for(server, tmp_path / "store"), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["model"]["config_origin"] == data["model"]["config"] == f"s3://{bucket}/tiny/config.json"
+    local = load_config(model / "config.json")
+    from trtbuild import estimate
+
+    assert data["model"]["parameters"] == estimate.parameter_counts(local)
+    assert [t["status"] for t in data["targets"]] == ["ok", "ok"]
+    table = plan(recipe, env_for(server, tmp_path / "store"))
+    assert f"(config: s3://{bucket}/tiny/config.json)" in " ".join(table.stdout.split())
+    # and build goes on from there to the same source artifact as with a local config
+    assert source_of(build(recipe, env_for(server, tmp_path / "store")))["status"] == "built"
+
+
+@pytest.mark.parametrize("url, overrides, message", [
+    ("s3://models/empty-model", {}, "s3://models/empty-model/config.json: no such object"),
+    ("s3://models/tiny", {"AWS_SECRET_ACCESS_KEY": "wrong"},
+     "s3://models/tiny/config.json: access denied (SignatureDoesNotMatch): check AWS_ACCESS_KEY_ID/"
+     "AWS_SECRET_ACCESS_KEY and the bucket policy"),
+    ("s3://models/tiny", {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None},
+     "s3://models/tiny/config.json: no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"),
+    ("s3://no-such-bucket/tiny", {}, "s3://no-such-bucket/tiny/config.json: bucket does not exist"),
+    ("s3://models/tiny/README-folder", {}, "s3://models/tiny/README-folder/config.json: no such object"),
+])
+def test_plan_without_config_errors_are_one_line_exit_2(server, bucket, tmp_path, url, overrides, message):
+    recipe = tmp_path / "s3.yaml"
+    recipe.write_text(f"schema: 1\nname: s3-tiny\nsource: {{s3: '{url}'}}\ngpus: [sm90]\n")
+    result = plan(recipe, env_for(server, tmp_path / "store", **overrides))
+    assert (result.returncode, result.stderr, result.stdout) == (2, message + "\n", "")
+
+
+def test_a_config_json_that_is_not_an_object_is_one_line(server, bucket, tmp_path):
+    client = server.client()
+    client.put_object(Bucket=bucket, Key="listy/config.json", Body=b"[1, 2]")
+    client.put_object(Bucket=bucket, Key="garbled/config.json", Body=b"{nope")
+    for prefix, message in (("listy", "s3://models/listy/config.json: expected a JSON object"),
+                            ("garbled", "s3://models/garbled/config.json: not JSON (Expecting property name enclosed "
+                                        "in double quotes: line 1 column 2 (char 1))")):
+        recipe = tmp_path / "s3.yaml"
+        recipe.write_text(f"schema: 1\nname: s3-tiny\nsource: {{s3: 's3://{bucket}/{prefix}'}}\ngpus: [sm90]\n")
+        result = plan(recipe, env_for(server, tmp_path / "store"))
+        assert (result.returncode, result.stderr) == (2, message + "\n")
+
+
+@pytest.mark.parametrize("kind, key, local", [("nemo", "plan/tiny.nemo", NEMO), ("s3", "plan/tiny.nemo", NEMO),
+                                             ("nemo", "plan/nemo2", NEMO_DATA / "nemo2_tiny_llama_tied_bf16")])
+def test_plan_reads_a_nemo_checkpoint_config_on_s3(server, bucket, tmp_path, kind, key, local):
+    """A .nemo object is read through ranged GETs up to its config members; a NeMo 2 folder by
+    one GET of context/model.yaml. Either way the plan is the one the local checkpoint gives."""
+    from trtbuild.plan import plan_recipe
+    from trtbuild.recipe import load_recipe
+
+    if local.is_file():
+        server.client().put_object(Bucket=bucket, Key=key, Body=local.read_bytes())
+    else:
+        upload_folder(server.client(), bucket, key, local)
+    recipes = {}
+    for where, location in (("s3", f"s3://{bucket}/{key}"), ("local", str(local))):
+        recipes[where] = tmp_path / f"{where}.yaml"
+        recipes[where].write_text(f"schema: 1\nname: n\nsource: {{{kind if where == 's3' else 'nemo'}: '{location}'}}\n"
+                                  "gpus: [sm90]\n"
+                                  "limits: {max_input_len: 128, max_seq_len: 256}\n")
+    result = plan(recipes["s3"], env_for(server, tmp_path / "store"), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["model"]["config_origin"] == f"NeMo model config in s3://{bucket}/{key}"
+    expected = plan_recipe(load_recipe(recipes["local"])).as_json()
+    assert data["targets"] == expected["targets"] and data["model"]["parameters"] == expected["model"]["parameters"]
+
+
+def test_plan_of_a_missing_nemo_object_is_one_line(server, bucket, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"schema: 1\nname: n\nsource: {{nemo: 's3://{bucket}/plan/none.nemo'}}\ngpus: [sm90]\n")
+    result = plan(recipe, env_for(server, tmp_path / "store"))
+    assert (result.returncode, result.stderr) == (2, f"s3://{bucket}/plan/none.nemo: no such object\n")

@@ -130,16 +130,23 @@ def parse_config(config: dict, source: str = "config.json") -> ModelSpec:
 def read_json_object(path: Path) -> dict:
     """A JSON file that must hold an object (config.json and the like); one-line errors."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         raise InvalidInput(f"{path}: no such file") from None
     except OSError as exc:  # a folder, no permission, ...
         raise InvalidInput(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return parse_json_object(data, str(path))
+
+
+def parse_json_object(data: bytes, where: str) -> dict:
+    """Bytes that must hold a JSON object (a file's, an S3 object's); `where` names them in errors."""
+    try:
+        parsed = json.loads(data.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"{path}: not JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise InvalidInput(f"{path}: expected a JSON object")
-    return data
+        raise InvalidInput(f"{where}: not JSON ({exc})") from None
+    if not isinstance(parsed, dict):
+        raise InvalidInput(f"{where}: expected a JSON object")
+    return parsed
 
 
 def load_config(path: Path) -> ModelSpec:

@@ -12,7 +12,7 @@ from typing import Iterable, Optional, Union
 
 from trtbuild import estimate, hardware, quantformats, trtllm
 from trtbuild.errors import InvalidInput
-from trtbuild.modelconfig import ModelSpec, load_config
+from trtbuild.modelconfig import ModelSpec, load_config, parse_config
 from trtbuild.recipe import LoadedRecipe, Recipe, Variant
 
 CHECKPOINT, ENGINE, HF_CHECKPOINT = "checkpoint", "engine", "hf-checkpoint"
@@ -54,6 +54,7 @@ class Plan:
     dtype: str
     max_seq_len: int
     targets: list[Target] = field(default_factory=list)
+    config_origin: str = ""  # where the model config came from ("GGUF header of ...", "source.config ...")
 
     @property
     def recipe(self) -> Recipe:
@@ -67,6 +68,7 @@ class Plan:
             "recipe": self.recipe.name,
             "path": str(self.loaded.path),
             "model": {"architecture": self.model.architecture, "config": self.model.source,
+                      "config_origin": self.config_origin,
                       "dtype": self.dtype, "max_seq_len": self.max_seq_len,
                       "parameters": estimate.parameter_counts(self.model)},
             "targets": [t.as_json() for t in self.targets],
@@ -89,29 +91,41 @@ def hf_name(variant: str) -> str:
 
 # ---- the model config a plan reads ---------------------------------------------------------------
 
-def find_model_config(loaded: LoadedRecipe) -> Path:
-    """The config.json planning reads: source.config, else the source's own when it is local."""
+def find_model_config(loaded: LoadedRecipe) -> tuple[ModelSpec, str]:
+    """The model shape planning reads, and where it came from: source.config (an offline override),
+    else the source's own config (a local folder's or the Hub's config.json, a GGUF's header, an S3
+    folder's config.json object, a NeMo checkpoint's model config)."""
     source = loaded.recipe.source
     if source.config is not None:
         path = loaded.resolve_path(source.config)
         if not path.is_file():
             raise InvalidInput(f"{loaded.where(('source', 'config'))}: source.config: {path}: no such file")
-        return path
+        return load_config(path), f"source.config {path}"
     if source.path is not None:
         path = loaded.resolve_path(source.path) / "config.json"
         if path.is_file():
-            return path
+            return load_config(path), str(path)
         raise InvalidInput(f"{loaded.where(('source', 'path'))}: source.path: {path}: no such file")
     if source.hf is not None:
         from trtbuild import hub
 
-        found = hub.config_json(source.hf, source.revision or "main")
+        revision = source.revision or "main"
+        found = hub.config_json(source.hf, revision)
         if found is not None:
-            return found
-    raise InvalidInput(
-        f"{loaded.where(('source',))}: source: no local config.json for {source.describe()}; "
-        "set source.config to a copy of the model's config.json"
-    )
+            return load_config(found), f"config.json of {source.hf}@{revision} ({found})"
+        raise InvalidInput(
+            f"{loaded.where(('source',))}: source: no local config.json for {source.describe()}; "
+            "set source.config to a copy of the model's config.json"
+        )
+    from trtbuild.stages.source import config as carried
+
+    if source.gguf is not None:
+        config, origin = carried.gguf_config(source.gguf, loaded.base_dir)
+    elif source.s3 is not None and not source.s3.rstrip("/").endswith(".nemo"):
+        config, origin = carried.s3_config(source.s3)
+    else:  # nemo:, or an s3: URL of a .nemo object (a NeMo source, as the graph reads it)
+        config, origin = carried.nemo_config(source.location, loaded.base_dir)
+    return parse_config(config, origin), origin
 
 
 # ---- expansion and rules -------------------------------------------------------------------------
@@ -123,10 +137,12 @@ def plan_recipe(loaded: LoadedRecipe, model: Optional[ModelSpec] = None,
     the card its SM's engine is estimated on (`--gpu L4` asks about the L4, not the recipe's L40S)."""
     recipe = loaded.recipe
     if model is None:
-        model = load_config(find_model_config(loaded))
+        model, origin = find_model_config(loaded)
+    else:
+        origin = model.source
     dtype = recipe.dtype or model.dtype or "float16"
     max_seq_len = recipe.limits.max_seq_len or model.max_seq_len or 2048  # builder._init_max_seq_len fallback
-    plan = Plan(loaded, model, dtype, max_seq_len)
+    plan = Plan(loaded, model, dtype, max_seq_len, config_origin=origin)
 
     gpus = _gpus_by_sm(recipe)
     if gpu_filter is not None:

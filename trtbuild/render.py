@@ -51,8 +51,8 @@ def print_table(plan: Plan, console) -> None:
     model = plan.model
     console.print(
         f"[bold]{plan.recipe.name}[/] ({plan.loaded.path}): {model.architecture} {plan.dtype}, "
-        f"max_seq_len {plan.max_seq_len:,}; {len(plan.targets)} targets, [green]{ok} ok[/], "
-        f"[red]{len(plan.targets) - ok} impossible[/]",
+        f"max_seq_len {plan.max_seq_len:,} (config: {plan.config_origin}); {len(plan.targets)} targets, "
+        f"[green]{ok} ok[/], [red]{len(plan.targets) - ok} impossible[/]",
         highlight=False, soft_wrap=True,
     )
     table = Table(show_lines=False)

@@ -5,6 +5,7 @@ and one-line errors. Credentials and endpoints come from the standard AWS variab
 from __future__ import annotations
 
 import base64
+import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,68 @@ def head(s3, bucket: str, key: str) -> tuple[S3Object, Optional[str]]:
     if not checksum or "-" in checksum or response.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
         return obj, None
     return obj, base64.b64decode(checksum).hex()
+
+
+def get_small_object(url: str, limit: int = 16 << 20) -> bytes:
+    """One GET of a small object (a model folder's config.json), with the source's credentials and
+    one-line errors; `limit` guards against a URL that names a weights file by mistake."""
+    bucket, key = parse_url(url)
+    try:
+        response = client().get_object(Bucket=bucket, Key=key)
+        if response["ContentLength"] > limit:
+            response["Body"].close()
+            raise InvalidInput(f"{url}: {response['ContentLength']} bytes, more than a config file ({limit} at most)")
+        return response["Body"].read()
+    except TrtbuildError:
+        raise
+    except Exception as exc:
+        raise error(url, exc) from None
+
+
+class _RangedObject(io.RawIOBase):
+    """A seekable read-only view of an object, one ranged GET per read: tarfile walks a .nemo
+    archive's headers through it and fetches only the members it extracts."""
+
+    def __init__(self, s3, bucket: str, key: str, size: int):
+        self.s3, self.bucket, self.key, self.size, self.position = s3, bucket, key, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence]
+        self.position = max(0, base + offset)
+        return self.position
+
+    def readinto(self, buffer) -> int:
+        if self.position >= self.size or not len(buffer):
+            return 0
+        end = min(self.position + len(buffer), self.size) - 1
+        url = f"s3://{self.bucket}/{self.key}"
+        try:
+            data = self.s3.get_object(Bucket=self.bucket, Key=self.key, Range=f"bytes={self.position}-{end}")["Body"].read()
+        except Exception as exc:
+            raise error(url, exc) from None
+        buffer[:len(data)] = data
+        self.position += len(data)
+        return len(data)
+
+
+def open_ranged(url: str, block: int = 1 << 20) -> io.BufferedReader:
+    """A buffered, seekable reader of an object that fetches `block` bytes per GET."""
+    bucket, key = parse_url(url)
+    try:
+        s3 = client()
+        size = s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
+    except Exception as exc:
+        raise error(url, exc) from None
+    return io.BufferedReader(_RangedObject(s3, bucket, key, size), buffer_size=block)
 
 
 def download(s3, bucket: str, key: str, dest: Path) -> None:

@@ -9,7 +9,8 @@ from trtbuild.stages.base import Stage
 
 STAGES: dict[str, Optional[Stage]] = {
     "source:path": Stage("source", 1, "trtbuild.stages.source.local:adopt_folder", isolated=False),
-    "source:gguf": Stage("source", 1, "trtbuild.stages.source.gguf:convert_gguf",
+    # 2: the tokenizer the GGUF encodes, no longer a copy of the GGUF as tokenizer.model
+    "source:gguf": Stage("source", 2, "trtbuild.stages.source.gguf:convert_gguf",
                          toolchain=("torch", "transformers", "gguf"), needs=("torch", "transformers", "gguf", "accelerate")),
     # Later stages land with their issues; until then their nodes are skipped with this reason.
     "source:hf": Stage("source", 1, "trtbuild.stages.source.hf:download", isolated=False),

@@ -56,8 +56,12 @@ def convert_gguf(ctx: StageContext) -> None:
     result = model.load_state_dict(loaded.state_dict(), strict=True)
     print(f"weights moved: missing={list(result.missing_keys)} unexpected={list(result.unexpected_keys)}", flush=True)
     model.save_pretrained(ctx.out, safe_serialization=True)
+    # transformers builds a fast tokenizer from the GGUF's tokenizer metadata; its slow-tokenizer
+    # "vocab file" is the GGUF itself, which a default save copies as tokenizer.model (a file
+    # sentencepiece cannot parse, the size of the whole model). legacy_format=False writes the fast
+    # files only: tokenizer.json, tokenizer_config.json, special tokens, chat template.
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tokenizer.save_pretrained(ctx.out)
+    tokenizer.save_pretrained(ctx.out, legacy_format=False)
     params = sum(p.numel() for p in model.parameters())
     ctx.report({"architecture": config.architectures[0] if config.architectures else None,
                 "parameters": params, "dtype": ctx.params["dtype"]})
