@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Iterable, Optional, Union
 
 from trtbuild import estimate, hardware, quantformats, trtllm
