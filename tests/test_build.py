@@ -100,7 +100,7 @@ def test_json_summary_statuses_and_read_only_paths(recipe, model, tmp_path):
     engine = targets["bf16-tp1-sm90"]
     assert (engine["stage"], engine["status"]) == ("engine", "skipped")
     assert engine["reason"] == "after --until source"
-    assert set(source) == {"name", "stage", "status", "key", "digest", "seconds", "reason", "path"}
+    assert set(source) == {"name", "stage", "status", "key", "digest", "size", "seconds", "reason", "path", "ref"}
 
 
 def test_engines_need_a_gpu_and_require_all_makes_skips_failures(recipe, tmp_path):
@@ -122,7 +122,8 @@ def test_a_changed_source_file_rebuilds_and_rewrites_the_lock(recipe, model, tmp
     first = by_name(build_json(recipe, store, "--until", "source"))["source"]
     lock = yaml.safe_load(recipe.with_suffix(".lock").read_text())
     assert lock["source"]["digest"] == first["digest"] and lock["source"]["location"] == "model"
-    assert lock["targets"]["source"] == {"stage": "source", "key": first["key"], "digest": first["digest"]}
+    assert lock["targets"]["source"] == {"stage": "source", "key": first["key"], "digest": first["digest"],
+                                         "size": first["size"]}
     assert set(lock["source"]["files"]) >= {"config.json", "model.safetensors"}
 
     config = json.loads((model / "config.json").read_text())
@@ -195,6 +196,8 @@ def test_four_concurrent_builds_on_one_store_build_each_key_once(recipe, tmp_pat
 
 
 def test_explain_shows_every_field_and_its_origin(recipe, model, tmp_path):
+    from trtbuild import hardware
+
     store = tmp_path / "store"
     before = trtbuild("explain", recipe, "fp8-tp1", "--json", store=store, check=True)
     [source, calibration, quantized, ckpt] = json.loads(before.stdout)
@@ -215,8 +218,13 @@ def test_explain_shows_every_field_and_its_origin(recipe, model, tmp_path):
     assert fields["params.seed"] == {"field": "params.seed", "value": 0, "origin": "default: calibration.seed"}
     fields = {f["field"]: f for f in after["fp8-quantized"]["fields"]}
     assert fields["params.quant"]["origin"] == "recipe: variants.fp8.quant"
-    assert fields["platform.device"]["value"] == "cpu"
+    here = hardware.resolve_device("auto")
+    assert fields["platform.device"] == {"field": "platform.device", "value": here, "origin":
+                                         f"default: calibration.device (auto, resolved on this host to {here})"}
     assert fields["toolchain.modelopt"]["value"] == "0.47.0"
+    lock = yaml.safe_load(recipe.with_suffix(".lock").read_text())  # the toolchain per stage id, not per name
+    assert lock["toolchain"]["checkpoint:export"]["modelopt"] == "0.47.0"
+    assert set(lock["toolchain"]["checkpoint:convert"]) == {"safetensors"}
     assert fields["inputs.calibration"]["value"] == after["calibration"]["digest"]
     fields = {f["field"]: f for f in after["fp8-tp1"]["fields"]}
     assert fields["params.tp"] == {"field": "params.tp", "value": 1, "origin": "recipe: parallelism"}
@@ -228,6 +236,43 @@ def test_explain_shows_every_field_and_its_origin(recipe, model, tmp_path):
     assert "in store" in text and "inputs.tree" in text and "stage_version" in text
     missing = trtbuild("explain", recipe, "nope", store=store)
     assert missing.returncode == 2 and "nope: not a target of tiny" in missing.stderr
+
+
+def test_explain_and_the_runner_label_every_platform_field_by_the_recipe_field_it_comes_from(recipe, tmp_path):
+    """One function keys a node for both: a validation's device comes from validate.device."""
+    from trtbuild import hardware, nodekeys
+    from trtbuild.graph import build_graph
+    from trtbuild.plan import plan_recipe
+    from trtbuild.recipe import load_recipe
+    from trtbuild.store.local import LocalStore
+
+    graph = build_graph(plan_recipe(load_recipe(recipe)))
+    store = LocalStore(tmp_path / "store")
+    here = hardware.resolve_device("auto")
+    origins = {}
+    for node_id in ("fp8-quantized", "fp8-tp1:validate", "reference"):
+        node = graph.node(node_id)
+        keyed = nodekeys.key_node(node, dict.fromkeys(node.inputs, "0" * 64), store)
+        origins[node_id] = {k: v for k, v in keyed.origins.items() if k.startswith("platform.")}
+    assert origins == {
+        "fp8-quantized": {"platform.device": f"default: calibration.device (auto, resolved on this host to {here})"},
+        "fp8-tp1:validate": {"platform.device": f"default: validate.device (auto, resolved on this host to {here})"},
+        "reference": {"platform.device": f"default: validate.device (auto, resolved on this host to {here})"}}
+    assert graph.node("fp8-tp1-sm90").platform["sm"].origin == "target: the engine's GPU architecture"
+    assert not store.root.exists()  # keying reads nothing from a store it need not open
+
+
+def test_a_second_recipe_with_the_same_name_is_refused_before_it_builds(recipe, tmp_path):
+    store = tmp_path / "store"
+    trtbuild("build", recipe, "--until", "source", store=store, check=True)
+    copy = tmp_path / "copy" / "tiny.yaml"
+    copy.parent.mkdir()
+    copy.write_text(recipe.read_text().replace("path: model", f"path: {recipe.parent / 'model'}"))
+    result = trtbuild("build", copy, "--until", "source", "--json", store=store)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (f"recipe {copy.resolve()}: name 'tiny' already belongs to {recipe.resolve()} in store "
+                             f"{store}; give this recipe another `name:`\n")
+    assert not copy.with_suffix(".lock").exists()
 
 
 def test_cache_ls_verify_gc(recipe, model, tmp_path):

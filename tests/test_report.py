@@ -235,20 +235,22 @@ def test_report_in_headless_chromium(report, tmp_path):
     assert shot.stat().st_size > 20_000  # a blank page is a few KB; the table and the plot are not
 
 
-def test_a_malformed_lock_reads_as_not_built(ws, tmp_path):
-    """A hand-edited lock (entries that are not {key, digest}) must not crash the report."""
-    from conftest import minimal
-    from trtbuild.plan import plan_recipe
-    from trtbuild.recipe import load_recipe
-    from trtbuild.report.collect import rows
-    from trtbuild.store.local import LocalStore
+def test_a_hand_edited_lock_is_refused_with_one_line(tmp_path):
+    """A lock whose entries are not what trtbuild writes: one line naming the file and the field."""
+    from trtbuild.errors import InvalidInput
+    from trtbuild.lockfile import read
 
-    plan = plan_recipe(load_recipe(ws.recipe(minimal())))
-    lock = {"targets": {"base-tp1": "garbage", "base-tp1:validate": {"digest": "no key"}, "base-tp1-sm90": None}}
-    found = {r["target"]: r for r in rows(plan, LocalStore(tmp_path / "store"), lock)}
-    assert found["base-tp1"]["status"] == "planned" and found["base-tp1"]["kld_mean"] is None
-    assert found["base-tp1-sm90"]["status"] == "planned" and found["base-tp1-sm90"]["measured_by"] is None
-    assert rows(plan, LocalStore(tmp_path / "store"), {"targets": ["not", "a", "mapping"]})[0]["status"] == "planned"
+    lock = tmp_path / "r.lock"
+    lock.write_text("schema: 2\nrecipe: {name: r, digest: d}\nsource: null\ntoolchain: {}\nvalidation: run\n"
+                    "targets: {base-tp1: garbage}\n")
+    with pytest.raises(InvalidInput) as caught:
+        read(lock)
+    assert str(caught.value) == (f"{lock}: targets.base-tp1: Input should be a valid dictionary or instance of "
+                                 "LockedTarget (edited by hand? rebuild without --locked to rewrite it)")
+    lock.write_text("schema: 1\ntargets: {}\n")  # an older layout: a build rewrites it, --locked refuses it
+    assert read(lock, older_ok=True) is None
+    with pytest.raises(InvalidInput, match="not a trtbuild lock file of schema 2"):
+        read(lock)
 
 
 def _gates(kl_limit, top1_limit, ppl_limit, passed=True):

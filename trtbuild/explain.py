@@ -9,6 +9,7 @@ from typing import Any, Optional
 from trtbuild import nodekeys
 from trtbuild.errors import InvalidInput
 from trtbuild.graph import Blocker, Graph
+from trtbuild.lockfile import LockFile
 from trtbuild.store.local import LocalStore
 
 
@@ -34,7 +35,7 @@ class NodeExplanation:
                 "note": self.note, "fields": [{"field": f.name, "value": f.value, "origin": f.origin} for f in self.fields]}
 
 
-def explain(graph: Graph, target: str, store: LocalStore, lock: Optional[dict] = None) -> list[NodeExplanation]:
+def explain(graph: Graph, target: str, store: LocalStore, lock: Optional[LockFile] = None) -> list[NodeExplanation]:
     if target not in {n.id for n in graph.nodes}:
         raise InvalidInput(f"{target}: not a target of {graph.recipe} ({', '.join(n.id for n in graph.nodes)})")
     chain = graph.closure({target}).nodes
@@ -53,7 +54,7 @@ def explain(graph: Graph, target: str, store: LocalStore, lock: Optional[dict] =
             ex.note = f"key unknown until {', '.join(missing)} is in the store"
             continue
         keyed = nodekeys.key_node(node, {role: digests[dep] for role, dep in node.inputs.items()}, store,
-                                  locked_source=(lock or {}).get("source"))
+                                  locked_source=lock.source if lock else None)
         ex.key = keyed.key
         found = nodekeys.lookup(store, keyed.key)
         ex.in_store = found.hit

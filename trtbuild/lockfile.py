@@ -8,9 +8,10 @@ digests, versions and paths the recipe already shows.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtbuild.errors import InvalidInput
 from trtbuild.validate import gates
@@ -21,8 +22,44 @@ from trtbuild.store.hash import atomic_write, bytes_sha256
 if TYPE_CHECKING:
     from trtbuild.store.base import Store
 
-LOCK_SCHEMA = 1
+LOCK_SCHEMA = 2  # 2: typed, every artifact with its size, toolchain per stage id
 HEADER = "# Written by `trtbuild build`: commit it; `trtbuild build --locked` checks against it. Do not edit.\n"
+
+
+class LockedRecipe(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(description="The recipe's `name:`.")
+    digest: str = Field(description="sha256 of the validated recipe (comments and formatting do not count).")
+
+
+class LockedTarget(BaseModel):
+    """One graph node as the build left it: the key it was built under and the artifact."""
+
+    model_config = ConfigDict(extra="forbid")
+    stage: str = Field(description="The node's stage (source, checkpoint, validate, ...).")
+    key: str = Field(pattern=r"^[0-9a-f]{64}$", description="Its action key.")
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$", description="Its artifact's digest (sha256 of the manifest).")
+    size: int = Field(ge=0, description="The artifact's size in bytes (the sum of its files).")
+    metrics: Optional[dict[str, Any]] = Field(None, description="A validation's headline numbers (6 significant digits).")
+    gates_passed: Optional[bool] = Field(None, description="A validation: whether every gate passed.")
+
+
+class LockFile(BaseModel):
+    """`<recipe>.lock`, after dvc's lock: what was resolved and built, so that a deploy host or a
+    `--locked` build needs nothing else."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    schema_: int = Field(LOCK_SCHEMA, alias="schema", description="Version of this file's layout.")
+    recipe: LockedRecipe = Field(description="Which recipe, and which version of it, this lock is of.")
+    source: Optional[dict[str, Any]] = Field(description="The resolved source: kind, location, digest and what its "
+                                                         "kind pins (commit and per-file sha256 for the hub).")
+    toolchain: dict[str, dict[str, Optional[str]]] = Field(
+        description="Stage id (`checkpoint:export`) -> the package versions its keys hold.")
+    targets: dict[str, LockedTarget] = Field(description="Node id -> its key and artifact.")
+    validation: str = Field(description="`run`, or `skipped (--no-validate)`.")
+
+    def digests(self) -> set[str]:
+        return {t.digest for t in self.targets.values()}
 
 
 def recipe_digest(loaded: LoadedRecipe) -> str:
@@ -38,58 +75,69 @@ def lock_path_for(loaded: LoadedRecipe, store: "Store", embedded: bool) -> Path:
     return loaded.path.with_suffix(".lock")
 
 
-def read(path: Path) -> Optional[dict]:
+def read(path: Path, older_ok: bool = False) -> Optional[LockFile]:
+    """The lock at `path`, or None when there is none (or, with `older_ok`, one of an older schema,
+    which a build simply rewrites). Anything else that is not a lock trtbuild wrote: one line."""
     try:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         return None
     except yaml.YAMLError as exc:
         raise InvalidInput(f"{path}: not a trtbuild lock file ({' '.join(str(exc).split())})") from None
-    if not isinstance(data, dict) or data.get("schema") != LOCK_SCHEMA:
-        raise InvalidInput(f"{path}: not a trtbuild lock file of schema {LOCK_SCHEMA}")
-    return data
+    if not isinstance(data, dict):
+        raise InvalidInput(f"{path}: not a trtbuild lock file (not a mapping)")
+    if isinstance(data.get("schema"), int) and data["schema"] < LOCK_SCHEMA and older_ok:
+        return None
+    if data.get("schema") != LOCK_SCHEMA:
+        raise InvalidInput(f"{path}: not a trtbuild lock file of schema {LOCK_SCHEMA} (schema: {data.get('schema')!r}); "
+                           "rebuild without --locked to rewrite it")
+    try:
+        return LockFile.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"])
+        raise InvalidInput(f"{path}: {where}: {error['msg']} (edited by hand? rebuild without --locked to rewrite it)") from None
 
 
 def digests(path: Path) -> set[str]:
     """Every artifact digest a lock file names (what `cache gc` must keep)."""
-    data = read(path) or {}
-    return {t["digest"] for t in (data.get("targets") or {}).values() if isinstance(t, dict) and t.get("digest")}
+    lock = read(path, older_ok=True)
+    return lock.digests() if lock else set()
 
 
-def check_locked(path: Path, loaded: LoadedRecipe) -> dict:
+def check_locked(path: Path, loaded: LoadedRecipe) -> LockFile:
     """For `--locked`: the lock must exist and match the recipe; returns it."""
-    data = read(path)
-    if data is None:
+    lock = read(path)
+    if lock is None:
         raise InvalidInput(f"--locked: {path}: no lock file; run `trtbuild build` without --locked to write it")
-    if data.get("recipe", {}).get("digest") != recipe_digest(loaded):
+    if lock.recipe.digest != recipe_digest(loaded):
         raise InvalidInput(f"--locked: {loaded.path} changed since {path} was written; rebuild without --locked and commit the new lock")
-    return data
+    return lock
 
 
 def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: list, toolchains: dict[str, dict],
-          validated: bool = True) -> dict:
+          validated: bool = True) -> LockFile:
     """Write the lock, keeping entries of targets this run did not touch when the recipe is unchanged."""
     digest = recipe_digest(loaded)
-    previous = read(path) if path.exists() else None
-    targets: dict[str, dict] = {}
-    if previous and previous.get("recipe", {}).get("digest") == digest:
-        targets.update(previous.get("targets") or {})
-        source = source or previous.get("source")
-        toolchains = {**(previous.get("toolchain") or {}), **toolchains}
+    previous = read(path, older_ok=True) if path.exists() else None
+    targets: dict[str, LockedTarget] = {}
+    if previous and previous.recipe.digest == digest:
+        targets.update(previous.targets)
+        source = source or previous.source
+        toolchains = {**previous.toolchain, **toolchains}
     for r in results:
         if r.digest:
-            targets[r.id] = {"stage": r.stage, "key": r.key, "digest": r.digest}
+            entry = LockedTarget(stage=r.stage, key=r.key, digest=r.digest, size=r.size)
             if "gates" in r.summary:  # validation: the headline numbers and whether the gates passed
-                targets[r.id]["metrics"] = {k: float(f"{v:.6g}") if isinstance(v, float) else v
-                                            for k, v in r.summary["metrics"].items()}
-                targets[r.id]["gates_passed"] = not gates.failed_gates(r.summary)
-    data = {
-        "schema": LOCK_SCHEMA,
-        "recipe": {"name": loaded.recipe.name, "digest": digest},
-        "source": source,
-        "toolchain": toolchains,
-        "targets": targets,
-        "validation": "run" if validated else "skipped (--no-validate)",
-    }
+                entry.metrics = {k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in r.summary["metrics"].items()}
+                entry.gates_passed = not gates.failed_gates(r.summary)
+            targets[r.id] = entry
+    lock = LockFile(recipe=LockedRecipe(name=loaded.recipe.name, digest=digest), source=source, toolchain=toolchains,
+                    targets=targets, validation="run" if validated else "skipped (--no-validate)")
+    data = lock.model_dump(mode="json", by_alias=True)
+    for entry in data["targets"].values():  # only validations carry numbers
+        for name in ("metrics", "gates_passed"):
+            if entry[name] is None:
+                del entry[name]
     atomic_write(path, (HEADER + yaml.safe_dump(data, sort_keys=True, default_flow_style=False)).encode())
-    return data
+    return lock

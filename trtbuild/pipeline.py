@@ -73,11 +73,11 @@ def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, report
     lock_path = lockfile.lock_path_for(loaded, store, request.embedded)
     locked = lockfile.check_locked(lock_path, loaded) if request.locked else None
     graph = build_graph_for(loaded, request, registry)
-    expected = (locked or {}).get("source") or {}
-    previous = lockfile.read(lock_path) if lock_path.exists() else None
+    expected = (locked.source if locked else None) or {}
+    previous = lockfile.read(lock_path, older_ok=True)
     options = RunOptions(until=request.until, require_all=request.require_all, materialize=request.materialize,
                          expected_source=expected.get("digest"), lock_name=str(lock_path),
-                         locked_source=(previous or {}).get("source"))
+                         locked_source=previous.source if previous else None)
     options.recipe_identity = recipe_identity(loaded, request.embedded)
     options.rebuild = frozenset(_rebuilt(graph, request.rebuild))
     run = run_graph(graph, store, options, reporter)

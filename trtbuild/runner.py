@@ -53,6 +53,7 @@ class NodeResult:
     status: Status
     key: Optional[str] = None
     digest: Optional[str] = None
+    size: Optional[int] = None  # the artifact's bytes
     seconds: float = 0.0
     reason: Optional[str] = None
     path: Optional[str] = None
@@ -65,7 +66,7 @@ class NodeResult:
 
     def as_json(self) -> dict:
         out = {"name": self.id, "stage": self.stage or self.kind, "status": self.status.value, "key": self.key,
-               "digest": self.digest, "seconds": round(self.seconds, 3), "reason": self.reason, "path": self.path,
+               "digest": self.digest, "size": self.size, "seconds": round(self.seconds, 3), "reason": self.reason, "path": self.path,
                "ref": self.ref}
         if "metrics" in self.summary:  # validation entries
             out.update(metrics=self.summary["metrics"], gates=self.summary.get("gates"),
@@ -326,7 +327,7 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
                     result.status = BUILT
         if result.status != BUILT:
             result.status = CACHED
-        result.digest = found.record.digest
+        result.digest, result.size = found.record.digest, found.record.size
         result.summary = found.record.summary
         failed_gates = gates.failed_gates(result.summary)
         if options.materialize or failed_gates:  # checked out once, for the path and the report's place

@@ -5,43 +5,37 @@ from __future__ import annotations
 
 from typing import Optional
 
+from trtbuild.graph import trtllm_validate_id, validate_id
+from trtbuild.lockfile import LockedTarget, LockFile
 from trtbuild.plan import Plan
 from trtbuild.store.local import LocalStore
 
 
-def _entry(locked: dict, name: str) -> Optional[dict]:
-    """A lock entry with a key, or None (a hand-edited or foreign lock is read as "not built")."""
-    entry = locked.get(name)
-    return entry if isinstance(entry, dict) and isinstance(entry.get("key"), str) else None
-
-
-def _summary(store: LocalStore, entry: Optional[dict]) -> dict:
-    record = store.get_record(entry["key"]) if entry else None
+def _summary(store: LocalStore, entry: Optional[LockedTarget]) -> dict:
+    record = store.get_record(entry.key) if entry else None
     return record.summary if record else {}
 
 
-def rows(plan: Plan, store: LocalStore, lock: Optional[dict]) -> list[dict]:
-    locked = (lock or {}).get("targets") or {}
-    if not isinstance(locked, dict):
-        locked = {}
+def rows(plan: Plan, store: LocalStore, lock: Optional[LockFile]) -> list[dict]:
+    locked = lock.targets if lock else {}
     out = []
     for target in plan.targets:
         variant = plan.recipe.variants[target.variant]
-        entry = _entry(locked, target.name)
+        entry = locked.get(target.name)
         record = store.get_record(entry["key"]) if entry else None
         # an hf-checkpoint's numbers as TensorRT-LLM serves it, when a GPU host measured them
-        validation = _entry(locked, f"{target.name}:validate-trtllm") or _entry(locked, f"{target.name}:validate")
+        validation = locked.get(trtllm_validate_id(target.name)) or locked.get(validate_id(target.name))
         summary = _summary(store, validation)
         if not target.ok:
             status = "impossible"
         elif record is None:
             status = "planned"
         else:
-            status = "failed" if summary.get("gates") and not validation.get("gates_passed", True) else "built"
+            status = "failed" if summary.get("gates") and validation.gates_passed is False else "built"
         metrics = summary.get("metrics", {})
         measured_by = summary.get("runner") if metrics else None
         if target.kind == "engine" and not metrics:  # an engine shares its checkpoint's numbers until validated itself
-            checkpoint = _entry(locked, f"{target.depends_on[0]}:validate")
+            checkpoint = locked.get(validate_id(target.depends_on[0]))
             inherited = _summary(store, checkpoint)
             metrics = inherited.get("metrics", {})
             measured_by = f"{inherited.get('runner')}, on {target.depends_on[0]}" if metrics else None
