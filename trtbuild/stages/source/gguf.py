@@ -61,7 +61,29 @@ def convert_gguf(ctx: StageContext) -> None:
     # sentencepiece cannot parse, the size of the whole model). legacy_format=False writes the fast
     # files only: tokenizer.json, tokenizer_config.json, special tokens, chat template.
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    _special_tokens_as_the_gguf_says(tokenizer, gguf)
     tokenizer.save_pretrained(ctx.out, legacy_format=False)
     params = sum(p.numel() for p in model.parameters())
     ctx.report({"architecture": config.architectures[0] if config.architectures else None,
                 "parameters": params, "dtype": ctx.params["dtype"]})
+
+
+# GGUF metadata key -> the tokenizer attribute it sets
+SPECIAL_TOKEN_IDS = {"tokenizer.ggml.bos_token_id": "bos_token", "tokenizer.ggml.eos_token_id": "eos_token",
+                     "tokenizer.ggml.unknown_token_id": "unk_token", "tokenizer.ggml.padding_token_id": "pad_token"}
+ADD_FLAGS = {"tokenizer.ggml.add_bos_token": "add_bos_token", "tokenizer.ggml.add_eos_token": "add_eos_token"}
+
+
+def _special_tokens_as_the_gguf_says(tokenizer, gguf: Path) -> None:
+    """transformers 4.57 builds a GGUF's BPE tokenizer with its BOS as EOS too, no padding token,
+    and a BOS added to every text, whatever the GGUF says (SmolLM2's: BOS 1, EOS 2, padding 2, no
+    BOS added). A model that stops on the wrong token is a wrong model: set them from the header."""
+    from trtbuild.ggufheader import read_header
+
+    metadata = read_header(gguf).metadata
+    for key, attribute in SPECIAL_TOKEN_IDS.items():
+        if key in metadata and 0 <= int(metadata[key]) < len(tokenizer):
+            setattr(tokenizer, attribute, tokenizer.convert_ids_to_tokens(int(metadata[key])))
+    for key, attribute in ADD_FLAGS.items():
+        if key in metadata and hasattr(tokenizer, attribute):
+            setattr(tokenizer, attribute, bool(metadata[key]))  # fast llama tokenizers rebuild their post-processor
