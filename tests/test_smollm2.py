@@ -57,6 +57,21 @@ def test_the_demo_recipe_builds_every_checkpoint(demo):
     assert execution.figures["calibration_seconds"] > 0 and execution.peak_rss_mib > 100
 
 
+def test_the_demo_built_into_a_fresh_store_gives_the_same_digest_for_every_artifact(demo, tmp_path):
+    """An artifact is a function of its key's inputs: another store (another host) that builds the
+    same keys stores the same bytes, so the two can share. Every stage here is deterministic on CPU."""
+    import os
+
+    store, env, targets = demo
+    fresh = build({**env, "TRTBUILD_CACHE": str(tmp_path / "fresh")})
+    done = {name: t for name, t in targets.items() if t["status"] in ("built", "cached")}
+    assert set(done) == {"source", "calibration", "fp8-quantized", "int8-wo-quantized", "base-tp1", "int8-wo-tp1",
+                         "fp8-tp1", "base-hf", "int8-wo-hf", "fp8-hf"}
+    assert {n: (fresh[n]["status"], fresh[n]["key"], fresh[n]["digest"]) for n in done} == {
+        n: ("built", t["key"], t["digest"]) for n, t in done.items()}
+    assert not any(os.scandir(tmp_path / "fresh" / "tmp"))
+
+
 def test_the_unquantized_checkpoint_is_the_source_weights(demo):
     _, _, targets = demo
     source = load_file(Path(targets["source"]["path"]) / "model.safetensors")
