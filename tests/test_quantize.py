@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -359,6 +360,31 @@ def test_restore_is_exact(arch, quant, kv, quantized, models, tmp_path):
     assert again["quantized_sha256"] == manifest["quantized_sha256"] and again["changed_weights"] == changed
     for name in ("quantizers.safetensors", "scales.safetensors", "weights.safetensors"):
         assert again["files"][name] == manifest["files"][name]
+
+
+SAVE_IN_A_FRESH_PROCESS = """
+import sys
+import numpy as np
+from trtbuild.checkpoint import quantize as q
+model = q.load_model(sys.argv[1], "bfloat16", "cpu")
+q.calibrate_and_quantize(model, "fp8", "fp8", None, np.load(sys.argv[2]), "cpu")
+q.save_quantized(model, sys.argv[3])
+"""
+
+
+def test_the_saved_state_is_the_same_bytes_in_every_process(models, windows, tmp_path):
+    """An artifact is a function of its key's inputs: two processes (two hash seeds, which order
+    the sets ModelOpt builds its state from) save byte-identical files."""
+    import subprocess
+    import sys
+
+    np.save(tmp_path / "windows.npy", windows)
+    for seed in ("1", "2"):
+        subprocess.run([sys.executable, "-c", SAVE_IN_A_FRESH_PROCESS, str(models["llama"]), str(tmp_path / "windows.npy"),
+                        str(tmp_path / seed)], check=True, env={**os.environ, "PYTHONHASHSEED": seed}, timeout=600)
+    files = sorted(p.name for p in (tmp_path / "1").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "2").iterdir()) and "modelopt_state.pth" in files
+    assert [f for f in files if (tmp_path / "1" / f).read_bytes() != (tmp_path / "2" / f).read_bytes()] == []
 
 
 def test_other_weight_changes_are_stored_in_full(quantized, models, tmp_path):

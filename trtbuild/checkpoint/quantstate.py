@@ -29,6 +29,17 @@ def quantizer_tensors(model) -> dict:
     return {k: v for k, v in model.state_dict().items() if k.startswith(prefixes)}
 
 
+def _sorted_dicts(value: Any) -> Any:
+    """The state with every dict's items in key order (ModelOpt restores attributes by name)."""
+    if isinstance(value, dict):
+        return {k: _sorted_dicts(value[k]) for k in sorted(value, key=repr)}
+    if isinstance(value, list):
+        return [_sorted_dicts(v) for v in value]
+    if isinstance(value, tuple) and type(value) is tuple:
+        return tuple(_sorted_dicts(v) for v in value)
+    return value
+
+
 def save_quantized(model, folder: Union[Path, str]) -> dict:
     """Save what rebuilds the exact quantized model from the source checkpoint, and nothing more:
 
@@ -51,7 +62,9 @@ def save_quantized(model, folder: Union[Path, str]) -> dict:
     scalings = getattr(model, "_trtbuild_weight_scalings", {})
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    torch.save(mto.modelopt_state(model), folder / STATE_FILE)
+    # The same state must give the same bytes: ModelOpt fills some dicts from sets (their order
+    # follows the process's hash seed), and the zip format writes a random serialization id.
+    torch.save(_sorted_dicts(mto.modelopt_state(model)), folder / STATE_FILE, _use_new_zipfile_serialization=False)
 
     def cpu(t):
         return t.detach().to("cpu").contiguous().clone()

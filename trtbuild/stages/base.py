@@ -28,6 +28,11 @@ class Stage:
         return toolchain.missing(self.needs)
 
 
+# Report fields that differ between runs or hosts for the same key: never part of an artifact.
+RUN_FIGURES = frozenset({"seconds", "peak_rss_bytes", "rss_start_bytes", "cuda_peak_bytes", "peak_rss_mib",
+                         "batches", "batch_size", "batch_sizes_tried", "batch_size_pinned"})
+
+
 @dataclass
 class StageContext:
     out: Path  # fresh empty folder; everything written here becomes the artifact
@@ -47,11 +52,13 @@ class StageContext:
 
     def report(self, summary: dict) -> None:
         """The artifact's report.json, also copied into the action record (and `cache ls`). It is
-        part of the artifact, so it holds only what the inputs determine: no timings, hosts or
-        memory figures (those go to `measure`)."""
+        part of the artifact, so it holds only what the inputs determine: the figures of this run
+        (RUN_FIGURES: timings, memory, the batch size this host's memory allowed) go to `measure`."""
         import json
 
-        (self.out / "report.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        self.measure(**{k: v for k, v in summary.items() if k in RUN_FIGURES})
+        kept = {k: v for k, v in summary.items() if k not in RUN_FIGURES}
+        (self.out / "report.json").write_text(json.dumps(kept, indent=2, sort_keys=True) + "\n")
 
     def measure(self, **figures: Any) -> None:
         """Measurements of this run (seconds of a step, tokens per second): kept in the action
