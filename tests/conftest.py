@@ -19,6 +19,26 @@ os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"  # boto3 must never probe 169.254.169.254
 
+def _this_host() -> tuple[tuple, "str | None"]:
+    from trtbuild import hardware, toolchain
+
+    return hardware.detect_gpus(), toolchain.package_version("tensorrt_llm")
+
+
+_GPUS, _TRTLLM = _this_host()
+# Tests that assert what a host without a GPU (or without tensorrt_llm) does: skipped, not failed,
+# where those exist (an NVIDIA host, the release container).
+needs_no_gpu = pytest.mark.skipif(bool(_GPUS), reason=f"assumes a host without an NVIDIA GPU; this one has "
+                                                      f"{', '.join(g.name for g in _GPUS)}")
+needs_no_trtllm = pytest.mark.skipif(_TRTLLM is not None, reason=f"assumes a host without tensorrt_llm; "
+                                                                 f"this one has {_TRTLLM}")
+# ... or a host that lacks one of the two that TensorRT-LLM needs to run (engines, its validation).
+needs_no_gpu_with_trtllm = pytest.mark.skipif(bool(_GPUS) and _TRTLLM is not None,
+                                              reason="assumes a host that cannot run TensorRT-LLM (a GPU and "
+                                                     f"tensorrt_llm {_TRTLLM} are both here)")
+# What `device: auto` (calibration, validation) resolves to on this host.
+AUTO_DEVICE = "cuda" if _GPUS else "cpu"
+
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"
 # Real tiny NeMo checkpoints beside the Hugging Face models they were made from: a copy of

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import NEMO_DATA
+from conftest import AUTO_DEVICE, NEMO_DATA, needs_no_gpu_with_trtllm
 
 TINY_HF = NEMO_DATA / "hf_tiny_llama_tied_bf16"
 
@@ -68,6 +68,7 @@ def by_name(data: dict) -> dict[str, dict]:
     return {t["name"]: t for t in data["targets"]}
 
 
+@needs_no_gpu_with_trtllm
 def test_build_twice_the_second_builds_nothing_and_says_so(recipe, tmp_path):
     store = tmp_path / "store"
     first = trtbuild("build", recipe, store=store, check=True)
@@ -103,6 +104,7 @@ def test_json_summary_statuses_and_read_only_paths(recipe, model, tmp_path):
     assert set(source) == {"name", "stage", "status", "key", "digest", "seconds", "reason", "path"}
 
 
+@needs_no_gpu_with_trtllm
 def test_engines_need_a_gpu_and_require_all_makes_skips_failures(recipe, tmp_path):
     data = build_json(recipe, tmp_path / "store", "--target", "bf16-*", "--no-validate")
     engine = by_name(data)["bf16-tp1-sm90"]
@@ -215,7 +217,7 @@ def test_explain_shows_every_field_and_its_origin(recipe, model, tmp_path):
     assert fields["params.seed"] == {"field": "params.seed", "value": 0, "origin": "default: calibration.seed"}
     fields = {f["field"]: f for f in after["fp8-quantized"]["fields"]}
     assert fields["params.quant"]["origin"] == "recipe: variants.fp8.quant"
-    assert fields["platform.device"]["value"] == "cpu"
+    assert fields["platform.device"]["value"] == AUTO_DEVICE
     assert fields["toolchain.modelopt"]["value"] == "0.47.0"
     assert fields["inputs.calibration"]["value"] == after["calibration"]["digest"]
     fields = {f["field"]: f for f in after["fp8-tp1"]["fields"]}

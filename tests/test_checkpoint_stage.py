@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import needs_no_gpu
 from tinymodels import make_model, make_tokenizer
 from trtbuild.checkpoint.verify import verify_trtllm_checkpoint
 
@@ -93,6 +94,7 @@ def test_every_checkpoint_is_built_verified_and_quantized_once(llama):
     assert json.loads((Path(first["bf16-hf"]["path"]) / "config.json").read_text())["torch_dtype"] == "bfloat16"
 
 
+@needs_no_gpu
 def test_nvfp4_is_skipped_on_a_cpu_host(llama):
     _, _, first = llama
     assert first["fp4-quantized"]["status"] == "skipped"

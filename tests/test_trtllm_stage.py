@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import needs_no_gpu_with_trtllm
 from tinymodels import make_model, make_tokenizer
 from trtbuild import hardware, toolchain
 from trtbuild.errors import TrtbuildError
@@ -181,6 +182,7 @@ def test_an_engine_runs_on_as_many_gpus_as_its_mapping_has_ranks(standin, models
     assert trtllm_runner.engine_world_size(engine) == 2
 
 
+@needs_no_gpu_with_trtllm
 def test_without_tensorrt_llm_the_runner_refuses():
     with pytest.raises(TrtbuildError, match=r"needs tensorrt_llm \(PyTorch backend, 1.0 or later\)"):
         trtllm_runner.run("folder", np.zeros((1, 4), np.int32), np.zeros((1, 3, 2), np.int32), "hf")
