@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -18,6 +20,14 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"  # boto3 must never probe 169.254.169.254
+
+# What tools write on their own, outside any test's tmp_path, goes to one folder that the session
+# removes at its end: a store for commands run without TRTBUILD_CACHE (never the repository's
+# ./cache, nor a developer's own store) and torch's inductor cache (else /tmp/torchinductor_$USER).
+SCRATCH = Path(tempfile.mkdtemp(prefix="trtbuild-tests-"))
+os.environ["TRTBUILD_CACHE"] = str(SCRATCH / "store")
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(SCRATCH / "torchinductor")
+
 
 def _this_host() -> tuple[tuple, "str | None"]:
     from trtbuild import hardware, toolchain
@@ -46,6 +56,16 @@ RECIPES = ROOT / "recipes"
 # so a clean clone tests with them; tests/test_project.py checks the copy against ../shared.
 NEMO_DATA = ROOT / "tests" / "data" / "nemo"
 CONFIGS = RECIPES / "configs"
+REPO_CACHE = ROOT / "cache"  # the default store of a user in the repository: holds only its README
+_REPO_CACHE_BEFORE = sorted(p.name for p in REPO_CACHE.iterdir()) if REPO_CACHE.is_dir() else []
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(SCRATCH, ignore_errors=True)
+    written = sorted(set(p.name for p in REPO_CACHE.iterdir()) - set(_REPO_CACHE_BEFORE)) if REPO_CACHE.is_dir() else []
+    if written:  # a test ran a command in the repository without a store of its own
+        session.config.get_terminal_writer().line(f"tests wrote into {REPO_CACHE}: {', '.join(written)}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 # A small LLaMA-family config: 8 heads, 4 KV heads, 4 layers.
 TINY_LLAMA = {
