@@ -78,4 +78,4 @@ def test_a_malformed_archive_is_one_line_and_leaves_nothing(tmp_path):
 def test_a_missing_checkpoint_is_an_input_error(tmp_path):
     env = {**os.environ, "TRTBUILD_CACHE": str(tmp_path / "store")}
     result = build(recipe_for(tmp_path, "nowhere.nemo", CASES[0][1]), env)
-    assert result.returncode == 2 and result.stderr.strip().endswith("nowhere.nemo: no such file or folder")
+    assert result.returncode == 2 and result.stderr.strip() == f"source.nemo: {tmp_path / 'nowhere.nemo'}: no such file or folder"
