@@ -64,7 +64,9 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(SCRATCH, ignore_errors=True)
     written = sorted(set(p.name for p in REPO_CACHE.iterdir()) - set(_REPO_CACHE_BEFORE)) if REPO_CACHE.is_dir() else []
     if written:  # a test ran a command in the repository without a store of its own
-        session.config.get_terminal_writer().line(f"tests wrote into {REPO_CACHE}: {', '.join(written)}", red=True)
+        writer = session.config.get_terminal_writer()
+        writer.line()
+        writer.line(f"tests wrote into {REPO_CACHE}: {', '.join(written)}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 # A small LLaMA-family config: 8 heads, 4 KV heads, 4 layers.
