@@ -57,17 +57,26 @@ RECIPES = ROOT / "recipes"
 NEMO_DATA = ROOT / "tests" / "data" / "nemo"
 CONFIGS = RECIPES / "configs"
 REPO_CACHE = ROOT / "cache"  # the default store of a user in the repository: holds only its README
-_REPO_CACHE_BEFORE = sorted(p.name for p in REPO_CACHE.iterdir()) if REPO_CACHE.is_dir() else []
+
+
+def repo_outputs() -> set[str]:
+    """What a command run in the repository by mistake would write: the default store ./cache and
+    lock files beside the shipped recipes."""
+    return {str(p.relative_to(ROOT)) for folder in (REPO_CACHE, RECIPES) if folder.is_dir() for p in folder.rglob("*")}
+
+
+_REPO_OUTPUTS_BEFORE = repo_outputs()
 
 
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(SCRATCH, ignore_errors=True)
-    written = sorted(set(p.name for p in REPO_CACHE.iterdir()) - set(_REPO_CACHE_BEFORE)) if REPO_CACHE.is_dir() else []
-    if written:  # a test ran a command in the repository without a store of its own
+    written = sorted(repo_outputs() - _REPO_OUTPUTS_BEFORE)
+    if written:  # a test ran a command in the repository without a store (or a recipe) of its own
         writer = session.config.get_terminal_writer()
         writer.line()
-        writer.line(f"tests wrote into {REPO_CACHE}: {', '.join(written)}", red=True)
+        writer.line(f"tests wrote into the repository: {', '.join(written)}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
 
 # A small LLaMA-family config: 8 heads, 4 KV heads, 4 layers.
 TINY_LLAMA = {

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from conftest import REPO_CACHE, ROOT
+from conftest import ROOT, repo_outputs
 
 # Cheap tests that write what the whole suite writes: a store on real files, `trtbuild build` in a
 # subprocess, a TensorRT-LLM stage test importing torch and transformers, a recipe refused.
@@ -21,11 +21,11 @@ SAMPLE = ["tests/test_store.py", "tests/test_gc.py::test_gc_dry_run_reports_what
 def test_a_passing_session_leaves_nothing_in_the_temporary_folder(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    cache_before = sorted(p.name for p in REPO_CACHE.iterdir())
+    before = repo_outputs()
     env = {**os.environ, "TMPDIR": str(tmp)}
     env.pop("TRTBUILD_CACHE")  # as a developer runs it: the session must not fall back to ./cache
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SAMPLE], cwd=ROOT,
                             env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:]
     assert sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*")) == [f"pytest-of-{getpass.getuser()}"]
-    assert sorted(p.name for p in REPO_CACHE.iterdir()) == cache_before
+    assert repo_outputs() == before
