@@ -29,3 +29,13 @@ def test_a_passing_session_leaves_nothing_in_the_temporary_folder(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:]
     assert sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*")) == [f"pytest-of-{getpass.getuser()}"]
     assert repo_outputs() == before
+
+
+def test_the_s3_test_server_leaves_nothing_in_tmp():
+    """weed makes gRPC sockets at fixed /tmp paths, beside its own folder: both go when it stops."""
+    from s3server import SeaweedS3
+
+    with SeaweedS3() as server:
+        assert all(socket.exists() for socket in server.fixed_sockets)  # where weed puts them
+        folder, sockets = server.dir, server.fixed_sockets
+    assert not folder.exists() and not any(socket.exists() for socket in sockets)
