@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -19,6 +21,34 @@ os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"  # boto3 must never probe 169.254.169.254
 
+# What tools write on their own, outside any test's tmp_path, goes to one folder that the session
+# removes at its end: a store for commands run without TRTBUILD_CACHE (never the repository's
+# ./cache, nor a developer's own store) and torch's inductor cache (else /tmp/torchinductor_$USER).
+SCRATCH = Path(tempfile.mkdtemp(prefix="trtbuild-tests-"))
+os.environ["TRTBUILD_CACHE"] = str(SCRATCH / "store")
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(SCRATCH / "torchinductor")
+
+
+def _this_host() -> tuple[tuple, "str | None"]:
+    from trtbuild import hardware, toolchain
+
+    return hardware.detect_gpus(), toolchain.package_version("tensorrt_llm")
+
+
+_GPUS, _TRTLLM = _this_host()
+# Tests that assert what a host without a GPU (or without tensorrt_llm) does: skipped, not failed,
+# where those exist (an NVIDIA host, the release container).
+needs_no_gpu = pytest.mark.skipif(bool(_GPUS), reason=f"assumes a host without an NVIDIA GPU; this one has "
+                                                      f"{', '.join(g.name for g in _GPUS)}")
+needs_no_trtllm = pytest.mark.skipif(_TRTLLM is not None, reason=f"assumes a host without tensorrt_llm; "
+                                                                 f"this one has {_TRTLLM}")
+# ... or a host that lacks one of the two that TensorRT-LLM needs to run (engines, its validation).
+needs_no_gpu_with_trtllm = pytest.mark.skipif(bool(_GPUS) and _TRTLLM is not None,
+                                              reason="assumes a host that cannot run TensorRT-LLM (a GPU and "
+                                                     f"tensorrt_llm {_TRTLLM} are both here)")
+# What `device: auto` (calibration, validation) resolves to on this host.
+AUTO_DEVICE = "cuda" if _GPUS else "cpu"
+
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"
 # Real tiny NeMo checkpoints beside the Hugging Face models they were made from: a copy of
@@ -26,6 +56,27 @@ RECIPES = ROOT / "recipes"
 # so a clean clone tests with them; tests/test_project.py checks the copy against ../shared.
 NEMO_DATA = ROOT / "tests" / "data" / "nemo"
 CONFIGS = RECIPES / "configs"
+REPO_CACHE = ROOT / "cache"  # the default store of a user in the repository: holds only its README
+
+
+def repo_outputs() -> set[str]:
+    """What a command run in the repository by mistake would write: the default store ./cache and
+    lock files beside the shipped recipes."""
+    return {str(p.relative_to(ROOT)) for folder in (REPO_CACHE, RECIPES) if folder.is_dir() for p in folder.rglob("*")}
+
+
+_REPO_OUTPUTS_BEFORE = repo_outputs()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(SCRATCH, ignore_errors=True)
+    written = sorted(repo_outputs() - _REPO_OUTPUTS_BEFORE)
+    if written:  # a test ran a command in the repository without a store (or a recipe) of its own
+        writer = session.config.get_terminal_writer()
+        writer.line()
+        writer.line(f"tests wrote into the repository: {', '.join(written)}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
 
 # A small LLaMA-family config: 8 heads, 4 KV heads, 4 layers.
 TINY_LLAMA = {
@@ -121,3 +172,12 @@ def demo_source(tmp_path_factory):
                             capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stderr
     return store, env, json.loads(result.stdout)
+
+
+def stage_log(store: Path, key: str, name: str) -> str:
+    """A stage's log, which the action record names (logs are never part of the artifact)."""
+    from trtbuild.store.local import LocalStore
+
+    local = LocalStore(Path(store))
+    digest = local.get_record(key).execution.logs[name]
+    return local.blob_path(digest.hash).read_text()

@@ -45,6 +45,7 @@ class SeaweedS3:
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="seaweed-"))
         self.proc: subprocess.Popen | None = None
+        self.fixed_sockets: list[Path] = []
         self.endpoint = ""
 
     def env(self) -> dict[str, str]:
@@ -66,13 +67,19 @@ class SeaweedS3:
         config.write_text(json.dumps({"identities": [{"name": "admin", "credentials": [
             {"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}], "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}))
         s3, master, volume, filer, admin = _ports(5)
+        # weed makes these gRPC sockets at fixed /tmp paths (no flag moves them): removed on exit
+        self.fixed_sockets = [Path(f"/tmp/seaweedfs-s3-grpc-{s3 + 10000}.sock"),
+                              Path(f"/tmp/seaweedfs-admin-grpc-{admin + 10000}.sock")]
         (self.dir / "data").mkdir()
         self.log = open(self.dir / "weed.log", "wb")
         self.proc = subprocess.Popen(
             [binary, "mini", f"-dir={self.dir / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.port={s3}",
              f"-s3.config={config}", f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
-             f"-admin.port={admin}", "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0"],
+             f"-admin.port={admin}", f"-s3.localSocket={self.dir / 's3.sock'}",
+             f"-filer.localSocket={self.dir / 'filer.sock'}", "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0",
+             "-s3.port.lance=0"],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.dir,
+            env={**os.environ, "TMPDIR": str(self.dir)},  # what else it writes to a temporary folder
         )
         self.endpoint = f"http://127.0.0.1:{s3}"
         deadline = time.monotonic() + 60
@@ -96,6 +103,8 @@ class SeaweedS3:
                 self.proc.wait()
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+        for leftover in self.fixed_sockets:
+            leftover.unlink(missing_ok=True)
 
 
 def upload_folder(client, bucket: str, prefix: str, folder: Path, checksum: bool = True) -> None:

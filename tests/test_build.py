@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import NEMO_DATA
+from conftest import NEMO_DATA, needs_no_gpu_with_trtllm
 
 TINY_HF = NEMO_DATA / "hf_tiny_llama_tied_bf16"
 
@@ -68,6 +69,7 @@ def by_name(data: dict) -> dict[str, dict]:
     return {t["name"]: t for t in data["targets"]}
 
 
+@needs_no_gpu_with_trtllm
 def test_build_twice_the_second_builds_nothing_and_says_so(recipe, tmp_path):
     store = tmp_path / "store"
     first = trtbuild("build", recipe, store=store, check=True)
@@ -103,6 +105,7 @@ def test_json_summary_statuses_and_read_only_paths(recipe, model, tmp_path):
     assert set(source) == {"name", "stage", "status", "key", "digest", "size", "seconds", "reason", "path", "ref"}
 
 
+@needs_no_gpu_with_trtllm
 def test_engines_need_a_gpu_and_require_all_makes_skips_failures(recipe, tmp_path):
     data = build_json(recipe, tmp_path / "store", "--target", "bf16-*", "--no-validate")
     engine = by_name(data)["bf16-tp1-sm90"]
@@ -139,20 +142,25 @@ def test_a_changed_source_file_rebuilds_and_rewrites_the_lock(recipe, model, tmp
 
 def test_locked_builds_refuse_a_changed_recipe_or_source(recipe, model, tmp_path):
     store = tmp_path / "store"
+    lock = recipe.with_suffix(".lock")
     result = trtbuild("build", recipe, "--locked", store=store)
-    assert result.returncode == 2 and "--locked: " in result.stderr and "no lock file" in result.stderr
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"--locked: {lock}: no lock file; run `trtbuild build` without --locked to write it"
     trtbuild("build", recipe, "--until", "source", store=store, check=True)
+    pinned = yaml.safe_load(lock.read_text())["source"]["digest"][:16]
     trtbuild("build", recipe, "--until", "source", "--locked", store=store, check=True)
 
     (model / "model.safetensors").write_bytes(b"other weights")
     result = trtbuild("build", recipe, "--until", "source", "--locked", store=store)
     assert result.returncode == 2
-    assert result.stderr.strip().startswith("--locked: the source resolves to ")
-    assert "pins" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert re.fullmatch(rf"--locked: the source resolves to (?!{pinned})[0-9a-f]{{16}}\.\.\., but {re.escape(str(lock))} "
+                        rf"pins {pinned}\.\.\.; rebuild without --locked", result.stderr.strip()), result.stderr
 
     recipe.write_text(recipe.read_text().replace("max_seq_len: 256", "max_seq_len: 200"))
     result = trtbuild("build", recipe, "--locked", store=store)
-    assert result.returncode == 2 and f"{recipe} changed since" in result.stderr
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"--locked: {recipe} changed since {lock} was written; rebuild without --locked "
+                                     "and commit the new lock")
 
 
 def test_lock_files_hold_no_secrets(recipe, tmp_path):
@@ -177,7 +185,8 @@ def test_until_and_target_globs(recipe, tmp_path):
                                   "reference", "fp8-tp1:validate", "fp8-hf:validate", "fp8-tp1-sm90:twin",
                                   "fp8-tp1-sm90:validate", "fp8-hf:validate-trtllm"}
     result = trtbuild("build", recipe, "--until", "publishing", store=store)
-    assert result.returncode == 2 and "--until publishing: not a stage" in result.stderr
+    assert result.returncode == 2
+    assert re.fullmatch(r"--until publishing: not a stage \(source(, [a-z-]+)+\)", result.stderr.strip()), result.stderr
 
 
 def test_four_concurrent_builds_on_one_store_build_each_key_once(recipe, tmp_path):
@@ -235,7 +244,8 @@ def test_explain_shows_every_field_and_its_origin(recipe, model, tmp_path):
     text = trtbuild("explain", recipe, "source", store=store, check=True).stdout
     assert "in store" in text and "inputs.tree" in text and "stage_version" in text
     missing = trtbuild("explain", recipe, "nope", store=store)
-    assert missing.returncode == 2 and "nope: not a target of tiny" in missing.stderr
+    assert missing.returncode == 2
+    assert re.fullmatch(r"nope: not a target of tiny \(source(, [\w:.-]+)+\)\n", missing.stderr), missing.stderr
 
 
 def test_explain_and_the_runner_label_every_platform_field_by_the_recipe_field_it_comes_from(recipe, tmp_path):
@@ -305,7 +315,8 @@ def test_cache_ls_verify_gc(recipe, model, tmp_path):
     refused = trtbuild("build", recipe, "--until", "source", "--json", store=store)
     assert refused.returncode == 1
     assert f"blob {blob} is corrupt" in by_name(json.loads(refused.stdout))["source"]["reason"]
-    assert trtbuild("cache", "gc", "--max-size", "lots", store=store).returncode == 2
+    bad_size = trtbuild("cache", "gc", "--max-size", "lots", store=store)
+    assert (bad_size.returncode, bad_size.stderr) == (2, "--max-size lots: not a size (examples: 500M, 50G, 2T)\n")
 
 
 def test_default_store_is_cache_in_the_working_directory(recipe, tmp_path):

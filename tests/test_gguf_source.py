@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, stage_log
 from trtbuild.errors import InvalidInput
 from trtbuild.ggufheader import hf_config, read_header
 from trtbuild.modelconfig import load_config, parse_config
@@ -166,7 +166,8 @@ def test_demo_source_is_a_hugging_face_folder_of_the_right_model(demo_build):
         assert sum(math.prod(f.get_slice(n).get_shape()) for n in names) == 134_515_008
     assert len([n for n in names if n.startswith("model.layers.29.")]) == 9
     assert json.loads((folder / "report.json").read_text())["parameters"] == 134_515_008
-    assert "weights moved: missing=[] unexpected=[]" in (folder / "logs" / "source.log").read_text()
+    source = next(t for t in data["targets"] if t["name"] == "source")
+    assert "weights moved: missing=[] unexpected=[]" in stage_log(demo_build[0], source["key"], "source.log")
     lock = Path(data["lock"])
     assert lock.parent == demo_build[0] and lock.name == "smollm2-135m-demo.lock"  # the embedded recipe's lock
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import AUTO_DEVICE
 from trtbuild.checkpoint.verify import verify_trtllm_checkpoint
 
 
@@ -50,7 +51,7 @@ def test_the_demo_recipe_builds_every_checkpoint(demo):
     for name in ("base-hf", "int8-wo-hf", "fp8-hf"):
         assert targets[name]["status"] == "built", (name, targets[name]["reason"])
     report = json.loads((Path(targets["fp8-quantized"]["path"]) / "report.json").read_text())
-    assert report["device"] == "cpu" and "seconds" not in report and "peak_rss_mib" not in report
+    assert report["device"] == AUTO_DEVICE and "seconds" not in report and "peak_rss_mib" not in report
     from trtbuild.store.local import LocalStore
 
     execution = LocalStore(Path(store)).get_record(targets["fp8-quantized"]["key"]).execution

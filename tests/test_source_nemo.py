@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NEMO_DATA
+from conftest import NEMO_DATA, stage_log
 
 DATA = NEMO_DATA
 
@@ -56,7 +56,8 @@ def test_a_nemo_checkpoint_builds_into_its_hugging_face_twin(tmp_path, checkpoin
     source = next(t for t in json.loads(first.stdout)["targets"] if t["name"] == "source")
     assert source["status"] == "built"
     assert_same_model(Path(source["path"]), DATA / twin)
-    assert (Path(source["path"]) / "logs" / "source.log").exists()
+    assert not (Path(source["path"]) / "logs").exists()  # the log is the action record's
+    assert stage_log(tmp_path / "store", source["key"], "source.log")
     again = build(recipe, env)
     assert next(t for t in json.loads(again.stdout)["targets"] if t["name"] == "source")["status"] == "cached"
 
@@ -78,7 +79,7 @@ def test_a_malformed_archive_is_one_line_and_leaves_nothing(tmp_path):
 def test_a_missing_checkpoint_is_an_input_error(tmp_path):
     env = {**os.environ, "TRTBUILD_CACHE": str(tmp_path / "store")}
     result = build(recipe_for(tmp_path, "nowhere.nemo", CASES[0][1]), env)
-    assert result.returncode == 2 and result.stderr.strip().endswith("nowhere.nemo: no such file or folder")
+    assert result.returncode == 2 and result.stderr.strip() == f"source.nemo: {tmp_path / 'nowhere.nemo'}: no such file or folder"
 
 
 def plain_recipe(tmp_path: Path, location: str) -> Path:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import needs_no_trtllm
 from trtbuild.errors import TrtbuildError
 from trtbuild.validate import trtllm_runner as runner
 from trtbuild.validate.trtllm_runner import (LogprobRequest, available, build_requests, parse_context_logits,
@@ -112,6 +113,7 @@ def expected(windows, logits, k=K):
 # available()
 # --------------------------------------------------------------------------------------------
 
+@needs_no_trtllm
 def test_available_reports_the_reason_here():
     assert importlib.util.find_spec("tensorrt_llm") is None  # this machine
     reason = available()
@@ -143,6 +145,7 @@ def test_available_checks_version_and_gpu(monkeypatch):
     assert "tensorrt_llm 0.21.0" in available("hf")
 
 
+@needs_no_trtllm
 def test_llm_api_and_run_refuse_here():
     with pytest.raises(TrtbuildError, match="no tensorrt_llm"):
         runner.to_llm_api(build_requests(np.zeros((1, 4), np.int32), 2))

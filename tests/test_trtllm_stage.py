@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import needs_no_gpu_with_trtllm
 from tinymodels import make_model, make_tokenizer
-from trtbuild import toolchain
+from trtbuild import hardware, toolchain
 from trtbuild.errors import TrtbuildError
 from trtbuild.stages.base import StageContext
 from trtbuild.validate import metrics, torch_runner, trtllm_runner
@@ -129,6 +130,59 @@ def test_the_stage_writes_a_report_that_names_its_toolchain(standin, models, tmp
     assert "tensorrt_llm 1.2.0+standin runner" in (out / "report.md").read_text()
 
 
+H200 = hardware.DetectedGpu(0, "NVIDIA H200", "sm90", 150_000_000_000)
+L40S = hardware.DetectedGpu(1, "NVIDIA L40S", "sm89", 48_000_000_000)
+
+
+def test_the_report_names_the_gpu_tensorrt_llm_ran_on(standin, models, tmp_path, monkeypatch):
+    """Not a hard-coded "cuda": the visible GPU the probe names (issue 10)."""
+    from trtbuild.stages.validate import REFERENCE_NPZ, WINDOWS, validate_trtllm
+
+    monkeypatch.setattr(hardware, "detect_gpus", lambda: (H200, L40S))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # TensorRT-LLM's cuda:0 is NVML's GPU 1 here
+    _, source, _, windows, ref, _ = models
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    np.save(reference / WINDOWS, windows)
+    np.savez(reference / REFERENCE_NPZ, **ref)
+    out = tmp_path / "out"
+    out.mkdir()
+    ctx = StageContext(out=out, inputs={"reference": reference, "hf_checkpoint": source},
+                       params={"gates": default_gates(None, None), "runner": "tensorrt_llm", "backend": "hf"},
+                       runtime={"target": "base-hf"})
+    validate_trtllm(ctx)
+    assert json.loads((out / "report.json").read_text())["device"] == "cuda:0 (NVIDIA L40S, sm89)"
+    assert "tensorrt_llm 1.2.0+standin runner on cuda:0 (NVIDIA L40S, sm89)." in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("visible, world_size, expected", [
+    (None, 1, "cuda:0 (NVIDIA H200, sm90)"),
+    (None, 2, "cuda:0 (NVIDIA H200, sm90), cuda:1 (NVIDIA L40S, sm89)"),
+    ("1,0", 2, "cuda:0 (NVIDIA L40S, sm89), cuda:1 (NVIDIA H200, sm90)"),
+    ("GPU-5e1a", 1, "cuda:0"),  # a UUID the probe cannot map: the device without a name
+])
+def test_devices_used_follow_cuda_visible_devices_and_the_world_size(monkeypatch, visible, world_size, expected):
+    monkeypatch.setattr(hardware, "detect_gpus", lambda: (H200, L40S))
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert trtllm_runner.devices_used(world_size) == expected
+
+
+def test_an_engine_runs_on_as_many_gpus_as_its_mapping_has_ranks(standin, models, monkeypatch):
+    folder, source, _, windows, ref, _ = models
+    monkeypatch.setattr(hardware, "detect_gpus", lambda: (H200, L40S))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    engine = engine_dir(folder, source, gather=True)
+    config = json.loads((engine / "config.json").read_text())
+    assert trtllm_runner.run(engine, windows, ref["topk_ids"], "engine")["device"] == "cuda:0 (NVIDIA H200, sm90)"
+    config["pretrained_config"]["mapping"] = {"world_size": 2, "tp_size": 2, "pp_size": 1}
+    (engine / "config.json").write_text(json.dumps(config))
+    assert trtllm_runner.engine_world_size(engine) == 2
+
+
+@needs_no_gpu_with_trtllm
 def test_without_tensorrt_llm_the_runner_refuses():
     with pytest.raises(TrtbuildError, match=r"needs tensorrt_llm \(PyTorch backend, 1.0 or later\)"):
         trtllm_runner.run("folder", np.zeros((1, 4), np.int32), np.zeros((1, 3, 2), np.int32), "hf")

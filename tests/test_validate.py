@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
+from conftest import needs_no_gpu_with_trtllm, needs_no_trtllm
 from tinymodels import make_model, make_tokenizer, pydoc_text
 from trtbuild.validate import gates, metrics
 
@@ -97,6 +98,7 @@ def test_quantized_numbers_are_plausible_and_gated(built):
     assert lock["targets"]["fp8-tp1:validate"]["metrics"]["kld_mean"] == pytest.approx(m["kld_mean"], rel=1e-4)
 
 
+@needs_no_gpu_with_trtllm
 def test_engines_wait_for_validation(built):
     _, _, targets = built
     assert targets["fp8-tp1-sm90"]["status"] == "skipped"  # no GPU here, but only after the validation passed
@@ -106,6 +108,7 @@ def test_engines_wait_for_validation(built):
     assert targets["fp8-tp1-sm90"]["reason"].endswith("; and needs fp8-tp1-sm90:validate, which was skipped")
 
 
+@needs_no_trtllm
 def test_what_tensorrt_llm_must_validate_is_skipped_here_with_the_reason(built):
     """Engines (through a twin built with --gather_context_logits) and hf-checkpoints as TensorRT-LLM
     serves them: nodes of the build, skipped on a host without tensorrt_llm and a GPU."""

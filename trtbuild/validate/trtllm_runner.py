@@ -111,6 +111,31 @@ def _gpu_visible() -> bool:
     return bool(hardware.detect_gpus())
 
 
+def devices_used(world_size: int) -> str:
+    """The GPUs TensorRT-LLM runs on, as "cuda:0 (NVIDIA H200, sm90), ...": one rank per GPU on
+    this host, rank r on CUDA device r, which CUDA_VISIBLE_DEVICES maps to an NVML index (the
+    probe's order otherwise). A device the probe cannot name (a UUID in the variable) is given
+    without a name."""
+    import os
+
+    from trtbuild import hardware
+
+    gpus = {gpu.index: gpu for gpu in hardware.detect_gpus()}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    order = [int(i) if i.strip().isdigit() else None for i in visible.split(",")] if visible else sorted(gpus)
+    names = []
+    for rank in range(world_size):
+        gpu = gpus.get(order[rank]) if rank < len(order) and order[rank] is not None else None
+        names.append(f"cuda:{rank} ({gpu.name}, {gpu.sm})" if gpu else f"cuda:{rank}")
+    return ", ".join(names)
+
+
+def engine_world_size(folder: Path) -> int:
+    """Ranks of a TensorRT-LLM engine: pretrained_config.mapping.world_size (default 1)."""
+    config = read_json_object(Path(folder) / "config.json")
+    return int(((config.get("pretrained_config") or {}).get("mapping") or {}).get("world_size", 1))
+
+
 def _version_fits(version: str, backend: str, series: str) -> bool:
     if backend == "engine":  # the recipe's engine toolchain, e.g. 1.2 for toolchain.tensorrt_llm 1.2.1
         return version == series or version.startswith(series + ".") or version.startswith(series + "rc")
@@ -326,8 +351,9 @@ def _to_numpy(tensor) -> np.ndarray:
 def run(folder: Path, windows: np.ndarray, ref_ids: np.ndarray, backend: str, path: str = "context_logits") -> dict:
     """The candidate's teacher-forced log-probs on the reference's windows: the arrays of the module
     docstring plus `logp_at_reference` (the candidate's log-prob of each of the reference's top-k
-    tokens, NaN where unknown) and `path`. `folder` is an engine dir (backend "engine", TensorRT
-    backend) or a Hugging Face checkpoint dir (backend "hf", PyTorch backend).
+    tokens, NaN where unknown), `path` and `device` (the GPUs it ran on, `devices_used`). `folder`
+    is an engine dir (backend "engine", TensorRT backend) or a Hugging Face checkpoint dir (backend
+    "hf", PyTorch backend).
 
     The default context-logits path is exact. "prompt_logprobs" (PyTorch backend only) moves k
     numbers per position instead of the vocabulary, but the reference's top-k tokens missing from
@@ -355,10 +381,12 @@ def run(folder: Path, windows: np.ndarray, ref_ids: np.ndarray, backend: str, pa
         from tensorrt_llm._tensorrt_engine import LLM
 
         vocab = (config.get("pretrained_config") or {}).get("vocab_size")
+        world_size = engine_world_size(folder)
     else:
         from tensorrt_llm import LLM
 
         vocab = read_json_object(folder / "config.json").get("vocab_size")
+        world_size = 1  # LLM(model=...) without tensor_parallel_size: one GPU
     llm = LLM(model=str(folder), skip_tokenizer_init=True)
     try:
         def generate(rows: np.ndarray, how: str) -> dict[str, np.ndarray]:
@@ -380,6 +408,7 @@ def run(folder: Path, windows: np.ndarray, ref_ids: np.ndarray, backend: str, pa
     finally:
         llm.shutdown()
     result["path"] = path
+    result["device"] = devices_used(world_size)
     return result
 
 
