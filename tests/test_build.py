@@ -285,6 +285,26 @@ def test_a_second_recipe_with_the_same_name_is_refused_before_it_builds(recipe, 
     assert not copy.with_suffix(".lock").exists()
 
 
+@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+def test_a_deleted_blob_is_rebuilt_with_and_without_json(recipe, tmp_path, as_json):
+    """--json changes the output, never the outcome: the damaged source is rebuilt either way."""
+    from trtbuild.store.local import LocalStore
+
+    store = tmp_path / "store"
+    first = by_name(build_json(recipe, store, "--until", "source"))["source"]
+    local = LocalStore(store)
+    blob = local.blob_path(local.get_manifest(first["digest"]).entries[0].sha256)
+    blob.unlink()
+    result = trtbuild("build", recipe, "--until", "source", *(["--json"] if as_json else []), store=store)
+    assert result.returncode == 0, result.stderr
+    if as_json:
+        again = by_name(json.loads(result.stdout))["source"]
+        assert (again["status"], again["digest"]) == ("built", first["digest"])
+    else:
+        assert re.search(r"^ *built source \(source, [0-9.]+s\) " + first["digest"][:12] + "$", result.stderr, re.M)
+    assert blob.exists() and trtbuild("cache", "verify", store=store).returncode == 0
+
+
 def test_cache_ls_verify_gc(recipe, model, tmp_path):
     store = tmp_path / "store"
     trtbuild("build", recipe, "--until", "source", store=store, check=True)
