@@ -48,11 +48,6 @@ def quantized_id(variant: str) -> str:
     return f"{variant}-quantized"
 
 
-def target_of(node_id: str) -> str:
-    """The target a node id belongs to (`fp8-tp1:validate` -> `fp8-tp1`)."""
-    return node_id.split(":", 1)[0]
-
-
 # ---- why a node cannot run ----------------------------------------------------------------------
 
 class Blocker(str, enum.Enum):
@@ -193,9 +188,6 @@ class Graph:
 
     def node(self, node_id: str) -> Node:
         return next(n for n in self.nodes if n.id == node_id)
-
-    def dependents(self, node_id: str) -> list[Node]:
-        return [n for n in self.nodes if node_id in n.inputs.values()]
 
     def validations_of(self, node_id: str) -> list[Node]:
         return [n for n in self.nodes if n.kind == "validate" and n.serves == node_id]
