@@ -135,7 +135,7 @@ L40S = hardware.DetectedGpu(1, "NVIDIA L40S", "sm89", 48_000_000_000)
 
 
 def test_the_report_names_the_gpu_tensorrt_llm_ran_on(standin, models, tmp_path, monkeypatch):
-    """Not a hard-coded "cuda": the visible GPU the probe names (issue 10)."""
+    """Not a hard-coded "cuda": the devices TensorRT-LLM ran on, and the GPUs the probe names (issue 10)."""
     from trtbuild.stages.validate import REFERENCE_NPZ, WINDOWS, validate_trtllm
 
     monkeypatch.setattr(hardware, "detect_gpus", lambda: (H200, L40S))
@@ -151,8 +151,11 @@ def test_the_report_names_the_gpu_tensorrt_llm_ran_on(standin, models, tmp_path,
                        params={"gates": default_gates(None, None), "runner": "tensorrt_llm", "backend": "hf"},
                        runtime={"target": "base-hf"})
     validate_trtllm(ctx)
-    assert json.loads((out / "report.json").read_text())["device"] == "cuda:0 (NVIDIA L40S, sm89)"
-    assert "tensorrt_llm 1.2.0+standin runner on cuda:0 (NVIDIA L40S, sm89)." in (out / "report.md").read_text()
+    # the artifact names the devices by rank (the same on every host of the SM); the action record
+    # says which products they were on this host
+    assert json.loads((out / "report.json").read_text())["device"] == "cuda:0"
+    assert "tensorrt_llm 1.2.0+standin runner on cuda:0." in (out / "report.md").read_text()
+    assert ctx.figures["gpus"] == "cuda:0 (NVIDIA L40S, sm89)"
 
 
 @pytest.mark.parametrize("visible, world_size, expected", [
@@ -176,7 +179,8 @@ def test_an_engine_runs_on_as_many_gpus_as_its_mapping_has_ranks(standin, models
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     engine = engine_dir(folder, source, gather=True)
     config = json.loads((engine / "config.json").read_text())
-    assert trtllm_runner.run(engine, windows, ref["topk_ids"], "engine")["device"] == "cuda:0 (NVIDIA H200, sm90)"
+    ran = trtllm_runner.run(engine, windows, ref["topk_ids"], "engine")
+    assert (ran["device"], ran["gpus"]) == ("cuda:0", "cuda:0 (NVIDIA H200, sm90)")
     config["pretrained_config"]["mapping"] = {"world_size": 2, "tp_size": 2, "pp_size": 1}
     (engine / "config.json").write_text(json.dumps(config))
     assert trtllm_runner.engine_world_size(engine) == 2

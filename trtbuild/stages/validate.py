@@ -93,6 +93,7 @@ def validate_trtllm(ctx: StageContext) -> None:
     candidate = trtllm_runner.run(folder, windows, ref["topk_ids"], backend)
     comparison = trtllm_runner.compare(candidate, ref)
     lumped = float(np.isnan(candidate["logp_at_reference"]).mean())
+    ctx.measure(gpus=candidate["gpus"])  # the products are this host's: the record's, not the artifact's
     extra = {"runner": f"tensorrt_llm {toolchain.package_version('tensorrt_llm')}", "device": candidate["device"],
              "backend": backend, "logits_path": candidate["path"], "reference_topk_lumped": lumped}
     warnings = []

@@ -351,7 +351,8 @@ def _to_numpy(tensor) -> np.ndarray:
 def run(folder: Path, windows: np.ndarray, ref_ids: np.ndarray, backend: str, path: str = "context_logits") -> dict:
     """The candidate's teacher-forced log-probs on the reference's windows: the arrays of the module
     docstring plus `logp_at_reference` (the candidate's log-prob of each of the reference's top-k
-    tokens, NaN where unknown), `path` and `device` (the GPUs it ran on, `devices_used`). `folder`
+    tokens, NaN where unknown), `path`, `device` (the CUDA devices by rank) and `gpus` (which
+    products those were here, `devices_used`). `folder`
     is an engine dir (backend "engine", TensorRT backend) or a Hugging Face checkpoint dir (backend
     "hf", PyTorch backend).
 
@@ -408,7 +409,8 @@ def run(folder: Path, windows: np.ndarray, ref_ids: np.ndarray, backend: str, pa
     finally:
         llm.shutdown()
     result["path"] = path
-    result["device"] = devices_used(world_size)
+    result["device"] = ", ".join(f"cuda:{rank}" for rank in range(world_size))  # by rank: the same on every host
+    result["gpus"] = devices_used(world_size)  # the products: a fact of this host, for the action record
     return result
 
 
