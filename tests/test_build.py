@@ -111,7 +111,7 @@ def test_engines_need_a_gpu_and_require_all_makes_skips_failures(recipe, tmp_pat
     engine = by_name(data)["bf16-tp1-sm90"]
     assert by_name(data)["bf16-tp1"]["status"] == "built"
     assert engine["status"] == "skipped"
-    assert engine["reason"].startswith("needs sm90 GPU with tensorrt_llm 1.2.x (this machine: ")
+    assert engine["reason"] == "this version of trtbuild has no engine stage yet"  # said before any host problem: no host could build it
     assert data["_rc"] == 0
 
     data = build_json(recipe, tmp_path / "store", "--target", "bf16-*", "--require-all", "--no-validate")
@@ -309,7 +309,7 @@ def test_cache_ls_verify_gc(recipe, model, tmp_path):
     store = tmp_path / "store"
     trtbuild("build", recipe, "--until", "source", store=store, check=True)
     listing = json.loads(trtbuild("cache", "ls", "--json", store=store, check=True).stdout)
-    assert [(r["recipe"], r["target"], r["stage"]) for r in listing] == [("tiny", "source", "source")]
+    assert [(r["recipe"], r["target"], r["stage"]) for r in listing] == [("tiny", "source", "source:path")]
     assert "tiny" in trtbuild("cache", "ls", store=store, check=True).stdout
 
     ok = trtbuild("cache", "verify", store=store)

@@ -235,7 +235,7 @@ def test_the_header_config_is_the_one_transformers_derives(tmp_path, tied):
     config["architectures"] = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config["model_type"]]]
     theirs = parse_config(config, "transformers")
     assert dataclasses.replace(ours, source="", dtype=None) == dataclasses.replace(theirs, source="", dtype=None)
-    assert ours.tied_embeddings is tied and ours.vocab_size == 512
+    assert ours.tied_embeddings is tied and ours.vocab_size == 512 + 2  # the tokenizer's, plus BOS and EOS
     assert ours.dtype == "float32"  # general.file_type ALL_F32
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NEMO_DATA, stage_log
+from conftest import NEMO_DATA
 
 DATA = NEMO_DATA
 
@@ -56,8 +56,7 @@ def test_a_nemo_checkpoint_builds_into_its_hugging_face_twin(tmp_path, checkpoin
     source = next(t for t in json.loads(first.stdout)["targets"] if t["name"] == "source")
     assert source["status"] == "built"
     assert_same_model(Path(source["path"]), DATA / twin)
-    assert not (Path(source["path"]) / "logs").exists()  # the log is the action record's
-    assert stage_log(tmp_path / "store", source["key"], "source.log")
+    assert not (Path(source["path"]) / "logs").exists()  # a stage's log is the action record's
     again = build(recipe, env)
     assert next(t for t in json.loads(again.stdout)["targets"] if t["name"] == "source")["status"] == "cached"
 

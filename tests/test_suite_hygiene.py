@@ -8,6 +8,7 @@ import getpass
 import os
 import subprocess
 import sys
+import time
 
 from conftest import ROOT, repo_outputs
 
@@ -36,6 +37,9 @@ def test_the_s3_test_server_leaves_nothing_in_tmp():
     from s3server import SeaweedS3
 
     with SeaweedS3() as server:
+        deadline = time.monotonic() + 30  # weed opens them soon after its S3 port, later on a loaded machine
+        while not all(socket.exists() for socket in server.fixed_sockets) and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert all(socket.exists() for socket in server.fixed_sockets)  # where weed puts them
         folder, sockets = server.dir, server.fixed_sockets
     assert not folder.exists() and not any(socket.exists() for socket in sockets)

@@ -22,7 +22,7 @@ def rows(plan: Plan, store: LocalStore, lock: Optional[LockFile]) -> list[dict]:
     for target in plan.targets:
         variant = plan.recipe.variants[target.variant]
         entry = locked.get(target.name)
-        record = store.get_record(entry["key"]) if entry else None
+        record = store.get_record(entry.key) if entry else None
         # an hf-checkpoint's numbers as TensorRT-LLM serves it, when a GPU host measured them
         validation = locked.get(trtllm_validate_id(target.name)) or locked.get(validate_id(target.name))
         summary = _summary(store, validation)
