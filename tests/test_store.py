@@ -510,3 +510,14 @@ def test_report_into_a_store_that_does_not_exist_is_refused(run, ws, tmp_path):
     assert result.exit_code == 2 and result.stdout == ""
     assert result.stderr == f"store {missing}: no such store (nothing has been built there)\n"
     assert not missing.exists()
+
+
+def test_a_store_that_cannot_be_created_is_one_line(run, ws):
+    """A --store path under a file: exit 2 and one line, not a traceback."""
+    from conftest import minimal
+
+    (ws.root / "model").mkdir()
+    blocker = ws.root / "file"
+    blocker.write_text("not a folder")
+    result = run("build", ws.recipe(minimal()), "--store", blocker / "store", "--until", "source")
+    assert (result.exit_code, result.stderr) == (2, f"store {blocker / 'store'}: cannot create it (Not a directory)\n")

@@ -82,8 +82,11 @@ class LocalStore(Store):
             raise InvalidInput(f"store {self.root}: not a trtbuild store (it has no cas/ folder; nothing has been built there)")
 
     def create(self) -> None:
-        for sub in LAYOUT:
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        try:
+            for sub in LAYOUT:
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a path under a file, a read-only folder: one line, not a traceback
+            raise InvalidInput(f"store {self.root}: cannot create it ({exc.strerror})") from None
         if self._state is not None and self._state.db_path is None:
             self._state = None  # a store that exists now keeps its stat cache on disk
 
