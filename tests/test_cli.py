@@ -258,7 +258,7 @@ def test_a_plan_only_install_names_the_command_that_installs_what_a_stage_needs(
     targets = {t["name"]: t for t in json.loads(result.stdout)["targets"]}
     reasons = {name: t["reason"] for name, t in targets.items()}
     # not skipped like a host without a GPU: the install must change, so the build fails (exit 1)
-    assert (result.returncode, targets["reference"]["status"]) == (1, "failed")
+    assert (result.exit_code, targets["reference"]["status"]) == (1, "failed")
     expected = ("needs torch, transformers: install them with `python3 -m pip install torch==2.13.0 'trtbuild[quantize]'` "
                 "(torch first, so that pip takes its CPU build), or use the container image")
     assert reasons["reference"] == expected
