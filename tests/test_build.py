@@ -281,7 +281,8 @@ def test_a_second_recipe_with_the_same_name_is_refused_before_it_builds(recipe, 
     result = trtbuild("build", copy, "--until", "source", "--json", store=store)
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == (f"recipe {copy.resolve()}: name 'tiny' already belongs to {recipe.resolve()} in store "
-                             f"{store}; give this recipe another `name:`\n")
+                             f"{store}; give this recipe another `name:` (or remove {store / 'refs' / 'tiny' / '.recipe.json'} to "
+                             "hand the name over)\n")
     assert not copy.with_suffix(".lock").exists()
 
 

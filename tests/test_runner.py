@@ -360,5 +360,6 @@ def test_two_recipes_with_one_name_cannot_move_each_others_refs(store, tmp_path)
     with pytest.raises(InvalidInput) as caught:
         run_graph(diamond(runs, b_text="other"), store, RunOptions(recipe_identity="copy/a.yaml"))
     assert str(caught.value) == (f"recipe copy/a.yaml: name 'diamond' already belongs to recipes/a.yaml in store "
-                                 f"{store.root}; give this recipe another `name:`")
+                                 f"{store.root}; give this recipe another `name:` (or remove "
+                                 f"{store.root / 'refs' / 'diamond' / '.recipe.json'} to hand the name over)")
     assert counts(runs)["b"] == 1  # refused before anything ran

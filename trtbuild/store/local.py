@@ -516,7 +516,7 @@ class LocalStore(Store):
                 raise CorruptStore(f"{path} is malformed; remove it to let a recipe claim the name {name!r}") from None
         if claim.identity != identity:
             raise InvalidInput(f"recipe {identity}: name {name!r} already belongs to {claim.identity} in store "
-                               f"{self.root}; give this recipe another `name:`")
+                               f"{self.root}; give this recipe another `name:` (or remove {path} to hand the name over)")
 
     # ---- lock files that pin artifacts (gc roots) ------------------------------------------------
     def embedded_lock_path(self, recipe: str) -> Path:
