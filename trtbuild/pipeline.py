@@ -77,9 +77,9 @@ def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, report
     previous = lockfile.read(lock_path, older_ok=True)
     options = RunOptions(until=request.until, require_all=request.require_all, materialize=request.materialize,
                          expected_source=expected.get("digest"), lock_name=str(lock_path),
-                         locked_source=previous.source if previous else None)
-    options.recipe_identity = recipe_identity(loaded, request.embedded)
-    options.rebuild = frozenset(_rebuilt(graph, request.rebuild))
+                         locked_source=previous.source if previous else None,
+                         recipe_identity=recipe_identity(loaded, request.embedded),
+                         rebuild=frozenset(_rebuilt(graph, request.rebuild)))
     run = run_graph(graph, store, options, reporter)
     results, resolutions = run.results, run.resolutions
     if request.require_all:  # (the runner already fails what this host cannot build)
