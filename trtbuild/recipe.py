@@ -60,7 +60,9 @@ class Source(_Strict):
         False, description="accept a Hugging Face model whose config.json names custom code (`auto_map`): such a "
         "source is refused unless this is true (default false)")
     config: Optional[str] = Field(
-        None, min_length=1, description="local config.json that `plan` uses when the source is not on this machine"
+        None, min_length=1, description="a local config.json that `plan` reads instead of the source's own (an "
+        "offline override; without it plan reads the folder's, the hub's, the S3 prefix's config.json, the GGUF "
+        "header or the NeMo model config)"
     )
 
     @model_validator(mode="after")
