@@ -197,7 +197,7 @@ def explain(recipe: Path, target: str, store_url, as_json) -> None:
     loaded = _load(recipe)
     store = open_store(store_url, missing_ok=True)  # nothing built yet: every key reads as not in the store
     graph = build_graph_for(loaded, BuildRequest())
-    lock = lockfile.read(lockfile.lock_path_for(loaded, store, embedded=False))
+    lock = lockfile.read(lockfile.lock_path_for(loaded, store, embedded=False), older_ok=True)
     explained = run_explain(graph, target, store, lock)
     if as_json:
         import json
@@ -322,7 +322,7 @@ def report(recipe: Path | None, store_url, out_dir: Path | None) -> None:
     # without it the report goes into the store, which has to exist.
     store = open_store(store_url, missing_ok=out_dir is not None)
     plan = plan_recipe(loaded)
-    lock = lockfile.read(lockfile.lock_path_for(loaded, store, embedded=recipe is None))
+    lock = lockfile.read(lockfile.lock_path_for(loaded, store, embedded=recipe is None), older_ok=True)
     out_dir = out_dir or store.report_dir(loaded.recipe.name)
     html, png = render_report(loaded.recipe.name, rows(plan, store, lock), out_dir)
     click.echo(f"{html}\n{png}")
