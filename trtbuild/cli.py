@@ -142,7 +142,8 @@ def _load(recipe: Path | None):
 @click.option("--target", "targets", multiple=True, metavar="GLOB", help="Build only matching targets (and what they need).")
 @click.option("--until", metavar="STAGE", cls=_UntilOption)
 @click.option("--gpu", default="all", show_default=True, metavar="auto|SM|PRODUCT|all",
-              help="Engines to build: auto = the SMs of this host's GPUs, an SM or product, or all.")
+              help="Engines to build: auto = those for the SMs of this host's GPUs (the others are skipped, naming "
+              "the SM they need, even with --require-all), an SM or product, or all.")
 @STORE_OPTION
 @click.option("--require-all", is_flag=True, help="Targets this host cannot build (or impossible ones) fail instead of being skipped.")
 @click.option("--locked", is_flag=True, help="Refuse to run if the recipe or its source no longer match the lock file.")
@@ -227,7 +228,8 @@ def cache_ls(store_url, as_json) -> None:
 
         from trtbuild.records import dump
 
-        click.echo(json.dumps([{k: v for k, v in dump(r).items() if k != "fields"} for r in records], indent=2))
+        click.echo(json.dumps([{**{k: v for k, v in dump(r).items() if k != "fields"}, "standin": r.standin}
+                               for r in records], indent=2))
     else:
         from trtbuild import render
 

@@ -92,12 +92,16 @@ class CalibrationDevice(HostNeed):
 
 @dataclass(frozen=True)
 class EngineHost(HostNeed):
-    """A GPU of the engine's SM with tensorrt_llm of the recipe's line."""
+    """A GPU of the engine's SM, and tensorrt_llm of the recipe's line here (or docker, to build in
+    the recipe's image)."""
 
     sm: str
     tensorrt_llm: str
+    image: Optional[str] = None
 
     def problem(self) -> Optional[str]:
+        if self.image:
+            return toolchain.container_host_problem(self.sm, self.image)
         return toolchain.engine_host_problem(self.sm, self.tensorrt_llm)
 
 
@@ -377,7 +381,9 @@ class GraphBuilder:
     def engine(self, target: Target, gather: bool, twin: bool = False) -> Node:
         """An engine target, or (`twin`) the copy built only to be validated: the same flags plus
         --gather_context_logits, which TensorRT-LLM needs to return prompt logits."""
-        node = Node(twin_id(target.name) if twin else target.name, ENGINE, self.registry.get(ENGINE),
+        image = self.recipe.toolchain.image
+        node = Node(twin_id(target.name) if twin else target.name, ENGINE,
+                    self.registry.get(f"{ENGINE}:image" if image else ENGINE),
                     inputs={"checkpoint": target.depends_on[0]}, impossible=target.reason,
                     serves=target.name if twin else None)
         limits = self.recipe.limits
@@ -392,7 +398,9 @@ class GraphBuilder:
             origin += f" + gather_context_logits (validate.engines: {self.recipe.validation.engines})"
         node.params["flags"] = Param(flags, origin)
         node.platform["sm"] = Param(target.gpu, "target: the engine's GPU architecture")
-        node.host = EngineHost(target.gpu, self.recipe.toolchain.tensorrt_llm)
+        node.host = EngineHost(target.gpu, self.recipe.toolchain.tensorrt_llm, image)
+        if image:
+            node.runtime["image"] = image
         return node
 
     def engine_target(self, target: Target) -> None:

@@ -90,12 +90,13 @@ def key_node(node: Node, input_digests: dict[str, str], store: LocalStore, locke
         "stage_version": node.stage.version,
         "inputs": inputs,
         "params": node.param_values(),
-        "toolchain": toolchain.fingerprint(node.stage.toolchain),
+        "toolchain": toolchain.stage_fingerprint(node.stage.toolchain, node.runtime.get("image")),
         "platform": platform,
     }
     origins.update({"stage": "stage", "stage_version": "stage code"})
     origins.update({f"params.{name}": param.origin for name, param in node.params.items()})
-    origins.update({f"toolchain.{name}": "toolchain probe (installed package)" for name in fields["toolchain"]})
+    origins.update({f"toolchain.{name}": "recipe: toolchain.image (the image pins every package in it)" if name == "image"
+                    else "toolchain probe (installed package)" for name in fields["toolchain"]})
     origins.update(platform_origins)
     return KeyedNode(node, keys.action_key(fields), fields, origins, runtime, resolution)
 

@@ -48,9 +48,8 @@ def gpu_filter(loaded: LoadedRecipe, choice: str) -> Optional[set]:
     """--gpu: SMs (auto: this host's), or the product named, whose memory the estimates then use."""
     if choice == "all":
         return None
-    if choice == "auto":  # this host's GPUs that the recipe targets (none: no engines here)
-        recipe_sms = {g.sm for g in loaded.recipe.gpu_choices()}
-        return {g.sm for g in hardware.detect_gpus()} & recipe_sms
+    if choice == "auto":  # every engine is planned; the runner builds this host's SMs (RunOptions.host_sms)
+        return None
     try:
         return {hardware.resolve_gpu(choice)}
     except ValueError as exc:
@@ -79,7 +78,8 @@ def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, report
                          expected_source=expected.get("digest"), lock_name=str(lock_path),
                          locked_source=previous.source if previous else None,
                          recipe_identity=recipe_identity(loaded, request.embedded),
-                         rebuild=frozenset(_rebuilt(graph, request.rebuild)))
+                         rebuild=frozenset(_rebuilt(graph, request.rebuild)),
+                         host_sms=frozenset(g.sm for g in hardware.detect_gpus()) if request.gpu == "auto" else None)
     run = run_graph(graph, store, options, reporter)
     results, resolutions = run.results, run.resolutions
     if request.require_all:  # (the runner already fails what this host cannot build)
@@ -124,5 +124,5 @@ def _toolchains(graph: graphs.Graph, results: list[NodeResult]) -> dict[str, dic
     out: dict[str, dict] = {}
     for node in graph.nodes:
         if node.id in keyed and node.stage and node.stage.toolchain:
-            out.setdefault(node.stage.ident, toolchain.fingerprint(node.stage.toolchain))
+            out.setdefault(node.stage.ident, toolchain.stage_fingerprint(node.stage.toolchain, node.runtime.get("image")))
     return out

@@ -30,6 +30,8 @@ DType = Literal["float16", "bfloat16", "float32"]
 Backend = Literal["engine", "hf-checkpoint"]
 Device = Literal["auto", "cpu", "cuda"]
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+# A tag can move; a digest cannot, and the key must name exactly what built the engine.
+IMAGE_PATTERN = r"^[^\s@]+@sha256:[0-9a-f]{64}$"
 
 
 def _known_gpu(name: str) -> str:
@@ -179,7 +181,9 @@ class Limits(_Strict):
 
 class Toolchain(_Strict):
     tensorrt_llm: str = Field(trtllm.DEFAULT_TENSORRT_LLM, description="TensorRT-LLM version engines are built with")
-    image: Optional[str] = Field(None, min_length=1, description="container image that holds the toolchain")
+    image: Optional[str] = Field(None, pattern=IMAGE_PATTERN, description="container image that holds the toolchain, "
+                                 "pinned by digest (`nvcr.io/nvidia/tensorrt-llm/release@sha256:<64 hex>`): engines are "
+                                 "built in it with `docker run`, and their keys name the image")
 
 
 class Engine(_Strict):

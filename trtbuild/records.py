@@ -67,6 +67,16 @@ class ActionRecord(BaseModel):
     def size(self) -> int:
         return self.artifact.size_bytes
 
+    @property
+    def standin(self) -> list[str]:
+        """The toolchain parts that were test stand-ins when this was made (empty for real tools):
+        the key's versions, or what the stage's probe found (a container's toolchain)."""
+        from trtbuild.toolchain import standin_parts
+
+        found = standin_parts(self.toolchain)
+        probed = self.summary.get("toolchain") if isinstance(self.summary.get("toolchain"), dict) else {}
+        return sorted(set(found) | set(standin_parts(probed)))
+
 
 class RefEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -117,6 +117,15 @@ def print_build(outcome, console) -> None:
         table.add_row(r.id, r.stage or "-", f"[{style}]{r.status}[/]", f"{r.seconds:.1f}",
                       r.digest[:12] if r.digest else "-", *_accuracy_cells(r), escape(r.reason or ""))
     console.print(table)
+    for r in outcome.results:
+        if r.log_tail:  # a failed stage's last words, so nobody has to open the log to see them
+            console.print(f"{r.id}: last lines of its log:", highlight=False, soft_wrap=True)
+            for line in r.log_tail:
+                console.print(f"    {escape(line)}", highlight=False, soft_wrap=True)
+    standins = [r.id for r in outcome.results if r.standin and r.done]
+    if standins:
+        console.print(f"[bold red]STAND-IN[/] toolchain made {', '.join(standins)}: test artifacts, not real engines "
+                      "or TensorRT-LLM results; they can never be published.", highlight=False, soft_wrap=True)
     counts = Counter(r.status for r in outcome.results)
     summary = ", ".join(f"{n} {status}" for status, n in counts.items())
     console.print(f"{outcome.recipe}: {summary}" + (f"; lock: {outcome.lock_path}" if outcome.lock_path and outcome.lock_path.exists() else ""),
@@ -149,6 +158,8 @@ def print_records(records, console) -> None:
         table.add_column(column, overflow="fold")
     for r in records:
         made_with = ", ".join(f"{name} {version}" for name, version in sorted(r.toolchain.items()) if version) or "-"
+        if r.standin:  # never mistaken for an artifact of the real tools
+            made_with = f"[bold red]STAND-IN[/] ({', '.join(r.standin)}): {made_with}"
         table.add_row(r.key[:12], r.recipe, r.target, r.stage, r.created, format_bytes(r.size),
                       f"{r.execution.seconds:.1f}", made_with, r.digest[:12])
     console.print(table)

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from trtbuild import nodekeys
+from trtbuild import nodekeys, timingcache
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.graph import STAGE_ORDER, Blocker, Graph, Node
 from trtbuild.records import ActionRecord, Digest, Execution
-from trtbuild.stages.base import StageContext
+from trtbuild.stages.base import SUMMARY_FILES, StageContext
 from trtbuild.stages.source import Resolved
 from trtbuild.stages.worker import ERROR_PREFIX, INPUT_ERROR_PREFIX, PROGRESS_PREFIX, load_entry
 from trtbuild.store.checkout import materialize
@@ -59,6 +59,9 @@ class NodeResult:
     path: Optional[str] = None
     summary: dict = field(default_factory=dict)
     ref: Optional[str] = None  # why the node's ref did not move, when it is done but not validated
+    log_tail: list[str] = field(default_factory=list)  # a failed stage's last log lines
+    standin: list[str] = field(default_factory=list)  # toolchain parts that are test stand-ins (never real)
+    platform: dict = field(default_factory=dict)  # what the artifact is for (an engine's SM, parallelism, toolchain)
 
     @property
     def done(self) -> bool:
@@ -67,7 +70,9 @@ class NodeResult:
     def as_json(self) -> dict:
         out = {"name": self.id, "stage": self.stage or self.kind, "status": self.status.value, "key": self.key,
                "digest": self.digest, "size": self.size, "seconds": round(self.seconds, 3), "reason": self.reason, "path": self.path,
-               "ref": self.ref}
+               "ref": self.ref, "standin": self.standin}
+        if self.log_tail:
+            out["log_tail"] = self.log_tail
         if "metrics" in self.summary:  # validation entries
             out.update(metrics=self.summary["metrics"], gates=self.summary.get("gates"),
                        warnings=self.summary.get("warnings", []))
@@ -85,6 +90,7 @@ class RunOptions:
     lock_name: Optional[str] = None
     locked_source: Optional[dict] = None  # the lock file's source entry (offline hub builds use it)
     rebuild: frozenset[str] = frozenset()  # --rebuild: node ids built anew even when the store has them
+    host_sms: Optional[frozenset[str]] = None  # --gpu auto: this host's SMs; nodes for others are another host's job
 
 
 @dataclass
@@ -99,7 +105,9 @@ class RunResult:
 
 
 class StageFailed(TrtbuildError):
-    pass
+    def __init__(self, message: str, tail: Optional[list[str]] = None):
+        super().__init__(message)
+        self.tail = tail or []  # the last lines of the stage's log, for the build's output
 
 
 class LockMismatch(InvalidInput):
@@ -129,6 +137,16 @@ class Executed:
     manifest: Manifest
     summary: dict
     execution: Execution
+
+
+def _log_tail(log: Path, lines: int = 12) -> list[str]:
+    """The last lines of a stage's log that are not trtbuild's own protocol lines."""
+    try:
+        text = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    kept = [line for line in text if line.strip() and not line.startswith((ERROR_PREFIX, INPUT_ERROR_PREFIX, PROGRESS_PREFIX))]
+    return kept[-lines:]
 
 
 def _failure_reason(log: Path, returncode: int) -> str:
@@ -163,10 +181,17 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
     log = work / "logs" / f"{stage.name}.log"
     started = time.monotonic()
     peak_rss_mib, figures = None, {}
+    # the stage may read (never change) what its key names: the platform, toolchain and input digests
+    runtime = {**keyed.runtime, "platform": keyed.fields["platform"], "toolchain": keyed.fields["toolchain"],
+               "input_digests": keyed.fields["inputs"]}
+    timing = None
     try:
+        timing = _timing_cache(keyed, store, work) if stage.timing_cache else None
+        if timing:
+            runtime.update(timing.runtime)
         if stage.isolated:
             spec = {"entry": stage.entry, "out": str(out), "inputs": {k: str(v) for k, v in inputs.items()},
-                    "params": node.param_values(), "runtime": keyed.runtime, "execution": str(work / "execution.json")}
+                    "params": node.param_values(), "runtime": runtime, "execution": str(work / "execution.json")}
             (work / "spec.json").write_text(json.dumps(spec))
             with open(log, "wb") as handle:
                 proc = subprocess.Popen([sys.executable, "-m", "trtbuild.stages.worker", str(work / "spec.json")],
@@ -178,12 +203,13 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
                     reason = _failure_reason(log, returncode)
                 except InvalidInput as exc:  # still a stage that ran: its log is kept like any failure's
                     raise InvalidInput(f"{exc} (log: {store.keep_failure(key, work / 'logs')})") from None
-                raise StageFailed(f"{reason} (log: {store.keep_failure(key, work / 'logs')})")
+                tail = _log_tail(log)
+                raise StageFailed(f"{reason} (log: {store.keep_failure(key, work / 'logs')})", tail)
             measured = json.loads((work / "execution.json").read_text())
             peak_rss_mib, figures = measured["peak_rss_mib"], measured["figures"]
             manifest = store.ingest(out, progress=reporter.advance)
         else:
-            ctx = StageContext(out=out, inputs=inputs, params=node.param_values(), runtime=keyed.runtime, state=store.state)
+            ctx = StageContext(out=out, inputs=inputs, params=node.param_values(), runtime=runtime, state=store.state)
             try:
                 load_entry(stage.entry)(ctx)
             except TrtbuildError:
@@ -197,9 +223,11 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
             else:
                 manifest = store.ingest(out, progress=reporter.advance)
         summary = {}
-        report = out / "report.json"
-        if report.exists():
+        report = next((out / name for name in SUMMARY_FILES if (out / name).exists()), None)
+        if report is not None:
             summary = json.loads(report.read_text())
+        if timing:
+            timing.store_new(store)
         logs: dict[str, Digest] = {}
         if log.exists() and log.stat().st_size:
             logs[log.name] = store.put_file_blob(log)
@@ -208,6 +236,35 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
         return Executed(manifest, summary, execution)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+@dataclass
+class _TimingCache:
+    """The timing cache of an engine build: the newest stored one fed in, the one written stored."""
+
+    key: str
+    runtime: dict
+    folder: Path
+
+    def store_new(self, store: LocalStore) -> None:
+        if not any(self.folder.glob("*")):
+            return
+        manifest = store.ingest(self.folder)
+        store.update_ref(timingcache.REFS, self.key, manifest.digest, self.key)
+
+
+def _timing_cache(keyed: nodekeys.KeyedNode, store: LocalStore, work: Path) -> _TimingCache:
+    from trtbuild import engine_command
+
+    fields = keyed.fields
+    key = timingcache.cache_key(fields["platform"].get("sm"), fields["toolchain"],
+                                engine_command.tactic_options(fields["params"]))
+    folder = work / "timing-cache"
+    runtime = {"timing_cache_out": str(folder), "timing_cache_key": key}
+    ref = store.read_ref(timingcache.REFS, key)
+    if ref is not None and store.artifact_problem(ref.digest) is None:  # a damaged one is simply not used
+        runtime["timing_cache_in"] = str(materialize(store, ref.digest) / engine_command.TIMING_CACHE_OUT)
+    return _TimingCache(key, runtime, folder)
 
 
 def _follow(proc: subprocess.Popen, log: Path, reporter) -> int:
@@ -277,6 +334,13 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
     if options.until and STAGE_ORDER.get(node.kind, 99) > STAGE_ORDER[options.until]:
         result.reason = f"after --until {options.until}"
         return result
+    sm = node.platform["sm"].value if "sm" in node.platform else None
+    if sm and options.host_sms is not None and sm not in options.host_sms:  # skipped even with --require-all
+        here = ", ".join(sorted(options.host_sms)) or "no GPU"
+        result.reason = f"for {sm}: --gpu auto builds only this host's SMs ({here})"
+        if node.kind == "engine":
+            result.reason = f"needs an {sm} GPU: --gpu auto builds only this host's SMs ({here})"
+        return result
     if ruled_out:  # no stage at all comes before anything a host could change
         result.status = FAILED if options.require_all else SKIPPED
         result.reason = ruled_out.reason
@@ -329,6 +393,8 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
             result.status = CACHED
         result.digest, result.size = found.record.digest, found.record.size
         result.summary = found.record.summary
+        result.standin = found.record.standin
+        result.platform = _platform_facts(node, found.record)
         failed_gates = gates.failed_gates(result.summary)
         if options.materialize or failed_gates:  # checked out once, for the path and the report's place
             result.path = str(materialize(store, result.digest))
@@ -336,13 +402,25 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
             result.status, result.reason = FAILED, f"failed its gates: {', '.join(failed_gates)}; report: {result.path}/report.md"
     except InvalidInput:  # a source that is not there, a lock that does not match: stop the run
         raise
-    except (StageFailed, CorruptStore) as exc:
+    except StageFailed as exc:
+        result.status, result.reason, result.log_tail = FAILED, str(exc), exc.tail
+    except CorruptStore as exc:
         result.status, result.reason = FAILED, str(exc)
     except TrtbuildError as exc:  # e.g. a source that cannot be read
         result.status, result.reason = FAILED, str(exc)
     finally:
         result.seconds = time.monotonic() - started
     return result
+
+
+def _platform_facts(node: Node, record: ActionRecord) -> dict:
+    """What a deploy host compares with itself before using an engine (the lock file keeps it)."""
+    if node.kind != "engine":
+        return {}
+    summary = record.summary
+    facts = {name: summary.get(name) for name in ("sm", "tp", "pp", "world_size")}
+    facts.update({name: (summary.get("toolchain") or {}).get(name) for name in ("tensorrt_llm", "tensorrt", "image")})
+    return facts
 
 
 def _move_refs(graph: Graph, store: LocalStore, results: dict[str, NodeResult]) -> None:

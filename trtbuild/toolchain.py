@@ -57,6 +57,21 @@ def fingerprint(parts: tuple[str, ...]) -> dict[str, Optional[str]]:
     return out
 
 
+def stage_fingerprint(parts: tuple[str, ...], image: Optional[str] = None) -> dict[str, Optional[str]]:
+    """What a stage's key holds of its toolchain: a container image pinned by digest pins every package
+    in it, so a stage run in one is keyed by the image alone; otherwise the versions installed here."""
+    if image:
+        return {"image": image}
+    return fingerprint(parts)
+
+
+def standin_parts(versions: dict[str, Optional[str]]) -> list[str]:
+    """The parts of a toolchain that are test stand-ins (a version whose local label is `standin`,
+    such as tensorrt_llm 1.2.0+standin): what they made must never pass for the real thing."""
+    return sorted(name for name, version in versions.items() if version and version.split("+", 1)[-1] == "standin"
+                  and "+" in version)
+
+
 def missing(parts: tuple[str, ...]) -> list[str]:
     """Packages among `parts` that are not installed here."""
     return [p for p in parts if p not in ("cuda", "image", "python") and package_version(p) is None]
@@ -74,3 +89,27 @@ def engine_host_problem(sm: str, version: str) -> Optional[str]:
     have = f"{'/'.join(sms)} GPU" if sms else "no GPU"
     have += f", tensorrt_llm {installed}" if installed else ", no tensorrt_llm"
     return f"needs {sm} GPU with tensorrt_llm {series}.x (this machine: {have})"
+
+
+def container_host_problem(sm: str, image: str) -> Optional[str]:
+    """Why this machine cannot build an engine for `sm` in the container `image`, or None."""
+    import shutil
+
+    from trtbuild import hardware
+
+    sms = sorted({g.sm for g in hardware.detect_gpus()})
+    if sm in sms and shutil.which("docker"):
+        return None
+    have = f"{'/'.join(sms)} GPU" if sms else "no GPU"
+    have += ", docker" if shutil.which("docker") else ", no docker"
+    return f"needs {sm} GPU and docker to build in {image} (this machine: {have})"
+
+
+# TEMPORARY STUB (replaced by wt-probe's at merge)
+from dataclasses import dataclass as _dc
+@_dc(frozen=True)
+class EngineToolchain:
+    tensorrt_llm: Optional[str]; tensorrt: Optional[str]; cuda: Optional[str]; image: Optional[str]; standin: bool
+def probe_engine_toolchain(image=None):
+    v = {"tensorrt_llm": package_version("tensorrt_llm"), "tensorrt": package_version("tensorrt")}
+    return EngineToolchain(v["tensorrt_llm"], v["tensorrt"], cuda_version(), image, bool(standin_parts(v)))

@@ -18,6 +18,7 @@ class Stage:
     needs: tuple[str, ...] = ()  # packages that must be installed to run it
     isolated: bool = True  # run in a subprocess: a crash or OOM fails the stage, not the runner
     id: str = ""  # the registry's name for it (`checkpoint:export`); the lock file's toolchain is per id
+    timing_cache: bool = False  # fed the newest TensorRT timing cache for its key, and stores the one it writes
 
     @property
     def ident(self) -> str:
@@ -31,6 +32,10 @@ class Stage:
 # Report fields that differ between runs or hosts for the same key: never part of an artifact.
 RUN_FIGURES = frozenset({"seconds", "peak_rss_bytes", "rss_start_bytes", "cuda_peak_bytes", "peak_rss_mib",
                          "batches", "batch_size", "batch_sizes_tried", "batch_size_pinned"})
+
+# Where a stage's report is in its artifact: the runner copies the first one found into the record.
+# An engine's is trtbuild.json, beside the files TensorRT-LLM wrote (`trtbuild check` reads it).
+SUMMARY_FILES = ("report.json", "trtbuild.json")
 
 
 @dataclass
@@ -50,15 +55,17 @@ class StageContext:
         copying them, for files nobody edits in place (a download cache's blobs)."""
         self.adopted = {"folder": folder, "include": include, "links_within": links_within, "link": link}
 
-    def report(self, summary: dict) -> None:
-        """The artifact's report.json, also copied into the action record (and `cache ls`). It is
-        part of the artifact, so it holds only what the inputs determine: the figures of this run
-        (RUN_FIGURES: timings, memory, the batch size this host's memory allowed) go to `measure`."""
+    def report(self, summary: dict, name: str = "report.json") -> None:
+        """The artifact's report (report.json, or `name`: one of SUMMARY_FILES), also copied into
+        the action record (and `cache ls`). It is part of the artifact, so it holds only what the
+        inputs determine: the figures of this run (RUN_FIGURES: timings, memory, the batch size this
+        host's memory allowed) go to `measure`."""
         import json
 
+        assert name in SUMMARY_FILES, name
         self.measure(**{k: v for k, v in summary.items() if k in RUN_FIGURES})
         kept = {k: v for k, v in summary.items() if k not in RUN_FIGURES}
-        (self.out / "report.json").write_text(json.dumps(kept, indent=2, sort_keys=True) + "\n")
+        (self.out / name).write_text(json.dumps(kept, indent=2, sort_keys=True) + "\n")
 
     def measure(self, **figures: Any) -> None:
         """Measurements of this run (seconds of a step, tokens per second): kept in the action

@@ -29,7 +29,11 @@ STAGES: dict[str, Optional[Stage]] = {
                                    toolchain=("safetensors",), needs=("torch", "safetensors")),
     "hf-checkpoint:export": Stage("hf-checkpoint", 1, "trtbuild.stages.checkpoint:export_hf",
                                   toolchain=("torch", "transformers", "modelopt"), needs=("torch", "transformers", "modelopt")),
-    "engine": None,
+    # trtllm-build here (tensorrt_llm installed in this environment, its scripts on PATH), or in the
+    # recipe's container image (toolchain.image: only docker needed here; the key names the image).
+    "engine": Stage("engine", 1, "trtbuild.stages.engine:build_engine", toolchain=("tensorrt_llm", "tensorrt"),
+                    needs=("tensorrt_llm",), timing_cache=True),
+    "engine:image": Stage("engine", 1, "trtbuild.stages.engine:build_engine", toolchain=("image",), timing_cache=True),
     "reference": Stage("reference", 1, "trtbuild.stages.validate:make_reference",
                        toolchain=("torch", "transformers"), needs=("torch", "transformers")),
     "validate": Stage("validate", 1, "trtbuild.stages.validate:validate",
