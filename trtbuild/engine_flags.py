@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from trtbuild import quantformats, trtllm
+from trtbuild import hardware, quantformats, trtllm
 from trtbuild.quantformats import QuantAlgo
 
 REF = "reference/trtllm.md"
@@ -24,9 +24,6 @@ REF = "reference/trtllm.md"
 FP8_CONTEXT_FMHA_ALGOS = (QuantAlgo.FP8, QuantAlgo.W4A8_AWQ, QuantAlgo.NVFP4)
 # QuantAlgos that keep use_fused_mlp (build() forces it off for the others: reference section 1).
 FUSED_MLP_ALGOS = (None, QuantAlgo.FP8)
-# Plugins that PluginConfig.validate rejects on SM 100 (reference section 3).
-SM100_REJECTED_PLUGINS = ("gemm_swiglu_plugin", "fp8_rowwise_gemm_plugin", "low_latency_gemm_plugin",
-                          "low_latency_gemm_swiglu_plugin", "bert_context_fmha_fp32_acc")
 # FP8 GEMM fusions: "FP8 on Hopper only" (gemm_swiglu_plugin's help, trtllm-build-flags.json).
 HOPPER_FP8_PLUGINS = ("gemm_swiglu_plugin", "low_latency_gemm_plugin", "low_latency_gemm_swiglu_plugin")
 
@@ -134,10 +131,6 @@ def engine_flags(recipe_flags: dict[str, Any], fmt: EngineFormat, gather: Option
 
 # ---- recipe flags that do not suit a target ------------------------------------------------------
 
-def _set(value: Any) -> bool:
-    return value not in (None, "disable", False)
-
-
 def recipe_flag_problem(recipe_flags: dict[str, Any], fmt: EngineFormat) -> Optional[str]:
     """Why one of the recipe's engine.flags cannot build this target (first found), or None.
     The message starts with the YAML path `engine.flags.NAME=VALUE`."""
@@ -147,10 +140,9 @@ def recipe_flag_problem(recipe_flags: dict[str, Any], fmt: EngineFormat) -> Opti
     def at(name: str) -> str:
         return f"engine.flags.{name}={flags[name]}"
 
-    if fmt.sm == "sm100":
-        for name in SM100_REJECTED_PLUGINS:
-            if _set(flags.get(name)):
-                return f"{at(name)} is not supported on SM 100 (PluginConfig.validate)"
+    sm100 = hardware.plugin_unsupported_reason(flags, fmt.sm)  # PluginConfig.validate (reference section 3)
+    if sm100:
+        return sm100
     gemm = flags.get("gemm_plugin")
     if gemm == "fp8" and not (algo == QuantAlgo.FP8 and sm >= 89):
         return f"{at('gemm_plugin')} needs FP8 weights (quant: fp8) on sm89 or newer; the target has {fmt.describe()}"
