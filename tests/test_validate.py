@@ -252,14 +252,15 @@ def test_validate_engines_modes_shape_the_graph(mode, tmp_path):
     gathers = engine.params["flags"].value.get("gather_context_logits", False)
     if mode == "twin":
         twin, check = graph.node("base-tp1-sm90:twin"), graph.node("base-tp1-sm90:validate")
-        assert twin.params["flags"].value == {"gather_context_logits": True} and not gathers
+        assert twin.params["flags"].value == {**engine.params["flags"].value, "gather_context_logits": True}
+        assert not gathers
         assert {k: p.value for k, p in twin.params.items() if k != "flags"} == \
             {k: p.value for k, p in engine.params.items() if k != "flags"}
         assert check.inputs["engine"] == twin.id and engine.after == ["base-tp1:validate", check.id]
         assert ids.index(twin.id) < ids.index(check.id) < ids.index(engine.id)
     elif mode == "published":
         check = graph.node("base-tp1-sm90:validate")
-        assert gathers and "validate.engines: published" in engine.params["flags"].origin
+        assert gathers and "validate.engines: published" in engine.params["flags"].parts["gather_context_logits"]
         assert check.inputs["engine"] == engine.id and ids.index(engine.id) < ids.index(check.id)
         assert not any(i.endswith(":twin") for i in ids)
     else:
@@ -268,4 +269,4 @@ def test_validate_engines_modes_shape_the_graph(mode, tmp_path):
     # with --no-validate nothing asks for the flag
     plain = build_graph(plan_recipe(load_recipe(recipe)), validate=False)
     assert [n.id for n in plain.nodes if n.kind == "engine"] == ["base-tp1-sm90"]
-    assert plain.node("base-tp1-sm90").params["flags"].value == {}
+    assert "gather_context_logits" not in plain.node("base-tp1-sm90").params["flags"].value

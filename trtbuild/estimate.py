@@ -180,3 +180,53 @@ def format_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.1f} {unit}"
     return f"{int(n)} B"
+
+
+# ---- what the host that runs trtllm-build needs ---------------------------------------------------
+
+# What a trtllm-build worker holds beyond the model: the Python process with tensorrt_llm, torch and
+# TensorRT loaded. A rule of thumb, not a measurement of every version.
+BUILD_HOST_OVERHEAD = 4 * GIB
+
+
+@dataclass(frozen=True)
+class BuildNeeds:
+    """What the build host needs for one engine target when `workers` ranks build at once."""
+
+    host_ram_bytes: int  # all workers together
+    gpu_bytes_per_worker: int
+    workers: int
+
+    def as_json(self) -> dict:
+        return dict(self.__dict__)
+
+    def label(self) -> str:
+        """As the plan table shows it: `9.0 GiB RAM, 2.1 GiB/GPU x2` (x: workers, one GPU each)."""
+        return f"{format_bytes(self.host_ram_bytes)} RAM, {format_bytes(self.gpu_bytes_per_worker)}/GPU x{self.workers}"
+
+
+def build_memory_needs(plan, target, workers: Optional[int] = None) -> BuildNeeds:
+    """Host RAM and GPU memory per worker that `trtllm-build` needs for an engine target.
+
+    trtllm-build runs out of memory on large models when --workers and the build options do not
+    suit the host (TensorRT-LLM issues #538, #1478, #2428), so the plan says what a build holds and
+    the engine stage refuses early on a host with less. Per worker (one rank at a time):
+    - host RAM: the rank's weights loaded and preprocessed in the checkpoint dtype (an upper bound
+      for quantized formats, whose preprocessing works on full-precision copies), plus the engine
+      being built and serialized (the rank's weights as the engine stores them), plus the process
+      (BUILD_HOST_OVERHEAD);
+    - GPU: the engine's weights, and TensorRT's activations and tactic workspace for max_num_tokens
+      tokens with the batch's logits (`activation_bytes`, the runtime's reserve).
+    `workers`: how many ranks build at once (default: all of them, the most a host may run).
+    """
+    model, tp, pp = plan.model, target.tp or 1, target.pp or 1
+    workers = max(1, min(workers if workers is not None else tp * pp, tp * pp))
+    variant = plan.recipe.variants[target.variant]
+    limits = plan.recipe.limits
+    group = variant.effective_group_size or 128
+    engine_weights = weights_bytes_per_gpu(model, tp, pp, variant.quant, plan.dtype, group)
+    dtype_weights = weights_bytes_per_gpu(model, tp, pp, None, plan.dtype)
+    per_worker_ram = dtype_weights + engine_weights + BUILD_HOST_OVERHEAD
+    gpu = engine_weights + activation_bytes(model, tp, plan.dtype, limits.max_num_tokens, limits.max_batch_size,
+                                            limits.max_beam_width)
+    return BuildNeeds(host_ram_bytes=int(workers * per_worker_ram), gpu_bytes_per_worker=int(gpu), workers=workers)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from trtbuild import nodekeys
+from trtbuild import engine_command, hardware, nodekeys
 from trtbuild.errors import InvalidInput
-from trtbuild.graph import Blocker, Graph
+from trtbuild.graph import ENGINE, Blocker, Graph, Node
 from trtbuild.lockfile import LockFile
 from trtbuild.store.local import LocalStore
 
@@ -29,10 +29,30 @@ class NodeExplanation:
     digest: Optional[str] = None
     note: Optional[str] = None
     fields: list[FieldLine] = field(default_factory=list)
+    command: Optional[str] = None  # an engine's trtllm-build command line, as the stage would run it here
+    command_note: Optional[str] = None
+    flags: list[FieldLine] = field(default_factory=list)  # each trtllm-build flag and where it came from
 
     def as_json(self) -> dict:
         return {"name": self.id, "stage": self.stage, "key": self.key, "in_store": self.in_store, "digest": self.digest,
-                "note": self.note, "fields": [{"field": f.name, "value": f.value, "origin": f.origin} for f in self.fields]}
+                "note": self.note, "fields": [{"field": f.name, "value": f.value, "origin": f.origin} for f in self.fields],
+                "command": self.command, "command_note": self.command_note,
+                "flags": [{"flag": f.name, "value": f.value, "origin": f.origin} for f in self.flags]}
+
+
+def engine_command_of(graph: Graph, node: Node) -> tuple[str, str]:
+    """The engine node's trtllm-build command line as the stage would run it on this host before
+    any timing cache is stored, and a note saying what depends on the host and the store."""
+    checkpoint = graph.node(node.inputs["checkpoint"]).params
+    world_size = checkpoint["tp"].value * checkpoint["pp"].value
+    local = len(hardware.detect_gpus())
+    workers = engine_command.workers_for(world_size, local)
+    argv = engine_command.build_argv(node.param_values(), workers, timing_cache_in=False)
+    note = (f"run in a work folder holding {engine_command.CHECKPOINT_DIR}/; --workers {workers}: this host's "
+            f"{local} GPU{'s' if local != 1 else ''}, capped by the world size {world_size} (at least 1); "
+            f"--input_timing_cache {engine_command.TIMING_CACHE_IN} is added once a timing cache for this SM, "
+            "TensorRT version and these tactic options is stored (shown as the first build runs)")
+    return engine_command.shell_line(argv), note
 
 
 def explain(graph: Graph, target: str, store: LocalStore, lock: Optional[LockFile] = None) -> list[NodeExplanation]:
@@ -45,6 +65,11 @@ def explain(graph: Graph, target: str, store: LocalStore, lock: Optional[LockFil
         ex = NodeExplanation(node.id, node.stage.ident if node.stage else node.kind)
         out.append(ex)
         digests[node.id] = None
+        if node.kind == ENGINE and not node.impossible:  # the command is known before any key is
+            ex.command, ex.command_note = engine_command_of(graph, node)
+            flags = node.params["flags"]
+            ex.flags = [FieldLine(name, value, (flags.parts or {}).get(name, flags.origin))
+                        for name, value in flags.value.items()]
         ruled_out = node.ruled_out()
         if ruled_out:
             ex.note = f"{ruled_out.kind.value}: {ruled_out.reason}" if ruled_out.kind == Blocker.PLAN else ruled_out.reason

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel
 
-from trtbuild import hardware, toolchain, trtllm
+from trtbuild import engine_flags, hardware, toolchain
 from trtbuild.plan import CHECKPOINT, ENGINE, HF_CHECKPOINT, Plan, Target
 from trtbuild.stages.base import Stage
 from trtbuild.stages.install import install_hint
@@ -143,6 +143,7 @@ class TextInput:
 class Param:
     value: Any
     origin: str  # "recipe: variants.fp8.quant", "default: limits.max_batch_size", "model config", ...
+    parts: Optional[dict[str, str]] = None  # a dict value's per-entry origins (an engine's flags)
 
 
 @dataclass
@@ -391,12 +392,14 @@ class GraphBuilder:
             node.params[name] = field_param(limits, name, f"limits.{name}")
         node.params["max_seq_len"] = Param(self.plan.max_seq_len, "recipe: limits.max_seq_len" if limits.max_seq_len
                                            else "model config (max_position_embeddings x rope factor)")
-        flags = trtllm.canonical_flags(self.recipe.engine.flags)
-        origin = "recipe: engine.flags" if self.recipe.engine.flags else "default: engine.flags"
-        if gather and not flags.get("gather_context_logits"):
-            flags["gather_context_logits"] = True
-            origin += f" + gather_context_logits (validate.engines: {self.recipe.validation.engines})"
-        node.params["flags"] = Param(flags, origin)
+        variant = self.recipe.variants[target.variant]
+        fmt = engine_flags.EngineFormat(variant.quant, variant.kv_cache, self.plan.dtype, target.gpu)
+        gather_why = f"validate.engines: {self.recipe.validation.engines}" if gather else None
+        # the complete flag set (recipe + rules: trtbuild/engine_flags.py), each with its origin
+        flags = engine_flags.engine_flags(self.recipe.engine.flags, fmt, gather_why)
+        node.params["flags"] = Param({name: f.value for name, f in flags.items()},
+                                     "recipe: engine.flags and trtbuild's rules (see each flag)",
+                                     parts={name: f.origin for name, f in flags.items()})
         node.platform["sm"] = Param(target.gpu, "target: the engine's GPU architecture")
         node.host = EngineHost(target.gpu, self.recipe.toolchain.tensorrt_llm, image)
         if image:

@@ -9,7 +9,7 @@ import fnmatch
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Optional, Union
 
-from trtbuild import estimate, hardware, quantformats, trtllm
+from trtbuild import engine_flags, estimate, hardware, quantformats, trtllm
 from trtbuild.errors import InvalidInput
 from trtbuild.modelconfig import ModelSpec, load_config, parse_config
 from trtbuild.recipe import LoadedRecipe, Recipe, Variant
@@ -70,8 +70,12 @@ class Plan:
                       "config_origin": self.config_origin,
                       "dtype": self.dtype, "max_seq_len": self.max_seq_len,
                       "parameters": estimate.parameter_counts(self.model)},
-            "targets": [t.as_json() for t in self.targets],
+            "targets": [{**t.as_json(), "build_needs": self.build_needs(t)} for t in self.targets],
         }
+
+    def build_needs(self, target: Target) -> Optional[dict]:
+        """What the host that builds an engine target needs, all its ranks building at once."""
+        return estimate.build_memory_needs(self, target).as_json() if target.kind == ENGINE else None
 
 
 # ---- names ---------------------------------------------------------------------------------------
@@ -287,8 +291,10 @@ def _engine_target(plan: Plan, ckpt: Target, variant: Variant, cards: SmCards) -
         reason = (f"{model.architecture} is not in TensorRT-LLM {trtllm.ENGINE_TOOLCHAIN_SERIES}'s engine MODEL_MAP; "
                   "build the hf-checkpoint backend instead")
     else:
+        fmt = engine_flags.EngineFormat(variant.quant, variant.kv_cache, plan.dtype, sm)
+        engine_flags.engine_flags(recipe.engine.flags, fmt)  # every value against the pinned flag table, now
         reason = (hardware.quant_unsupported_reason(variant.quant, variant.kv_cache, sm)
-                  or hardware.plugin_unsupported_reason(trtllm.canonical_flags(recipe.engine.flags), sm)
+                  or engine_flags.recipe_flag_problem(recipe.engine.flags, fmt)
                   or _limit_rules(plan))
     if reason is None and not fits:
         g = estimate.format_bytes

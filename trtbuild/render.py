@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Iterable, Optional
 
-from trtbuild.estimate import format_bytes
+from trtbuild.estimate import build_memory_needs, format_bytes
 from trtbuild.plan import ENGINE, Plan
 
 
@@ -57,7 +57,8 @@ def print_table(plan: Plan, console) -> None:
     )
     table = Table(show_lines=False)
     for column, style in (("target", "bold"), ("kind", ""), ("gpu", ""), ("status", ""), ("weights/GPU", "right"),
-                          ("KV/token", "right"), ("KV tokens", "right"), ("estimated on", ""), ("why / notes", "")):
+                          ("KV/token", "right"), ("KV tokens", "right"), ("estimated on", ""), ("build host", ""),
+                          ("why / notes", "")):
         table.add_column(column, justify="right" if style == "right" else "left",
                          style=style if style == "bold" else None, overflow="fold")
     for t in plan.targets:
@@ -72,6 +73,7 @@ def print_table(plan: Plan, console) -> None:
             format_bytes(est.kv_bytes_per_token) if est else "-",
             f"{est.kv_tokens:,}" if est and est.kv_tokens is not None else "-",
             (est.gpu_label() if est else None) or "-",
+            build_memory_needs(plan, t).label() if t.kind == ENGINE else "-",
             escape(notes or ""),
         )
     console.print(table)
@@ -135,6 +137,8 @@ def print_build(outcome, console) -> None:
 
 
 def print_explain(explained, console) -> None:
+    from rich.markup import escape
+
     for ex in explained:
         state = "in store" if ex.in_store else "not in store"
         head = f"[bold]{ex.id}[/] (stage {ex.stage})"
@@ -145,6 +149,13 @@ def print_explain(explained, console) -> None:
         console.print(head, highlight=False, soft_wrap=True)
         if ex.note:
             console.print(f"    {ex.note}", highlight=False, soft_wrap=True)
+        if ex.command:  # on its own line, unindented, so that it can be copied and run as it is
+            console.print(ex.command, markup=False, highlight=False, soft_wrap=True)
+            console.print(f"    {ex.command_note}", markup=False, highlight=False, soft_wrap=True)
+            for f in ex.flags:
+                value = json.dumps(f.value) if not isinstance(f.value, str) else f.value
+                console.print(f"    flag {f.name:<23} = {value:<20} [dim]{escape(f.origin)}[/]", highlight=False,
+                              soft_wrap=True)
         for f in ex.fields:
             value = json.dumps(f.value) if not isinstance(f.value, str) else f.value
             console.print(f"    {f.name:<28} = {value:<20} [dim]{f.origin}[/]", highlight=False, soft_wrap=True)
