@@ -404,6 +404,12 @@ class GraphBuilder:
         node.host = EngineHost(target.gpu, self.recipe.toolchain.tensorrt_llm, image)
         if image:
             node.runtime["image"] = image
+        if target.ok:  # the stage refuses early on a host with less (estimate.build_memory_needs)
+            from trtbuild.estimate import build_memory_needs
+
+            one = build_memory_needs(self.plan, target, workers=1)
+            node.runtime["build_needs"] = {"host_ram_bytes_per_worker": one.host_ram_bytes,
+                                           "gpu_bytes_per_worker": one.gpu_bytes_per_worker}
         return node
 
     def engine_target(self, target: Target) -> None:

@@ -37,23 +37,22 @@ class EngineBuildFailed(TrtbuildError):
     pass
 
 
-def host_memory_problem(needs: Optional[dict], sm: str) -> Optional[str]:
-    """Why this host has too little memory for the build (the plan's estimate), or None."""
+def host_memory_problem(needs: Optional[dict], gpus: list, workers: int, available: Optional[int]) -> Optional[str]:
+    """Why this host has too little memory for a build with `workers` ranks at once (the plan's
+    estimate, estimate.build_memory_needs), or None. `available`: host memory free now."""
     if not needs:
         return None
-    from trtbuild import hardware
     from trtbuild.estimate import format_bytes
 
-    available = _available_ram()
-    if available is not None and needs.get("host_ram_bytes", 0) > available:
-        return (f"the build needs {format_bytes(needs['host_ram_bytes'])} of host memory (plan estimate) and this host "
-                f"has {format_bytes(available)} available")
-    gpus = [g for g in hardware.detect_gpus() if g.sm == sm]
-    per_worker = needs.get("gpu_bytes_per_worker", 0)
+    host = needs["host_ram_bytes_per_worker"] * workers
+    if available is not None and host > available:
+        return (f"the build needs {format_bytes(host)} of host memory with {workers} worker(s) (plan estimate: "
+                f"estimate.build_memory_needs) and this host has {format_bytes(available)} available")
+    per_worker = needs["gpu_bytes_per_worker"]
     if gpus and per_worker > min(g.memory_bytes for g in gpus):
         smallest = min(gpus, key=lambda g: g.memory_bytes)
-        return (f"each build worker needs {format_bytes(per_worker)} of GPU memory (plan estimate) and "
-                f"{smallest.name} has {format_bytes(smallest.memory_bytes)}")
+        return (f"each build worker needs {format_bytes(per_worker)} of GPU memory (plan estimate: "
+                f"estimate.build_memory_needs) and {smallest.name} has {format_bytes(smallest.memory_bytes)}")
     return None
 
 
@@ -142,11 +141,11 @@ def build_engine(ctx: StageContext) -> None:
     checkpoint_config = json.loads((checkpoint / "config.json").read_text())
     world = int((checkpoint_config.get("mapping") or {}).get("world_size", 1))
 
-    problem = host_memory_problem(runtime.get("build_needs"), sm)
-    if problem:
-        raise EngineBuildFailed(problem)
     gpus = _local_gpus(sm)
     workers = engine_command.workers_for(world, len(gpus))
+    problem = host_memory_problem(runtime.get("build_needs"), gpus, workers, _available_ram())
+    if problem:  # before an hour of building, not after
+        raise EngineBuildFailed(problem)
 
     work = ctx.out.parent / "build"
     work.mkdir()
