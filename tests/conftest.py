@@ -181,3 +181,31 @@ def stage_log(store: Path, key: str, name: str) -> str:
     local = LocalStore(Path(store))
     digest = local.get_record(key).execution.logs[name]
     return local.blob_path(digest.hash).read_text()
+
+
+STANDIN_NVML = ROOT / "tests" / "standin_nvml"  # a recorded-NVML `pynvml` (its README says what it is)
+
+
+@pytest.fixture
+def recorded_gpu(monkeypatch):
+    """`recorded_gpu("H100", count=2)`: this process and its subprocesses see NVML answer as the
+    recorded board (tests/standin_nvml/gpus/); `recorded_gpu(None)`: NVML present but no driver.
+    Undone at the test's end, so later tests probe the real host again."""
+    import sys
+
+    from trtbuild import hardware
+
+    def use(name: "str | None", count: int = 1) -> None:
+        if name is None:
+            monkeypatch.delenv("STANDIN_NVML_GPU", raising=False)
+        else:
+            monkeypatch.setenv("STANDIN_NVML_GPU", name)
+        monkeypatch.setenv("STANDIN_NVML_COUNT", str(count))
+        paths = [str(STANDIN_NVML)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
+        monkeypatch.syspath_prepend(str(STANDIN_NVML))
+        monkeypatch.delitem(sys.modules, "pynvml", raising=False)  # the real one, imported by _this_host
+        hardware.clear_probe_cache()
+
+    yield use
+    hardware.clear_probe_cache()
