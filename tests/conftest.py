@@ -209,3 +209,25 @@ def recorded_gpu(monkeypatch):
 
     yield use
     hardware.clear_probe_cache()
+
+
+@pytest.fixture
+def installed_packages(tmp_path, monkeypatch):
+    """`installed_packages(tensorrt_llm="1.2.0")`: package metadata first on sys.path, as an installed
+    wheel leaves it, without its code (trtbuild reads versions from metadata and imports nothing).
+    Returns the folder, for subprocesses' PYTHONPATH."""
+    from trtbuild import toolchain
+
+    site = tmp_path / "site-packages"
+
+    def install(**versions: str) -> Path:
+        for name, version in versions.items():
+            info = site / f"{name}-{version}.dist-info"
+            info.mkdir(parents=True)
+            (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        monkeypatch.syspath_prepend(str(site))
+        toolchain.package_version.cache_clear()
+        return site
+
+    yield install
+    toolchain.package_version.cache_clear()
