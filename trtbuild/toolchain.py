@@ -137,8 +137,9 @@ def probe_engine_toolchain(image: Optional[str] = None) -> EngineToolchain:
     """The engine toolchain of this environment, or, with `image`, of that container image
     (`docker run --rm --entrypoint python3 IMAGE -c ...`). A missing docker or a failing probe is
     one line naming the image."""
-    if image is None:
-        return EngineToolchain(**_versions_in_this_python(DISTRIBUTIONS))
+    if image is None:  # package_version: the one reader of this environment's versions (tests patch it)
+        return EngineToolchain(tensorrt_llm=package_version("tensorrt_llm"), tensorrt=package_version("tensorrt"),
+                               cuda=_versions_in_this_python(DISTRIBUTIONS)["cuda"])
     where = f"toolchain probe of image {image}"
     docker = shutil.which("docker")
     if docker is None:
