@@ -155,6 +155,13 @@ def test_a_standin_engine_never_fits(tmp_path, run, h100_host):
                              "tensorrt_llm: the engine was built with 0+standin; this host has 1.2.0\n")
 
 
+def test_an_engine_its_record_marks_standin_never_fits_even_with_matching_versions(tmp_path, run, h100_host):
+    result = run("check", make_engine(tmp_path / "engine", standin=True))
+    assert (result.exit_code, result.stderr) == (1, "")
+    assert result.stdout == ("stand-in: made by a stand-in toolchain (tensorrt_llm 1.2.0), not by TensorRT: "
+                             "it is not an engine anything can load\n")
+
+
 def test_json_has_the_same_exit_code_and_the_facts(tmp_path, ws, run, recorded_gpu, installed_packages):
     recorded_gpu("A100")
     installed_packages(tensorrt_llm=TRTLLM, tensorrt=TRT)
@@ -187,6 +194,8 @@ def test_json_ok_exits_0(tmp_path, run, h100_host):
     ("bad-record", "{d}/trtbuild.json: sm: String should match pattern '^sm\\d+$'"),
     ("disagreeing-record", "{d}/trtbuild.json: tp 2, but config.json's mapping says 1"),
     ("not-json", "{d}/config.json: not JSON (Expecting value: line 1 column 1 (char 0))"),
+    ("bad-mapping", "{d}/config.json: pretrained_config.mapping: world_size, tp_size and pp_size must be positive "
+                    "integers (found 1, '1', 1)"),
 ])
 def test_a_folder_that_is_not_an_engine_is_one_line_and_exit_2(tmp_path, run, h100_host, layout, line):
     folder = tmp_path / "engine"
@@ -207,6 +216,11 @@ def test_a_folder_that_is_not_an_engine_is_one_line_and_exit_2(tmp_path, run, h1
         make_engine(folder)
         record = json.loads((folder / "trtbuild.json").read_text())
         (folder / "trtbuild.json").write_text(json.dumps({**record, "tp": 2}))
+    elif layout == "bad-mapping":
+        make_engine(folder)
+        config = json.loads((folder / "config.json").read_text())
+        config["pretrained_config"]["mapping"]["tp_size"] = "1"
+        (folder / "config.json").write_text(json.dumps(config))
     elif layout == "not-json":
         make_engine(folder)
         (folder / "config.json").write_text("")

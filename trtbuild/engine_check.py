@@ -114,7 +114,11 @@ def read_engine(engine_dir: Path) -> EngineFacts:
         raise InvalidInput(f"{config_path}: not a TensorRT-LLM engine config (it needs version, pretrained_config "
                            "and build_config; a checkpoint's config.json has none of them)")
     mapping = pretrained.get("mapping") or {}
-    world_size, tp, pp = (int(mapping.get(k, 1)) for k in ("world_size", "tp_size", "pp_size"))
+    tp, pp = mapping.get("tp_size", 1), mapping.get("pp_size", 1)
+    world_size = mapping.get("world_size", tp * pp if isinstance(tp, int) and isinstance(pp, int) else None)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (world_size, tp, pp)):
+        raise InvalidInput(f"{config_path}: pretrained_config.mapping: world_size, tp_size and pp_size must be "
+                           f"positive integers (found {world_size!r}, {tp!r}, {pp!r})")
     ranks = [engine_dir / f"rank{r}.engine" for r in range(world_size)]
     for path in ranks:
         if not path.is_file():
