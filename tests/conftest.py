@@ -181,3 +181,53 @@ def stage_log(store: Path, key: str, name: str) -> str:
     local = LocalStore(Path(store))
     digest = local.get_record(key).execution.logs[name]
     return local.blob_path(digest.hash).read_text()
+
+
+STANDIN_NVML = ROOT / "tests" / "standin_nvml"  # a recorded-NVML `pynvml` (its README says what it is)
+
+
+@pytest.fixture
+def recorded_gpu(monkeypatch):
+    """`recorded_gpu("H100", count=2)`: this process and its subprocesses see NVML answer as the
+    recorded board (tests/standin_nvml/gpus/); `recorded_gpu(None)`: NVML present but no driver.
+    Undone at the test's end, so later tests probe the real host again."""
+    import sys
+
+    from trtbuild import hardware
+
+    def use(name: "str | None", count: int = 1) -> None:
+        if name is None:
+            monkeypatch.delenv("STANDIN_NVML_GPU", raising=False)
+        else:
+            monkeypatch.setenv("STANDIN_NVML_GPU", name)
+        monkeypatch.setenv("STANDIN_NVML_COUNT", str(count))
+        paths = [str(STANDIN_NVML)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
+        monkeypatch.syspath_prepend(str(STANDIN_NVML))
+        monkeypatch.delitem(sys.modules, "pynvml", raising=False)  # the real one, imported by _this_host
+        hardware.clear_probe_cache()
+
+    yield use
+    hardware.clear_probe_cache()
+
+
+@pytest.fixture
+def installed_packages(tmp_path, monkeypatch):
+    """`installed_packages(tensorrt_llm="1.2.0")`: package metadata first on sys.path, as an installed
+    wheel leaves it, without its code (trtbuild reads versions from metadata and imports nothing).
+    Returns the folder, for subprocesses' PYTHONPATH."""
+    from trtbuild import toolchain
+
+    site = tmp_path / "site-packages"
+
+    def install(**versions: str) -> Path:
+        for name, version in versions.items():
+            info = site / f"{name}-{version}.dist-info"
+            info.mkdir(parents=True)
+            (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        monkeypatch.syspath_prepend(str(site))
+        toolchain.package_version.cache_clear()
+        return site
+
+    yield install
+    toolchain.package_version.cache_clear()

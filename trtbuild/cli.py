@@ -210,6 +210,30 @@ def explain(recipe: Path, target: str, store_url, as_json) -> None:
         render.print_explain(explained, _console())
 
 
+@cli.command()
+@click.argument("engine_dir", type=click.Path(path_type=Path))
+@click.option("--lock", "lock_path", type=click.Path(dir_okay=False, path_type=Path), metavar="LOCK",
+              help="A lock file (`RECIPE.lock`): when the engine does not fit, name its engine targets that would.")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON (the exit code is the same).")
+def check(engine_dir: Path, lock_path: Path | None, as_json: bool) -> None:
+    """Check that the engine in ENGINE_DIR runs on this host: its SM, tensorrt_llm and tensorrt
+    versions, world size and per-rank memory against this host's GPUs (NVML) and packages (no
+    import of tensorrt). Prints OK, or one line per difference. Exit 0 when it fits, 1 when it does
+    not (a stand-in engine never fits), 2 when ENGINE_DIR is not an engine trtbuild built.
+    """
+    from trtbuild.engine_check import check as run_check
+
+    result = run_check(engine_dir, lock_path)
+    if as_json:
+        import json
+
+        click.echo(json.dumps(result.as_json(), indent=2))
+    else:
+        for line in result.lines():
+            click.echo(line)
+    raise click.exceptions.Exit(result.exit_code)
+
+
 @cli.group()
 def cache() -> None:
     """Inspect and maintain the artifact store."""

@@ -1,10 +1,12 @@
-"""GPU catalogue (product -> SM, memory), quantization x SM rules, and the NVML probe."""
+"""GPU catalogue (product -> SM, memory), quantization x SM rules, and the NVML probe (GPUs, driver)."""
 
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Optional
 
 from trtbuild import quantformats
 
@@ -152,32 +154,72 @@ class DetectedGpu:
     memory_bytes: int
 
 
-@lru_cache(maxsize=1)
-def detect_gpus() -> tuple[DetectedGpu, ...]:
-    """GPUs visible through NVML (probed once per process); empty without a driver or a GPU."""
+@contextmanager
+def _nvml():
+    """NVML initialized for the block, or None where there is none (no pynvml, no driver)."""
     try:
         import pynvml
     except ImportError:
-        return ()
+        yield None
+        return
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
-        return ()
+        yield None
+        return
     try:
-        found = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-            name = pynvml.nvmlDeviceGetName(handle)
-            if isinstance(name, bytes):
-                name = name.decode()
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
-            found.append(DetectedGpu(index, name, f"sm{major}{minor}", int(memory)))
-        return tuple(found)
-    except pynvml.NVMLError:
-        return ()
+        yield pynvml
     finally:
         pynvml.nvmlShutdown()
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value  # older pynvml returns bytes
+
+
+@lru_cache(maxsize=1)
+def detect_gpus() -> tuple[DetectedGpu, ...]:
+    """GPUs visible through NVML (probed once per process); empty without a driver or a GPU.
+    The only source of a host's SMs: nothing a user sets can claim a GPU this host lacks."""
+    with _nvml() as nvml:
+        if nvml is None:
+            return ()
+        try:
+            found = []
+            for index in range(nvml.nvmlDeviceGetCount()):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle).total
+                found.append(DetectedGpu(index, _text(nvml.nvmlDeviceGetName(handle)), f"sm{major}{minor}", int(memory)))
+            return tuple(found)
+        except nvml.NVMLError:
+            return ()
+
+
+@lru_cache(maxsize=1)
+def driver_info() -> dict[str, Optional[str]]:
+    """{"driver": "550.90.07", "cuda_driver": "12.4"} through NVML, None where unknown. Recorded
+    with a build, never keyed: any driver new enough runs the same engine."""
+    info: dict[str, Optional[str]] = {"driver": None, "cuda_driver": None}
+    with _nvml() as nvml:
+        if nvml is None:
+            return info
+        try:
+            info["driver"] = _text(nvml.nvmlSystemGetDriverVersion())
+        except nvml.NVMLError:
+            pass
+        try:
+            version = int(nvml.nvmlSystemGetCudaDriverVersion())  # 12040 -> "12.4", as nvidia-smi shows it
+            info["cuda_driver"] = f"{version // 1000}.{version % 1000 // 10}"
+        except nvml.NVMLError:
+            pass
+    return info
+
+
+def clear_probe_cache() -> None:
+    """Probe NVML afresh on the next call (tests that swap the NVML module use it)."""
+    detect_gpus.cache_clear()
+    driver_info.cache_clear()
 
 
 def resolve_device(device: str) -> str:

@@ -32,6 +32,23 @@ class LockedRecipe(BaseModel):
     digest: str = Field(description="sha256 of the validated recipe (comments and formatting do not count).")
 
 
+class LockedPlatform(BaseModel):
+    """What an engine target is tied to, so that `trtbuild check --lock` can name the target that
+    fits a deploy host without opening the store: the engine's trtbuild.json facts."""
+
+    model_config = ConfigDict(extra="forbid")
+    sm: str = Field(pattern=r"^sm\d+$", description="The SM the engine was built for.")
+    tp: int = Field(ge=1, description="Tensor parallelism.")
+    pp: int = Field(ge=1, description="Pipeline parallelism.")
+    world_size: int = Field(ge=1, description="GPUs the engine needs (tp x pp).")
+    tensorrt_llm: Optional[str] = Field(description="The tensorrt_llm version that built it (engines load only there).")
+    tensorrt: Optional[str] = Field(description="The TensorRT version that built it.")
+    image: Optional[str] = Field(None, description="The container image it was built in, if any.")
+    quantization: Optional[dict[str, Any]] = Field(None, description="config.json's quantization (quant_algo, ...).")
+    engine_bytes_per_rank: Optional[int] = Field(None, ge=0, description="The largest rank's engine, in bytes.")
+    standin: bool = Field(False, description="Made by a stand-in toolchain (tests): never for real use.")
+
+
 class LockedTarget(BaseModel):
     """One graph node as the build left it: the key it was built under and the artifact."""
 
@@ -42,6 +59,7 @@ class LockedTarget(BaseModel):
     size: int = Field(ge=0, description="The artifact's size in bytes (the sum of its files).")
     metrics: Optional[dict[str, Any]] = Field(None, description="A validation's headline numbers (6 significant digits).")
     gates_passed: Optional[bool] = Field(None, description="A validation: whether every gate passed.")
+    platform: Optional[LockedPlatform] = Field(None, description="An engine: what it is tied to (SM, parallelism, versions).")
 
 
 class LockFile(BaseModel):
@@ -131,12 +149,15 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
             if "gates" in r.summary:  # validation: the headline numbers and whether the gates passed
                 entry.metrics = {k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in r.summary["metrics"].items()}
                 entry.gates_passed = not gates.failed_gates(r.summary)
+            platform = getattr(r, "platform", None)  # engine results carry their trtbuild.json facts
+            if platform:
+                entry.platform = LockedPlatform.model_validate(platform)
             targets[r.id] = entry
     lock = LockFile(recipe=LockedRecipe(name=loaded.recipe.name, digest=digest), source=source, toolchain=toolchains,
                     targets=targets, validation="run" if validated else "skipped (--no-validate)")
     data = lock.model_dump(mode="json", by_alias=True)
-    for entry in data["targets"].values():  # only validations carry numbers
-        for name in ("metrics", "gates_passed"):
+    for entry in data["targets"].values():  # only validations carry numbers, only engines a platform
+        for name in ("metrics", "gates_passed", "platform"):
             if entry[name] is None:
                 del entry[name]
     atomic_write(path, (HEADER + yaml.safe_dump(data, sort_keys=True, default_flow_style=False)).encode())

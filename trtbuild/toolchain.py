@@ -3,11 +3,20 @@ imports), plus CUDA and the container image when one is used. A stage's key hold
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
 import platform
+import shutil
+import subprocess
 from functools import lru_cache
 from importlib import metadata
-from typing import Optional
+from typing import Any, Optional
+
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from trtbuild.errors import TrtbuildError
 
 # Distribution names of the packages stages may depend on.
 DISTRIBUTIONS = {
@@ -77,12 +86,101 @@ def missing(parts: tuple[str, ...]) -> list[str]:
     return [p for p in parts if p not in ("cuda", "image", "python") and package_version(p) is None]
 
 
+STANDIN_LABEL = "standin"  # the local version label of everything a stand-in toolchain made: 0+standin
+IMAGE_PROBE_TIMEOUT_S = 1800  # `docker run` may pull a multi-GB image first
+
+
+def is_standin_version(version: Optional[str]) -> bool:
+    """`1.2.0+standin`, `0+standin`: the local label says a test stand-in made it."""
+    if not version:
+        return False
+    try:
+        return Version(version).local == STANDIN_LABEL
+    except InvalidVersion:
+        return version.rpartition("+")[2] == STANDIN_LABEL and "+" in version
+
+
+class EngineToolchain(BaseModel):
+    """What builds (or loads) an engine: TensorRT-LLM and TensorRT, which the engine is tied to;
+    CUDA, recorded only; the container image, when one is used."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    tensorrt_llm: Optional[str] = None
+    tensorrt: Optional[str] = None
+    cuda: Optional[str] = None
+    image: Optional[str] = None
+    standin: bool = False  # True when any version carries the local label `standin`
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mark_standin(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            versions = (data.get("tensorrt_llm"), data.get("tensorrt"), data.get("cuda"))
+            data = {**data, "standin": bool(data.get("standin")) or any(is_standin_version(v) for v in versions)}
+        return data
+
+
+def _versions_in_this_python(distributions: dict) -> dict:
+    """The engine toolchain's versions from package metadata (no imports of tensorrt). Standard
+    library only: this function's source is also the script `probe_engine_toolchain` runs in an image."""
+    import os
+    from importlib import metadata
+
+    def first(names):
+        for name in names:
+            try:
+                return metadata.version(name)
+            except metadata.PackageNotFoundError:
+                continue
+        return None
+
+    torch = first(["torch"]) or ""
+    digits = torch.split("+cu", 1)[1] if "+cu" in torch else ""
+    if digits.isdigit() and len(digits) >= 2:  # torch 2.9.0+cu128 -> 12.8
+        cuda = f"{digits[:-1]}.{digits[-1]}"
+    else:  # NVIDIA's images set CUDA_VERSION=12.9.1
+        cuda = ".".join(os.environ["CUDA_VERSION"].split(".")[:2]) if os.environ.get("CUDA_VERSION") else None
+    return {"tensorrt_llm": first(distributions["tensorrt_llm"]), "tensorrt": first(distributions["tensorrt"]), "cuda": cuda}
+
+
+def _image_probe_script() -> str:
+    return (inspect.getsource(_versions_in_this_python)
+            + f"\nimport json\nprint(json.dumps(_versions_in_this_python({DISTRIBUTIONS!r})))\n")
+
+
+def probe_engine_toolchain(image: Optional[str] = None) -> EngineToolchain:
+    """The engine toolchain of this environment, or, with `image`, of that container image
+    (`docker run --rm --entrypoint python3 IMAGE -c ...`). A missing docker or a failing probe is
+    one line naming the image."""
+    if image is None:  # package_version: the one reader of this environment's versions (tests patch it)
+        return EngineToolchain(tensorrt_llm=package_version("tensorrt_llm"), tensorrt=package_version("tensorrt"),
+                               cuda=_versions_in_this_python(DISTRIBUTIONS)["cuda"])
+    where = f"toolchain probe of image {image}"
+    docker = shutil.which("docker")
+    if docker is None:
+        raise TrtbuildError(f"{where}: docker is not installed on this host")
+    try:
+        done = subprocess.run([docker, "run", "--rm", "--entrypoint", "python3", image, "-c", _image_probe_script()],
+                              capture_output=True, text=True, timeout=IMAGE_PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise TrtbuildError(f"{where} failed: no answer within {IMAGE_PROBE_TIMEOUT_S} s") from None
+    if done.returncode != 0:
+        reason = next((line.strip() for line in reversed(done.stderr.splitlines()) if line.strip()), "no message")
+        raise TrtbuildError(f"{where} failed (exit {done.returncode}): {reason}")
+    last = next((line for line in reversed(done.stdout.splitlines()) if line.strip()), "")
+    try:
+        versions = json.loads(last)
+        return EngineToolchain(**{k: versions.get(k) for k in ("tensorrt_llm", "tensorrt", "cuda")}, image=image)
+    except (ValueError, TypeError, AttributeError):
+        raise TrtbuildError(f"{where} failed: its python3 printed no versions ({last[:200]!r})") from None
+
+
 def engine_host_problem(sm: str, version: str) -> Optional[str]:
     """Why this machine cannot build an engine for `sm` with tensorrt_llm `version`, or None."""
     from trtbuild import hardware
 
     series = ".".join(version.split(".")[:2])
-    installed = package_version("tensorrt_llm")
+    installed = probe_engine_toolchain().tensorrt_llm
     sms = sorted({g.sm for g in hardware.detect_gpus()})
     if sm in sms and installed is not None and installed.startswith(series + "."):
         return None
