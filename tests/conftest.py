@@ -47,7 +47,13 @@ needs_no_gpu_with_trtllm = pytest.mark.skipif(bool(_GPUS) and _TRTLLM is not Non
                                               reason="assumes a host that cannot run TensorRT-LLM (a GPU and "
                                                      f"tensorrt_llm {_TRTLLM} are both here)")
 # What `device: auto` (calibration, validation) resolves to on this host.
-AUTO_DEVICE = "cuda" if _GPUS else "cpu"
+def _auto_device() -> str:
+    from trtbuild import hardware
+
+    return hardware.resolve_device("auto")
+
+
+AUTO_DEVICE = _auto_device()
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"

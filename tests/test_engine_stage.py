@@ -117,7 +117,7 @@ def test_the_engine_artifact_is_what_trtllm_build_wrote_plus_trtbuild_json(built
     command = facts.pop("command")
     assert facts == {
         "schema": 1, "kind": "engine", "sm": "sm90", "tp": 1, "pp": 1, "world_size": 1,
-        "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None, "group_size": config["pretrained_config"]["quantization"]["group_size"]},
+        "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None},
         "checkpoint": first["fp8-tp1"]["digest"],
         "toolchain": {**STANDIN_TOOLCHAIN, "image": None},
         "standin": True,
@@ -193,8 +193,11 @@ def test_the_lock_records_each_engines_platform(built):
     folder, recipe, _, (_, first), _ = built
     lock = yaml.safe_load((recipe.parent / "recipe.lock").read_text())
     entry = lock["targets"]["fp8-tp1-sm90"]
-    assert entry["platform"] == {"sm": "sm90", "tp": 1, "pp": 1, "world_size": 1, "tensorrt_llm": "1.2.0+standin",
-                                 "tensorrt": "10.14.1+standin", "image": None}
+    facts = json.loads((Path(first["fp8-tp1-sm90"]["path"]) / "trtbuild.json").read_text())
+    platform = {"sm": "sm90", "tp": 1, "pp": 1, "world_size": 1, "tensorrt_llm": "1.2.0+standin",
+                "tensorrt": "10.14.1+standin", "quantization": facts["quantization"],
+                "engine_bytes_per_rank": facts["memory"]["engine_bytes_per_rank"], "standin": True}
+    assert {k: v for k, v in entry["platform"].items() if v is not None} == platform
     assert "platform" not in lock["targets"]["fp8-tp1"] or not lock["targets"]["fp8-tp1"]["platform"]
 
 

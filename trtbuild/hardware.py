@@ -223,7 +223,10 @@ def clear_probe_cache() -> None:
 
 
 def resolve_device(device: str) -> str:
-    """`auto` -> `cuda` when this host has an NVIDIA GPU, else `cpu`; other values as given."""
+    """`auto` -> `cuda` when this host has an NVIDIA GPU and torch can use it (a CUDA build), else
+    `cpu`; other values as given."""
     if device == "auto":
-        return "cuda" if detect_gpus() else "cpu"
+        from trtbuild.toolchain import torch_has_cuda
+
+        return "cuda" if detect_gpus() and torch_has_cuda() else "cpu"
     return device

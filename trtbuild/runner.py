@@ -418,8 +418,10 @@ def _platform_facts(node: Node, record: ActionRecord) -> dict:
     if node.kind != "engine":
         return {}
     summary = record.summary
-    facts = {name: summary.get(name) for name in ("sm", "tp", "pp", "world_size")}
+    facts = {name: summary.get(name) for name in ("sm", "tp", "pp", "world_size", "quantization")}
     facts.update({name: (summary.get("toolchain") or {}).get(name) for name in ("tensorrt_llm", "tensorrt", "image")})
+    facts["engine_bytes_per_rank"] = (summary.get("memory") or {}).get("engine_bytes_per_rank")
+    facts["standin"] = bool(record.standin)
     return facts
 
 

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from functools import lru_cache
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Optional
 
 from packaging.version import InvalidVersion, Version
@@ -51,6 +52,24 @@ def cuda_version() -> Optional[str]:
     return None
 
 
+@lru_cache(maxsize=1)
+def torch_has_cuda() -> bool:
+    """Whether the installed torch is a CUDA build, read from its torch/version.py without importing
+    it (the runner stays light). A CPU wheel says `cuda: Optional[str] = None`; NVIDIA's container
+    builds carry no `+cu` in their version, so the file, not the version string, decides."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    try:
+        text = (Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text()
+    except OSError:
+        return False
+    return re.search(r"^cuda(?::[^=]*)?=\s*['\"][^'\"]+['\"]", text, re.MULTILINE) is not None
+
+
 def fingerprint(parts: tuple[str, ...]) -> dict[str, Optional[str]]:
     """{part: version or None} for the parts a stage names ('cuda' and 'image' included)."""
     out: dict[str, Optional[str]] = {}
@@ -77,8 +96,7 @@ def stage_fingerprint(parts: tuple[str, ...], image: Optional[str] = None) -> di
 def standin_parts(versions: dict[str, Optional[str]]) -> list[str]:
     """The parts of a toolchain that are test stand-ins (a version whose local label is `standin`,
     such as tensorrt_llm 1.2.0+standin): what they made must never pass for the real thing."""
-    return sorted(name for name, version in versions.items() if version and version.split("+", 1)[-1] == "standin"
-                  and "+" in version)
+    return sorted(name for name, version in versions.items() if is_standin_version(version))
 
 
 def missing(parts: tuple[str, ...]) -> list[str]:
@@ -191,8 +209,6 @@ def engine_host_problem(sm: str, version: str) -> Optional[str]:
 
 def container_host_problem(sm: str, image: str) -> Optional[str]:
     """Why this machine cannot build an engine for `sm` in the container `image`, or None."""
-    import shutil
-
     from trtbuild import hardware
 
     sms = sorted({g.sm for g in hardware.detect_gpus()})
@@ -201,13 +217,3 @@ def container_host_problem(sm: str, image: str) -> Optional[str]:
     have = f"{'/'.join(sms)} GPU" if sms else "no GPU"
     have += ", docker" if shutil.which("docker") else ", no docker"
     return f"needs {sm} GPU and docker to build in {image} (this machine: {have})"
-
-
-# TEMPORARY STUB (replaced by wt-probe's at merge)
-from dataclasses import dataclass as _dc
-@_dc(frozen=True)
-class EngineToolchain:
-    tensorrt_llm: Optional[str]; tensorrt: Optional[str]; cuda: Optional[str]; image: Optional[str]; standin: bool
-def probe_engine_toolchain(image=None):
-    v = {"tensorrt_llm": package_version("tensorrt_llm"), "tensorrt": package_version("tensorrt")}
-    return EngineToolchain(v["tensorrt_llm"], v["tensorrt"], cuda_version(), image, bool(standin_parts(v)))

@@ -130,6 +130,16 @@ def check_engine(folder: Path, checkpoint_config: dict, params: dict, tensorrt_l
     return problems
 
 
+def _quantization(checkpoint_config: dict) -> dict:
+    """The checkpoint's quantization as a deploy host compares it: the algorithms, and the group
+    size where the format has one."""
+    quant = checkpoint_config.get("quantization") or {}
+    out = {"quant_algo": quant.get("quant_algo"), "kv_cache_quant_algo": quant.get("kv_cache_quant_algo")}
+    if quant.get("group_size") is not None and quant.get("quant_algo") in ("W4A16_AWQ", "W4A8_AWQ", "W4A16", "NVFP4"):
+        out["group_size"] = quant["group_size"]
+    return out
+
+
 def build_engine(ctx: StageContext) -> None:
     from trtbuild import toolchain
 
@@ -194,8 +204,7 @@ def build_engine(ctx: StageContext) -> None:
         "tp": int(mapping.get("tp_size", 1)),
         "pp": int(mapping.get("pp_size", 1)),
         "world_size": world,
-        "quantization": {k: (checkpoint_config.get("quantization") or {}).get(k)
-                         for k in ("quant_algo", "kv_cache_quant_algo", "group_size")},
+        "quantization": _quantization(checkpoint_config),
         "checkpoint": runtime["input_digests"]["checkpoint"],
         "toolchain": {"tensorrt_llm": probe.tensorrt_llm, "tensorrt": probe.tensorrt, "image": image},
         "standin": probe.standin,
