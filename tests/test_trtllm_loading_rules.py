@@ -156,3 +156,20 @@ def test_weight_only_checkpoint_in_tensorrt_llms_layout_passes(int8_wo_export, t
     config["quantization"]["exclude_modules"] = ["*lm_head", "*vocab_embedding"]
     (folder / "config.json").write_text(json.dumps(config))
     verify_trtllm_checkpoint(folder, hf_config(tiny))
+
+
+def test_exclude_modules_must_keep_the_defaults_the_checkpoint_relies_on():
+    from trtbuild.checkpoint.trtllm_load_rules import exclusion_problems, excluded
+
+    modules = ["transformer.vocab_embedding", "transformer.layers.0.mlp.router"]
+    assert exclusion_problems({"quant_algo": "FP8", "exclude_modules": ["lm_head"]}, modules) == [
+        "config.json: quantization.exclude_modules ['lm_head'] replaces TensorRT-LLM 1.2's default exclusions and "
+        "does not cover transformer.layers.0.mlp.router: TensorRT-LLM would build it as a FP8 linear"]
+    assert exclusion_problems({"quant_algo": "FP8", "exclude_modules": ["lm_head", "*router"]}, modules) == []
+    assert exclusion_problems({"quant_algo": "W8A16", "exclude_modules": None}, modules) == []  # the defaults
+    assert exclusion_problems({"quant_algo": None, "exclude_modules": []}, modules) == []
+    # 1.2 matches the module's full name only: no ancestor walk, no regular expressions
+    assert excluded("transformer.layers.0.mlp.router", ["*router"])
+    assert not excluded("transformer.layers.0.mlp.router", ["transformer.layers.0.mlp"])
+    assert not excluded("lm_head", ["re:lm_.*"])
+    assert excluded("lm_head", None) and not excluded("transformer.layers.0.mlp.fc", None)
