@@ -22,6 +22,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::Deprecat
                                         "ignore::FutureWarning")
 
 LINEARS = ("attention.dense", "attention.qkv", "mlp.fc", "mlp.gate", "mlp.proj")  # sorted, as verify reports
+# Output features of the tiny model's linears: hidden 64, 4 heads + 2 KV heads of 16, intermediate 128.
+N_OUT = {"attention.dense": 64, "attention.qkv": 128, "mlp.fc": 128, "mlp.gate": 128, "mlp.proj": 64}
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +60,8 @@ def hf_config(folder: Path) -> dict:
 def test_todays_int8_wo_export_is_what_tensorrt_llm_refuses(int8_wo_export, tiny):
     """ModelOpt's W8A16 layout: int8 weights + 1-D weights_scaling_factor, exclude_modules [lm_head]."""
     config = hf_config(int8_wo_export)
-    assert config["quantization"] == {"quant_algo": "W8A16", "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]}
+    assert config["quantization"] == {"quant_algo": "W8A16", "kv_cache_quant_algo": None,
+                                      "exclude_modules": ["lm_head"]}
     with pytest.raises(CheckpointInvalid) as caught:
         verify_trtllm_checkpoint(int8_wo_export, hf_config(tiny))
     embedding = ("config.json: quantization.exclude_modules ['lm_head'] replaces TensorRT-LLM 1.2's default "
@@ -69,7 +72,7 @@ def test_todays_int8_wo_export_is_what_tensorrt_llm_refuses(int8_wo_export, tiny
         for linear in LINEARS:
             m = f"transformer.layers.{layer}.{linear}"
             part = linear.split(".")[-1] + ".weight"
-            n_out = {"attention.dense": 64, "attention.qkv": 128, "mlp.fc": 128, "mlp.gate": 128, "mlp.proj": 64}[linear]
+            n_out = N_OUT[linear]
             per_tensor.append(
                 f"rank0.safetensors: {m}.weight is int8: TensorRT-LLM 1.2 quantizes W8A16 weights itself at load, "
                 f"from float weights, into its per-GPU layout; an int8 tensor is passed through unprocessed and "
@@ -117,13 +120,13 @@ def test_no_float_layout_gives_back_modelopts_int8_values(int8_wo_export):
 
 def test_the_rule_emulation_matches_the_source_on_edge_cases():
     """Round half away from zero (C++ round), the 1/128 scale, the asymmetric clip, a zero row."""
-    w = torch.tensor([[1.0, -1.0, 0.5 / 128 * 1.0, 1.5 / 128], [0.0, 0.0, 0.0, 0.0], [-2.0, 1.0, 0.0, 2.0]])
+    w = torch.tensor([[1.0, -1.0, 0.5 / 128, 1.5 / 128], [0.0, 0.0, 0.0, 0.0], [-2.0, 1.0, 0.0, 2.0]])
     assert trtllm_int8_weight_only(w).tolist() == [[127, -128, 1, 2], [0, 0, 0, 0], [-128, 64, 0, 127]]
 
 
 def test_int8_wo_is_refused_for_engines_at_plan_time(ws):
-    plan = plan_recipe(load_recipe(ws.recipe(minimal("variants: {w8: {quant: int8_wo}}\nbackends: [engine, hf-checkpoint]",
-                                                     "[sm90]"))))
+    body = minimal("variants: {w8: {quant: int8_wo}}\nbackends: [engine, hf-checkpoint]", "[sm90]")
+    plan = plan_recipe(load_recipe(ws.recipe(body)))
     reason = ("INT8 weight-only has no TensorRT-LLM 1.2 checkpoint layout: TensorRT-LLM quantizes W8A16 weights "
               "itself at load, from float weights (per channel, scale max/128, clipped to [-128, 127]), and no float "
               "weights give back ModelOpt's int8 values (scale max/127) in a channel whose largest weight is "
@@ -146,7 +149,8 @@ def test_weight_only_checkpoint_in_tensorrt_llms_layout_passes(int8_wo_export, t
         if name.endswith(".weights_scaling_factor"):
             continue
         if t.dtype == torch.int8:
-            t = (t.to(torch.float32) * tensors[name.replace(".weight", ".weights_scaling_factor")][:, None]).to(torch.bfloat16)
+            scale = tensors[name.replace(".weight", ".weights_scaling_factor")]
+            t = (t.to(torch.float32) * scale[:, None]).to(torch.bfloat16)
         floats[name] = t
     save_file(floats, str(folder / "rank0.safetensors"))
     config = hf_config(int8_wo_export)
