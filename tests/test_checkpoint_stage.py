@@ -168,3 +168,26 @@ limits: {{max_input_len: 128, max_seq_len: 256}}
             config = json.loads((Path(target["path"]) / "config.json").read_text())
             if arch == "qwen2":
                 assert config["qwen_type"] == "qwen2" and config["rotary_base"] == 1e6
+
+
+def test_int8_wo_builds_only_its_hf_checkpoint(tmp_path, tokenizer):
+    """TensorRT-LLM 1.2 cannot load ModelOpt's int8 weight-only values (tests/test_trtllm_loading_rules.py):
+    the plan refuses its TensorRT-LLM checkpoint and engines, the Hugging Face checkpoint is built."""
+    make_model(tmp_path / "model", "llama", tokenizer)
+    recipe = write(tmp_path, """
+schema: 1
+name: tiny-int8-wo
+source: {path: model}
+variants: {w8: {quant: int8_wo}}
+calibration: {samples: 2, seq_len: 32}
+gpus: [sm90]
+limits: {max_input_len: 128, max_seq_len: 256}
+backends: [engine, hf-checkpoint]
+""")
+    built = run(recipe, tmp_path / "store")
+    reason = built["w8-tp1"]["reason"]
+    assert built["w8-tp1"]["status"] == "impossible" and reason.startswith("INT8 weight-only has no TensorRT-LLM 1.2")
+    assert built["w8-tp1-sm90"]["reason"] == f"needs checkpoint w8-tp1, which is impossible: {reason}"
+    assert built["w8-hf"]["status"] == "built"
+    config = json.loads((Path(built["w8-hf"]["path"]) / "config.json").read_text())
+    assert config["quantization_config"]["quant_algo"] == "W8A16"

@@ -219,8 +219,7 @@ def test_github_matrix_of_the_embedded_recipe_has_an_empty_recipe_that_build_rea
     result = run("plan", "--format", "github-matrix")
     assert result.exit_code == 0
     include = json.loads(result.stdout)["include"]
-    assert [e["target"] for e in include] == ["base-tp1-sm89", "int8-wo-tp1-sm89", "fp8-tp1-sm89",
-                                              "base-tp1-sm90", "int8-wo-tp1-sm90", "fp8-tp1-sm90"]
+    assert [e["target"] for e in include] == ["base-tp1-sm89", "fp8-tp1-sm89", "base-tp1-sm90", "fp8-tp1-sm90"]
     assert {e["recipe"] for e in include} == {""}  # `trtbuild build ${{ matrix.recipe }} ...` builds the embedded one
 
 

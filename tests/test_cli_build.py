@@ -115,7 +115,7 @@ def test_gpu_selects_the_engines_of_that_architecture_only(project):
 
 
 def test_a_recipe_gate_fails_the_build_and_a_loose_one_passes_it(project):
-    quantized = "variants: {int8: {quant: int8_wo}}\ncalibration: {samples: 2, seq_len: 32}\n"
+    quantized = "variants: {int8: {quant: int8_sq}}\ncalibration: {samples: 2, seq_len: 32}\n"
     strict = write(project, quantized + "validate: {samples: 2, seq_len: 32, gates: {kld_mean: 0.0}}")
     failed = trtbuild(project, strict.name, "--until", "validate", "--json")
     assert failed.returncode == 1, failed.stderr

@@ -56,7 +56,6 @@ def test_dtype_defaults_to_the_model_config_then_float16(ws):
     ("{quant: nvfp4}", "sm90", "NVFP4 needs FP4 tensor cores (sm100 or newer); sm90 has none"),
     ("{kv_cache: fp8}", "sm80", "an FP8 KV cache needs sm89 or newer; sm80 has no FP8 support"),
     ("{kv_cache: nvfp4}", "sm90", "an NVFP4 KV cache needs sm100 or newer; sm90 has no FP4 support"),
-    ("{quant: int8_wo}", "B200", "INT8 weight-only is rejected on sm100 by TensorRT-LLM: 'INT8/INT4 quantization is not supported on SM>=100.'"),
     ("{quant: int4_wo}", "sm100", "INT4 weight-only is rejected on sm100 by TensorRT-LLM: 'INT8/INT4 quantization is not supported on SM>=100.'"),
     ("{quant: int4_awq}", "sm100", "INT4 AWQ (W4A16) is rejected on sm100 by TensorRT-LLM: 'INT8/INT4 quantization is not supported on SM>=100.'"),
     ("{quant: w4a8_awq}", "sm100", "W4A8 AWQ is rejected on sm100 by TensorRT-LLM: 'INT8/INT4 quantization is not supported on SM>=100.'"),
@@ -74,7 +73,7 @@ def test_quantization_the_gpu_cannot_run_is_impossible(ws, variant, gpu, reason)
     ("{quant: fp8, kv_cache: fp8}", "sm89"), ("{quant: w4a8_awq}", "sm90"), ("{quant: nvfp4, kv_cache: nvfp4}", "sm100"),
     ("{quant: int8_sq, kv_cache: int8}", "sm80"), ("{quant: int4_awq}", "sm86"),
     # the SM>=100 rejections cover SM 100-119 only: RTX 50xx / RTX PRO (sm120) keep INT8/INT4
-    ("{quant: int8_wo}", "RTX5090"), ("{quant: int4_awq}", "sm120"), ("{quant: int8_sq}", "sm120"),
+    ("{quant: int4_wo}", "RTX5090"), ("{quant: int4_awq}", "sm120"), ("{quant: int8_sq}", "sm120"),
     ("{quant: w4a8_awq}", "sm120"), ("{quant: nvfp4}", "sm120"),
 ])
 def test_supported_pairings_are_ok(ws, variant, gpu):

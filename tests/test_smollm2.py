@@ -37,16 +37,16 @@ def test_the_demo_recipe_builds_every_checkpoint(demo):
     store, _, targets = demo
     assert targets["source"]["status"] == "cached"  # built once for the whole session
     config = hf_config(targets)
-    for name in ("base-tp1", "int8-wo-tp1", "fp8-tp1"):
+    assert "int8-wo-tp1" not in targets  # int8_wo: Hugging Face checkpoint only (the recipe's exclude)
+    for name in ("base-tp1", "fp8-tp1"):
         assert targets[name]["status"] == "built", (name, targets[name]["reason"])
         ckpt = Path(targets[name]["path"])
         verify_trtllm_checkpoint(ckpt, config)
         trt = json.loads((ckpt / "config.json").read_text())
         assert trt["rotary_base"] == 100000.0 and trt["num_key_value_heads"] == 3
     algos = {n: json.loads((Path(targets[n]["path"]) / "config.json").read_text())["quantization"]
-             for n in ("base-tp1", "int8-wo-tp1", "fp8-tp1")}
+             for n in ("base-tp1", "fp8-tp1")}
     assert algos["base-tp1"]["quant_algo"] is None
-    assert algos["int8-wo-tp1"]["quant_algo"] == "W8A16"
     assert (algos["fp8-tp1"]["quant_algo"], algos["fp8-tp1"]["kv_cache_quant_algo"]) == ("FP8", "FP8")
     for name in ("base-hf", "int8-wo-hf", "fp8-hf"):
         assert targets[name]["status"] == "built", (name, targets[name]["reason"])
@@ -66,7 +66,7 @@ def test_the_demo_built_into_a_fresh_store_gives_the_same_digest_for_every_artif
     store, env, targets = demo
     fresh = build({**env, "TRTBUILD_CACHE": str(tmp_path / "fresh")})
     done = {name: t for name, t in targets.items() if t["status"] in ("built", "cached")}
-    assert set(done) == {"source", "calibration", "fp8-quantized", "int8-wo-quantized", "base-tp1", "int8-wo-tp1",
+    assert set(done) == {"source", "calibration", "fp8-quantized", "int8-wo-quantized", "base-tp1",
                          "fp8-tp1", "base-hf", "int8-wo-hf", "fp8-hf"}
     assert {n: (fresh[n]["status"], fresh[n]["key"], fresh[n]["digest"]) for n in done} == {
         n: ("built", t["key"], t["digest"]) for n, t in done.items()}

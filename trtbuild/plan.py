@@ -259,7 +259,8 @@ def _checkpoint_target(plan: Plan, vname: str, variant: Variant, tp: int, pp: in
     if plan.model.architecture not in CHECKPOINT_ARCHITECTURES:
         reason = (f"not supported: {plan.model.architecture} (TensorRT-LLM checkpoints are written for "
                   f"{', '.join(CHECKPOINT_ARCHITECTURES)}; the hf-checkpoint backend takes others)")
-    reason = (reason or _model_rules(plan.model, variant, tp, pp)
+    reason = (reason or quantformats.trtllm_checkpoint_problem(variant.quant)
+              or _model_rules(plan.model, variant, tp, pp)
               or quantformats.trtllm_export_dtype_problem(variant.quant, variant.kv_cache, plan.dtype))
     est = estimate.Estimate(
         weights_bytes_per_gpu=estimate.weights_bytes_per_gpu(plan.model, tp, pp, variant.quant, plan.dtype, variant.effective_group_size or 128),

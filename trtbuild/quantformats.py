@@ -84,6 +84,7 @@ class QuantFormat:
     block: Optional[int] = None  # fixed block along the input dimension (NVFP4: 16)
     cuda_only: Optional[str] = None  # why ModelOpt cannot calibrate it on a CPU
     sm_rules: tuple[SmRule, ...] = ()
+    trtllm_refused: Optional[str] = None  # why no TensorRT-LLM 1.2 checkpoint of it can be written
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,18 @@ _DYNAMIC_BLOCK_CUDA_ONLY = ("NVFP4 uses dynamic block quantization (FP4 values w
                             "which ModelOpt 0.47 implements only as a CUDA kernel (it asserts 'amax must be a CUDA "
                             "tensor for dynamic block quantization' during calibration)")
 
+# TensorRT-LLM 1.2 takes W8A16 weights only as floats and quantizes them at load
+# (modeling_utils.preprocess_perlayer_weights -> convert_utils.weight_only_quantize_dict ->
+# symmetric_quantize, kernels/cutlass_kernels/cutlass_preprocessors.cpp@b35ac1b): per output channel
+# scale = max|w| / 128, round half away from zero, clip to [-128, 127]. The largest-magnitude weight
+# of a channel therefore always becomes 127 or -128, which no float layout can turn into ModelOpt's
+# -127 (scale max/127): ModelOpt's int8 values cannot reach an engine unchanged (reference/trtllm.md
+# section 11; tests/test_trtllm_loading_rules.py). int4_wo is exported as W4A16_AWQ, which loads.
+_W8A16_REFUSED = ("INT8 weight-only has no TensorRT-LLM 1.2 checkpoint layout: TensorRT-LLM quantizes W8A16 weights "
+                  "itself at load, from float weights (per channel, scale max/128, clipped to [-128, 127]), and no "
+                  "float weights give back ModelOpt's int8 values (scale max/127) in a channel whose largest weight "
+                  "is negative; build it with the hf-checkpoint backend")
+
 FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     QuantFormat("fp8", "FP8", "8bit", "FP8_DEFAULT_CFG", QuantAlgo.FP8,
                 sm_rules=(_needs_fp8("FP8"),)),
@@ -119,7 +132,7 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
                 grouped=True, default_group_size=128, awq=True,
                 sm_rules=(_needs_fp8("W4A8 AWQ"), _rejected_on_blackwell("W4A8 AWQ"))),
     QuantFormat("int8_wo", "INT8 weight-only", "8bit", "INT8_WEIGHT_ONLY_CFG", QuantAlgo.W8A16,
-                sm_rules=(_rejected_on_blackwell("INT8 weight-only"),)),
+                sm_rules=(_rejected_on_blackwell("INT8 weight-only"),), trtllm_refused=_W8A16_REFUSED),
     # Per-group INT4 weights, max calibration, no activation quantization (INT4_AWQ_CFG's
     # quantizers without the AWQ search), exported as W4A16_AWQ with a pre_quant_scale of ones.
     QuantFormat("int4_wo", "INT4 weight-only", "4bit", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", QuantAlgo.W4A16_AWQ,
@@ -150,6 +163,11 @@ def sm_unsupported_reason(quant: Optional[str], kv_cache: Optional[str], sm_numb
     """The first SM rule of the weight format, then of the KV-cache format, that `sm` breaks."""
     rules = (FORMATS[quant].sm_rules if quant else ()) + (KV_FORMATS[kv_cache].sm_rules if kv_cache else ())
     return next((rule.reason.format(sm=sm) for rule in rules if rule.applies(sm_number)), None)
+
+
+def trtllm_checkpoint_problem(quant: Optional[str]) -> Optional[str]:
+    """Why no TensorRT-LLM checkpoint of the weight format can be written (None: one can)."""
+    return FORMATS[quant].trtllm_refused if quant else None
 
 
 def trtllm_export_dtype_problem(quant: Optional[str], kv_cache: Optional[str], dtype: str) -> Optional[str]:

@@ -4,13 +4,15 @@ corrections are trtllm_config.fix_trtllm_config.)
 
 Only headers are read (names, shapes, dtypes), never tensor data, and torch is not imported.
 
-The tensors expected per quantization are the ones ModelOpt 0.47 exports, measured: see
-docs/checkpoints.md.
+The tensors expected per quantization are the ones TensorRT-LLM 1.2's loading code accepts
+(modeling_utils.preprocess_weights and the quantized layers; reference/trtllm.md section 11),
+which are the ones ModelOpt 0.47 exports except for W8A16 / W4A16: see docs/checkpoints.md. The
+rules of that loading code that names, shapes and dtypes alone do not express (weight-only
+substring matching, exclude_modules replacing the default exclusions) are in trtllm_load_rules.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from typing import Optional
 
 from trtbuild.checkpoint.hf_layout import HFLayout, check_parallel, hf_layout
 from trtbuild.checkpoint.safetensors_files import ST_CODE, read_safetensors_header
+from trtbuild.checkpoint.trtllm_load_rules import excluded, exclusion_problems, weight_only_problems
 from trtbuild.checkpoint.trtllm_config import norm_rope_scaling, read_mapping
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.modelconfig import padded_vocab, read_json_object
@@ -51,23 +54,6 @@ def _fmt(shape) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def _excluded(module: str, patterns: list) -> bool:
-    """TRT-LLM's exclude_modules: fnmatch (or `re:` regex) against the module and its ancestors."""
-    parts = module.split(".")
-    names = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
-    for pattern in patterns or []:
-        if not isinstance(pattern, str):
-            continue
-        if pattern.startswith("re:"):
-            rx = re.compile(pattern[3:])
-            if any(rx.fullmatch(n) for n in names):
-                return True
-        elif any(fnmatch.fnmatchcase(n, pattern) for n in names) or (
-                pattern.endswith(".*") and fnmatch.fnmatchcase(module, pattern[:-2])):
-            return True
-    return False
-
-
 class _Expected:
     """The tensors TensorRT-LLM expects in one rank file."""
 
@@ -79,14 +65,14 @@ class _Expected:
         self.kv_algo = quant.get("kv_cache_quant_algo")
         self.group = int(quant.get("group_size") or TRTLLM_DEFAULT_GROUP_SIZE)
         self.pre_quant_scale = bool(quant.get("pre_quant_scale", self.algo in _AWQ))
-        self.exclude = quant.get("exclude_modules") or []
+        self.exclude = quant.get("exclude_modules")  # None: TensorRT-LLM's defaults (trtllm_load_rules)
         self.vocab = int(config.get("vocab_size") or layout.vocab)
         self.parallel_embedding = bool(config.get("use_parallel_embedding", False))
         self.sharding_dim = int(config.get("embedding_sharding_dim", 0) or 0)
         self.shared_embedding = bool(config.get("share_embedding_table", False))
 
     def linear(self, out: dict, module: str, n_out: int, n_in: int, bias: bool) -> None:
-        algo = None if _excluded(module, self.exclude) else self.algo
+        algo = None if excluded(module, self.exclude) else self.algo
         w, D = module + ".weight", self.D
         if bias:
             out[module + ".bias"] = _Expect((n_out,), D)
@@ -104,12 +90,11 @@ class _Expected:
             out[module + ".weights_scaling_factor"] = _Expect((n_out,), "F32")
             out[module + ".activation_scaling_factor"] = _Expect((1,), "F32")
             out[module + ".prequant_scaling_factor"] = _Expect((n_in,), D)
-        elif algo == "W8A16":
-            out[w] = _Expect((n_out, n_in), "I8")
-            out[module + ".weights_scaling_factor"] = _Expect((n_out,), "F32")
-        elif algo == "W4A16":
-            out[w] = _Expect((n_out // 2, n_in), "I8")
-            out[module + ".weights_scaling_factor"] = _Expect((n_out,), "F32")
+        elif algo in ("W8A16", "W4A16"):
+            # TensorRT-LLM 1.2 quantizes these itself at load (preprocess_perlayer_weights ->
+            # weight_only_quantize_dict, models/modeling_utils.py@b35ac1b): float weights in, its
+            # own int8/int4 layout and per_channel_scale out. A pre-quantized tensor is not loadable.
+            out[w] = _Expect((n_out, n_in), D)
         elif algo in _AWQ:
             out[w] = _Expect((n_out // 2, n_in), "I8")
             out[module + ".weights_scaling_factor"] = _Expect((n_out, n_in // self.group), "F32")
@@ -125,8 +110,8 @@ class _Expected:
             out[module + ".activation_scaling_factor"] = _Expect((), "F32")
 
     def experts(self, out: dict, module: str, shape: tuple[int, int, int]) -> None:
-        algo = None if _excluded(module, self.exclude) else self.algo
-        if algo is None:
+        algo = None if excluded(module, self.exclude) else self.algo
+        if algo is None or algo in ("W8A16", "W4A16"):  # weight-only: float, quantized at load (see linear)
             out[module + ".weight"] = _Expect(shape, self.D)
             return
         packed = algo in _AWQ or algo in ("W4A16", "NVFP4")
@@ -284,6 +269,11 @@ def verify_trtllm_checkpoint(folder: Path, hf_config: dict) -> None:
     if problems:  # the rank files cannot be checked against a config that is wrong
         raise CheckpointInvalid(problems)
 
+    quant = cfg["quantization"]
+    # Held unquantized in every layout here: the embedding and MoE routers ("never quantized").
+    float_modules = ["transformer.vocab_embedding"] + (
+        [f"transformer.layers.{i}.mlp.router" for i in range(layout.num_layers // pp)] if layout.num_experts else [])
+    problems += exclusion_problems(quant, float_modules)
     expected = _Expected(layout, cfg, tp, pp)
     for rank in range(world):
         path = folder / f"rank{rank}.safetensors"
@@ -292,15 +282,18 @@ def verify_trtllm_checkpoint(folder: Path, hf_config: dict) -> None:
         except InvalidInput as exc:
             problems.append(str(exc))
             continue
-        problems += _rank_problems(path, header, expected.rank(rank))
+        unloadable = weight_only_problems(path.name, header, quant)
+        problems += list(unloadable.values())
+        problems += _rank_problems(path, header, expected.rank(rank), skip=set(unloadable))
     if problems:
         raise CheckpointInvalid(problems)
 
 
-def _rank_problems(path: Path, header: dict, want: dict[str, _Expect]) -> list[str]:
+def _rank_problems(path: Path, header: dict, want: dict[str, _Expect], skip: set = frozenset()) -> list[str]:
+    """Names, shapes and dtypes against `want`; tensors in `skip` were reported already."""
     name = path.name
     problems = []
-    for key in sorted(want):
+    for key in sorted(set(want) - skip):
         exp = want[key]
         if key not in header:
             if exp.required:
@@ -312,7 +305,7 @@ def _rank_problems(path: Path, header: dict, want: dict[str, _Expect]) -> list[s
             problems.append(f"{name}: {key} shape expected {_fmt(exp.shape)}, found {_fmt(found_shape)}")
         if exp.dtype is not None and found_dtype != exp.dtype:
             problems.append(f"{name}: {key} dtype expected {exp.dtype}, found {found_dtype}")
-    for key in sorted(set(header) - set(want)):
+    for key in sorted(set(header) - set(want) - skip):
         problems.append(f"{name}: {key} unexpected ({header[key].get('dtype')} {_fmt(header[key].get('shape', ()))})")
     # A truncated file (an interrupted copy) has a valid header and too few data bytes.
     end = max((int(v["data_offsets"][1]) for v in header.values() if isinstance(v, dict) and "data_offsets" in v),

@@ -1,0 +1,99 @@
+"""TensorRT-LLM 1.2's own checkpoint-loading rules, applied to a checkpoint's config and tensor
+headers: what `PretrainedModel.from_checkpoint` -> `preprocess_weights` -> the quantized layers
+accept, beyond the names, shapes and dtypes verify.py expects.
+
+Read from the source (reference/trtllm.md section 11, file@commit there):
+- `models/modeling_utils.py@b35ac1b` (version.py: 1.2.0rc2) `preprocess_perlayer_weights`: for
+  W8A16 / W4A16 it calls `convert_utils.weight_only_quantize_dict` on every tensor;
+- `models/convert_utils.py@9b3c712` `weight_only_quantize_dict`: a tensor is quantized when its
+  NAME CONTAINS one of `WEIGHT_ONLY_NAME_PARTS` (a substring test, so
+  `...qkv.weights_scaling_factor` matches `qkv.weight`), it is not int8, and no exclude pattern
+  matches the tensor name (fnmatchcase; `exclude_modules` when given, else
+  `*shared_expert_gate.weight`). The quantize op takes 2-D or 3-D float tensors only;
+- `quantization/quantize.py@0614867` `quantize_layers`: `exclude_modules`, when given, REPLACES
+  `DEFAULT_EXCLUDE_MODULES` (fnmatchcase against each module's full name); weight-only
+  quantization also replaces every `Embedding` by a `WeightOnlyQuantEmbedding` (int8 weight and a
+  `per_token_scale` the checkpoint must then hold).
+
+Plain data and strings: no torch."""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Iterable, Optional
+
+from trtbuild.quantformats import QuantAlgo
+
+# weight_only_quantize_dict's default `quant_weights` (convert_utils.py@9b3c712).
+WEIGHT_ONLY_NAME_PARTS = ("qkv.weight", "dense.weight", "fc.weight", "proj.weight", "gate.weight")
+# Its exclusion when exclude_modules is None.
+WEIGHT_ONLY_DEFAULT_EXCLUDE = ("*shared_expert_gate.weight",)
+# quantize_layers' exclusions when exclude_modules is None (quantize.py@0614867).
+DEFAULT_EXCLUDE_MODULES = ("*lm_head", "*router", "*vocab_embedding", "*position_embedding", "*block_embedding",
+                           "*shared_expert_gate", "*fused_a")
+WEIGHT_ONLY_ALGOS = (QuantAlgo.W8A16, QuantAlgo.W4A16)
+_FLOAT_CODES = ("F16", "BF16", "F32")
+_INVALID_DIM = "'Invalid dim. The dim of weight should be 2 or 3'"
+
+
+def excluded(module: str, exclude_modules: Optional[list]) -> bool:
+    """quantize_layers' test: fnmatchcase of the module's full name against each pattern (the
+    defaults when `exclude_modules` is None). No ancestor walk, no `re:` patterns in 1.2."""
+    patterns = DEFAULT_EXCLUDE_MODULES if exclude_modules is None else exclude_modules
+    return any(isinstance(p, str) and fnmatch.fnmatchcase(module, p) for p in patterns)
+
+
+def _weight_only_selects(name: str, exclude_modules: Optional[list]) -> bool:
+    patterns = WEIGHT_ONLY_DEFAULT_EXCLUDE if exclude_modules is None else exclude_modules
+    if any(isinstance(p, str) and fnmatch.fnmatchcase(name, p) for p in patterns):
+        return False
+    return any(part in name for part in WEIGHT_ONLY_NAME_PARTS)
+
+
+def exclusion_problems(quant: dict, unquantized_modules: Iterable[str]) -> list[str]:
+    """The modules the checkpoint holds unquantized (the embedding, MoE routers) that TensorRT-LLM
+    would replace by quantized layers because `exclude_modules` replaced its defaults."""
+    algo, exclude = quant.get("quant_algo"), quant.get("exclude_modules")
+    if algo is None or exclude is None:
+        return []
+    problems = []
+    for module in unquantized_modules:
+        is_embedding = module.endswith("vocab_embedding")
+        if is_embedding and algo not in WEIGHT_ONLY_ALGOS:
+            continue  # only weight-only quantization maps Embedding to a quantized layer
+        if not excluded(module, exclude):
+            becomes = ("a WeightOnlyQuantEmbedding (int8 weight and per_token_scale)" if is_embedding
+                       else f"a {algo} linear")
+            problems.append(
+                f"config.json: quantization.exclude_modules {exclude} replaces TensorRT-LLM 1.2's default "
+                f"exclusions and does not cover {module}: TensorRT-LLM would build it as {becomes}")
+    return problems
+
+
+def weight_only_problems(file: str, header: dict, quant: dict) -> dict[str, str]:
+    """What weight_only_quantize_dict does to each tensor of a W8A16 / W4A16 rank file: the
+    tensors it cannot load, each with the reason."""
+    algo, exclude = quant.get("quant_algo"), quant.get("exclude_modules")
+    if algo not in WEIGHT_ONLY_ALGOS:
+        return {}
+    problems = {}
+    for name in sorted(header):
+        info = header[name]
+        if not isinstance(info, dict) or not _weight_only_selects(name, exclude):
+            continue
+        dtype, shape = info.get("dtype"), list(info.get("shape", ()))
+        part = next(p for p in WEIGHT_ONLY_NAME_PARTS if p in name)
+        if dtype == "I8":
+            problems[name] = (
+                f"{file}: {name} is int8: TensorRT-LLM 1.2 quantizes {algo} weights itself at load, from float "
+                f"weights, into its per-GPU layout; an int8 tensor is passed through unprocessed and gets no "
+                f"per_channel_scale")
+        elif len(shape) not in (2, 3):
+            problems[name] = (
+                f"{file}: {name} ({dtype} {shape}) contains {part!r}, so TensorRT-LLM 1.2's weight-only "
+                f"preprocessing quantizes it, and its quantize op raises {_INVALID_DIM}")
+        elif dtype not in _FLOAT_CODES:
+            problems[name] = (
+                f"{file}: {name} ({dtype} {shape}) contains {part!r}, so TensorRT-LLM 1.2's weight-only "
+                f"preprocessing quantizes it as a float weight")
+    return problems
