@@ -181,9 +181,18 @@ class Limits(_Strict):
 
 class Toolchain(_Strict):
     tensorrt_llm: str = Field(trtllm.DEFAULT_TENSORRT_LLM, description="TensorRT-LLM version engines are built with")
-    image: Optional[str] = Field(None, pattern=IMAGE_PATTERN, description="container image that holds the toolchain, "
+    image: Optional[str] = Field(None, description="container image that holds the toolchain, "
                                  "pinned by digest (`nvcr.io/nvidia/tensorrt-llm/release@sha256:<64 hex>`): engines are "
                                  "built in it with `docker run`, and their keys name the image")
+
+
+    @field_validator("image")
+    @classmethod
+    def _pinned_by_digest(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not re.fullmatch(IMAGE_PATTERN, value):
+            raise ValueError(f"{value!r} is not pinned by digest: name the image as NAME@sha256:<64 hex digits> "
+                             "(`docker inspect --format '{{index .RepoDigests 0}}' IMAGE`); a tag can move")
+        return value
 
 
 class Engine(_Strict):

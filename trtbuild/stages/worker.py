@@ -14,7 +14,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from trtbuild.errors import InvalidInput
+from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.stages.base import StageContext
 
 ERROR_PREFIX = "TRTBUILD-ERROR: "
@@ -53,7 +53,8 @@ def main(spec_path: str) -> int:
         print(f"{INPUT_ERROR_PREFIX}{' '.join(str(exc).split())}", file=sys.stderr, flush=True)
         return 1
     except BaseException as exc:  # the parent needs one line, the log keeps the traceback
-        traceback.print_exc()
+        if not isinstance(exc, TrtbuildError):  # trtbuild's own errors say all there is: the log ends with the tool's output
+            traceback.print_exc()
         message = " ".join(f"{type(exc).__name__}: {exc}".split())
         print(f"{ERROR_PREFIX}{message}", file=sys.stderr, flush=True)
         return 1
