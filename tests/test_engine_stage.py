@@ -18,10 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import NEMO_DATA, ROOT
+from conftest import NEMO_DATA, ROOT, STANDIN_NVML, standin_toolchain_env
 
-STANDIN_TRTLLM = ROOT / "tests" / "standin_trtllm"
-STANDIN_NVML = ROOT / "tests" / "standin_nvml"
 TINY_HF = NEMO_DATA / "hf_tiny_llama_tied_bf16"
 STANDIN_TOOLCHAIN = {"tensorrt": "10.14.1+standin", "tensorrt_llm": "1.2.0+standin"}
 
@@ -38,18 +36,7 @@ validate: {samples: 2, seq_len: 32}
 
 
 def standin_env(store: Path, gpu: str | None = "H100", count: int = 1, bin_first: Path | None = None) -> dict:
-    """The environment of a host with `count` recorded `gpu`s (None: no NVML at all), the stand-in
-    TensorRT-LLM importable and its trtllm-build on PATH (or `bin_first`'s programs before it)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STANDIN_NVML")}
-    paths = [str(STANDIN_TRTLLM), str(STANDIN_NVML), str(ROOT)]
-    env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    bins = ([str(bin_first)] if bin_first else []) + [str(STANDIN_TRTLLM / "bin"), env["PATH"]]
-    env["PATH"] = os.pathsep.join(bins)
-    env["TRTBUILD_CACHE"] = str(store)
-    env["OMP_NUM_THREADS"] = "1"
-    if gpu:
-        env["STANDIN_NVML_GPU"], env["STANDIN_NVML_COUNT"] = gpu, str(count)
-    return env
+    return standin_toolchain_env({**os.environ, "TRTBUILD_CACHE": str(store)}, gpu, count, bin_first)
 
 
 def trtbuild(env: dict, *args, cwd: Path):
@@ -155,6 +142,10 @@ def test_the_engine_key_names_checkpoint_options_toolchain_and_sm_and_no_path(bu
     assert record.fields["platform"] == {"sm": "sm90"}
     assert str(folder) not in json.dumps(record.fields)
     assert record.execution.figures["gpus"] == ["NVIDIA H100 80GB HBM3"]
+    recorded = json.loads((STANDIN_NVML / "gpus" / "H100.json").read_text())
+    cuda = recorded["nvmlSystemGetCudaDriverVersion"]
+    assert (record.execution.figures["driver"], record.execution.figures["cuda_driver"]) == (
+        recorded["nvmlSystemGetDriverVersion"], f"{cuda // 1000}.{cuda % 1000 // 10}")
     assert set(record.execution.logs) == {"engine.log"}
     log = store.blob_path(record.execution.logs["engine.log"].hash).read_text()
     assert "[TensorRT-LLM] [I] Engine for rank 0 serialized" in log
@@ -310,3 +301,109 @@ def test_a_recipe_image_must_be_pinned_by_digest(tmp_path):
     assert result.stderr == (f"{recipe}:10:20: toolchain.image: 'nvcr.io/nvidia/tensorrt-llm/release:1.2.1' is not "
                              "pinned by digest: name the image as NAME@sha256:<64 hex digits> (`docker inspect "
                              "--format '{{index .RepoDigests 0}}' IMAGE`); a tag can move\n")
+
+
+FAKE_DOCKER = '''#!/usr/bin/env python3
+"""A fake `docker run` for tests: logs its argv, maps the mounts onto this host's folders (the
+read-only checkpoint mount becomes a link at the mount point) and runs the command here."""
+import json, os, subprocess, sys
+from pathlib import Path
+args = sys.argv[1:]
+with open(os.environ["FAKE_DOCKER_LOG"], "a") as log:
+    log.write(json.dumps(args) + "\\n")
+assert args[0] == "run", args
+args, i, mounts, workdir, entry = args[1:], 0, {}, None, None
+while args[i].startswith("-"):
+    name = args[i]
+    if name in ("--gpus", "--ulimit", "--user", "-v", "-w", "--entrypoint"):
+        value, i = args[i + 1], i + 2
+        if name == "-v":
+            source, target = value.split(":")[:2]
+            mounts[target] = source
+        elif name == "-w":
+            workdir = value
+        elif name == "--entrypoint":
+            entry = value
+    else:
+        i += 1
+command = ([entry] if entry else []) + args[i + 1:]
+for target, source in mounts.items():
+    if target.startswith("/work/"):
+        point = Path(mounts["/work"]) / target[len("/work/"):]
+        point.rmdir()
+        point.symlink_to(source)
+sys.exit(subprocess.call(command, cwd=mounts.get(workdir)))
+'''
+
+IMAGE = "nvcr.io/nvidia/tensorrt-llm/release@sha256:" + "0123456789abcdef" * 4
+
+
+def test_an_engine_built_in_the_recipes_image_is_keyed_by_the_image(tmp_path):
+    recipe = make_workspace(tmp_path / "ws", RECIPE + f"toolchain: {{image: '{IMAGE}'}}\n")
+    env = standin_env(tmp_path / "store", bin_first=fake_tool(tmp_path / "bin", "docker", FAKE_DOCKER))
+    env["FAKE_DOCKER_LOG"] = str(tmp_path / "docker.log")
+    rc, targets = build_json(env, recipe, "--target", "bf16-tp1-sm90", "--no-validate")
+    assert rc == 0, targets["bf16-tp1-sm90"]["reason"]
+    engine = targets["bf16-tp1-sm90"]
+    from trtbuild.store.local import LocalStore
+
+    record = LocalStore(tmp_path / "store").get_record(engine["key"])
+    assert (record.stage, record.fields["toolchain"]) == ("engine:image", {"image": IMAGE})
+    facts = json.loads((Path(engine["path"]) / "trtbuild.json").read_text())
+    assert facts["toolchain"] == {**STANDIN_TOOLCHAIN, "image": IMAGE} and facts["standin"] is True
+    assert engine["standin"] == ["tensorrt", "tensorrt_llm"]  # what the probe found inside the image
+    calls = [json.loads(line) for line in (tmp_path / "docker.log").read_text().splitlines()]
+    assert [c[:4] for c in calls] == [["run", "--rm", "--entrypoint", "python3"], ["run", "--rm", "--gpus", '"device=0"']]
+    build = calls[1]
+    assert build[build.index(IMAGE) + 1:] == facts["command"]
+    assert any(v.endswith(":/work/checkpoint:ro") for v in build)
+    lock = yaml.safe_load((recipe.parent / "recipe.lock").read_text())
+    assert lock["toolchain"]["engine:image"] == {"image": IMAGE}
+
+
+def test_a_build_host_with_too_little_memory_is_refused_before_building():
+    from trtbuild.estimate import format_bytes
+    from trtbuild.hardware import DetectedGpu
+    from trtbuild.stages.engine import host_memory_problem
+
+    gib = 1 << 30
+    l40s = DetectedGpu(0, "NVIDIA L40S", "sm89", 48 * gib)
+    needs = {"host_ram_bytes_per_worker": 20 * gib, "gpu_bytes_per_worker": 8 * gib}
+    assert host_memory_problem(needs, [l40s], 1, 24 * gib) is None
+    assert host_memory_problem(needs, [l40s, l40s], 2, 24 * gib) == (
+        f"the build needs {format_bytes(40 * gib)} of host memory with 2 worker(s) (plan estimate: "
+        f"estimate.build_memory_needs) and this host has {format_bytes(24 * gib)} available")
+    big = {"host_ram_bytes_per_worker": gib, "gpu_bytes_per_worker": 50 * gib}
+    assert host_memory_problem(big, [l40s], 1, 24 * gib) == (
+        f"each build worker needs {format_bytes(50 * gib)} of GPU memory (plan estimate: "
+        f"estimate.build_memory_needs) and NVIDIA L40S has {format_bytes(48 * gib)}")
+    assert host_memory_problem(None, [l40s], 1, None) is None
+
+
+# ---- the stand-in itself: it must refuse what trtllm-build refuses ----
+
+def test_the_standin_trtllm_build_parses_like_argparse_and_refuses_a_malformed_checkpoint(tmp_path):
+    standin = ROOT / "tests" / "standin_trtllm" / "bin" / "trtllm-build"
+    unknown = subprocess.run([sys.executable, str(standin), "--max_seq_length", "8"], capture_output=True, text=True)
+    assert unknown.returncode == 2
+    assert unknown.stderr.splitlines()[-1] == "trtllm-build: error: unrecognized arguments: --max_seq_length 8"
+    choice = subprocess.run([sys.executable, str(standin), "--gemm_plugin", "fp16"], capture_output=True, text=True)
+    assert choice.returncode == 2 and "argument --gemm_plugin: invalid choice: 'fp16'" in choice.stderr
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps({
+        "architecture": "LlamaForCausalLM", "dtype": "float16", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "mapping": {"world_size": 2, "tp_size": 2, "pp_size": 1}}))
+    (checkpoint / "rank0.safetensors").write_bytes(b"")
+    missing = subprocess.run([sys.executable, str(standin), "--checkpoint_dir", str(checkpoint), "--output_dir",
+                              str(tmp_path / "engine")], capture_output=True, text=True)
+    assert missing.returncode == 1
+    assert missing.stderr == f"[TensorRT-LLM][ERROR] checkpoint {checkpoint} has no rank1.safetensors (world_size 2)\n"
+    assert not (tmp_path / "engine").exists()
+
+
+def test_trtbuild_check_on_a_standin_engine_never_says_ok(built):
+    folder, recipe, env, (_, first), _ = built
+    result = trtbuild(env, "check", first["bf16-tp1-sm90"]["path"], "--lock", recipe.parent / "recipe.lock", cwd=folder)
+    assert result.returncode == 1
+    assert "stand-in" in result.stdout

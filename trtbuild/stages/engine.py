@@ -212,5 +212,8 @@ def build_engine(ctx: StageContext) -> None:
         "memory": {"engine_bytes_per_rank": rank_bytes},
     }
     ctx.report(summary, name="trtbuild.json")
+    from trtbuild import hardware
+
+    # recorded, never keyed: the same engine loads under any driver new enough for its CUDA
     ctx.measure(build_seconds=seconds, workers=workers, gpus=[g.name for g in gpus],
-                timing_cache="reused" if timing_in else "new", cuda=probe.cuda)
+                timing_cache="reused" if timing_in else "new", cuda=probe.cuda, **hardware.driver_info())
