@@ -113,3 +113,20 @@ def test_gc_dry_run_counts_the_leftovers_gc_removes(two_versions):
     dry = gc(store, "--dry-run")
     assert (store / "tmp" / "blob-of-a-killed-build").exists()
     assert dry == gc(store)
+
+
+def test_gc_keeps_the_logs_of_the_records_it_keeps(tmp_path):
+    """A stage's log is a blob named in its action record, not a file of the artifact: gc must keep
+    it as long as the record stays."""
+    model = tmp_path / "model"
+    shutil.copytree(TINY_HF, model)
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text("schema: 1\nname: tiny\nsource: {path: model}\ngpus: [sm90]\n")
+    store = tmp_path / "store"
+    trtbuild("build", recipe, "--until", "checkpoint", "--no-validate", store=store)
+    listed = json.loads(trtbuild("cache", "ls", "--json", store=store).stdout)
+    logs = [log["hash"] for r in listed for log in r["execution"]["logs"].values()]
+    assert logs, "no stage wrote a log"
+    gc(store)
+    blobs = store / "cas" / "sha256"
+    assert [h for h in logs if not (blobs / h[:2] / h).is_file()] == []

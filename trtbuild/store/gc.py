@@ -93,6 +93,10 @@ def sweep(store: Store, live: Live, dry_run: bool = False) -> GcReport:
     for digest in live.digests:
         if store.has_manifest(digest):
             live_blobs |= {e.sha256 for e in store.get_manifest(digest).entries}
+    doomed = set(live.doomed)
+    for record in store.records():  # a kept record's logs are blobs of their own, named in its execution
+        if record.key not in doomed:
+            live_blobs |= {log.hash for log in record.execution.logs.values()}
     if not dry_run:
         for key in live.doomed:
             store.delete_record(key)
