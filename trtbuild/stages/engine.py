@@ -25,7 +25,7 @@ from collections import deque
 from pathlib import Path
 from typing import Optional
 
-from trtbuild import engine_command
+from trtbuild import engine_command, hardware, trtllm
 from trtbuild.errors import TrtbuildError
 from trtbuild.stages.base import StageContext
 
@@ -67,8 +67,6 @@ def _available_ram() -> Optional[int]:
 
 
 def _local_gpus(sm: str) -> list:
-    from trtbuild import hardware
-
     return [g for g in hardware.detect_gpus() if g.sm == sm]
 
 
@@ -166,6 +164,10 @@ def build_engine(ctx: StageContext) -> None:
     if image:
         (work / engine_command.CHECKPOINT_DIR).mkdir()  # the mount point
         probe = toolchain.probe_engine_toolchain(image)
+        wrong = (trtllm.check_engine_toolchain(probe.tensorrt_llm) if probe.tensorrt_llm
+                 else "it has no tensorrt_llm (trtbuild builds engines with tensorrt_llm 1.2.x)")
+        if wrong:  # the digest pins the image, not what is in it: say so before docker runs the build
+            raise EngineBuildFailed(f"image {image}: {wrong}")
         command = container_argv(image, work, checkpoint, argv, gpus)
     else:
         (work / engine_command.CHECKPOINT_DIR).symlink_to(checkpoint)
@@ -212,8 +214,6 @@ def build_engine(ctx: StageContext) -> None:
         "memory": {"engine_bytes_per_rank": rank_bytes},
     }
     ctx.report(summary, name="trtbuild.json")
-    from trtbuild import hardware
-
     # recorded, never keyed: the same engine loads under any driver new enough for its CUDA
     ctx.measure(build_seconds=seconds, workers=workers, gpus=[g.name for g in gpus],
                 timing_cache="reused" if timing_in else "new", cuda=probe.cuda, **hardware.driver_info())

@@ -67,7 +67,40 @@ class LLM:
         self.closed = False
 
     def _weights(self) -> Path:
+        if (self.folder / "hf_quant_config.json").is_file():
+            return self._dequantized()
         return self.folder
+
+    def _dequantized(self) -> Path:
+        """A ModelOpt Hugging Face export (FP8, or W8A16 per channel) with its weights multiplied
+        back by their scales, in a temporary folder: what the stand-in computes with. Activation and
+        KV-cache scales are dropped (the stand-in does not emulate them); other formats are refused."""
+        import json
+        import tempfile
+
+        from safetensors.torch import load_file, save_file
+
+        algo = json.loads((self.folder / "hf_quant_config.json").read_text())["quantization"]["quant_algo"]
+        if algo not in ("FP8", "W8A16"):
+            raise ValueError(f"the stand-in PyTorch backend serves no {algo} checkpoint")
+        state = {}
+        for path in sorted(self.folder.glob("*.safetensors")):
+            state.update(load_file(str(path)))
+        out = {}
+        for name, tensor in state.items():
+            if name.endswith(("_scale", ".input_scale")):
+                continue
+            if tensor.dtype in (torch.int8, torch.float8_e4m3fn):
+                scale = state[name[: -len("weight")] + "weight_scale"].float()
+                tensor = tensor.float() * (scale[:, None] if scale.dim() == 1 else scale)
+            out[name] = tensor
+        self._scratch = tempfile.TemporaryDirectory(prefix="standin-hf-")
+        folder = Path(self._scratch.name)
+        config = json.loads((self.folder / "config.json").read_text())
+        config.pop("quantization_config", None)
+        (folder / "config.json").write_text(json.dumps(config))
+        save_file({k: v.contiguous() for k, v in out.items()}, str(folder / "model.safetensors"))
+        return folder
 
     def _check(self, params: SamplingParams) -> None:
         pass
@@ -92,3 +125,5 @@ class LLM:
 
     def shutdown(self) -> None:
         self.closed = True
+        if getattr(self, "_scratch", None) is not None:
+            self._scratch.cleanup()

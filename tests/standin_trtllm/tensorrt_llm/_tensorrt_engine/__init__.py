@@ -74,7 +74,3 @@ class LLM(_TorchLLM):
         if (params.prompt_logprobs or params.return_context_logits) and not self.gather:
             raise ValueError("`prompt_logprobs` requires `gather_context_logits=True` in the BuildConfig")
 
-    def shutdown(self) -> None:
-        super().shutdown()
-        if getattr(self, "_scratch", None) is not None:
-            self._scratch.cleanup()
