@@ -129,6 +129,10 @@ def test_every_quantization_sm_and_flag_set_derives_a_command_the_flag_table_par
             fmt = engine_flags.EngineFormat(quant, kv_cache, plan.dtype, sm)
             unsupported = hardware.quant_unsupported_reason(quant, kv_cache, sm)
             problem = engine_flags.recipe_flag_problem(recipe_flags, fmt)
+            checkpoint = plan.target(f"{vname}-tp1")  # int8_wo: no TensorRT-LLM checkpoint (docs/checkpoints.md)
+            if not checkpoint.ok:
+                assert target.reason == f"needs checkpoint {checkpoint.name}, which is impossible: {checkpoint.reason}"
+                continue
             assert target.reason == (unsupported or problem)
             if problem and not unsupported:  # a recipe flag the target cannot take: named by its YAML path
                 seen_refused += 1
@@ -300,18 +304,17 @@ def test_explain_prints_the_exact_command_of_an_engine_and_its_twin(ws, run, gpu
 def test_explain_json_has_the_command_with_this_hosts_workers(ws, run, gpus, tmp_path):
     gpus(4)
     path = demo_like(ws, "[sm89, sm90]")
-    result = run("explain", path, "int8-wo-tp2-sm89", "--store", tmp_path / "store", "--json")
+    result = run("explain", path, "base-tp2-sm89", "--store", tmp_path / "store", "--json")
     assert result.exit_code == 0, result.output
     nodes = {n["name"]: n for n in json.loads(result.stdout)}
-    engine = nodes["int8-wo-tp2-sm89"]
+    engine = nodes["base-tp2-sm89"]
     assert engine["command"] == (
         "trtllm-build --checkpoint_dir checkpoint --output_dir engine --max_batch_size 8 --max_input_len 1024 "
         "--max_seq_len 2048 --max_num_tokens 2048 --max_beam_width 1 --gemm_plugin bfloat16 "
-        "--use_fp8_context_fmha disable --use_fused_mlp disable --workers 2 --output_timing_cache timing.cache")
-    assert {f["flag"]: f["value"] for f in engine["flags"]} == {
-        "gemm_plugin": "bfloat16", "use_fp8_context_fmha": "disable", "use_fused_mlp": "disable"}
+        "--use_fp8_context_fmha disable --workers 2 --output_timing_cache timing.cache")
+    assert {f["flag"]: f["value"] for f in engine["flags"]} == {"gemm_plugin": "bfloat16", "use_fp8_context_fmha": "disable"}
     assert all(f["origin"].startswith("rule: ") for f in engine["flags"])
-    assert nodes["int8-wo-tp2"]["command"] is None
+    assert nodes["base-tp2"]["command"] is None
 
 
 def test_explain_of_an_impossible_engine_shows_no_command(ws, run, gpus, tmp_path):

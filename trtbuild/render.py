@@ -77,6 +77,9 @@ def print_table(plan: Plan, console) -> None:
             escape(notes or ""),
         )
     console.print(table)
+    for t in plan.targets:  # whole, where the table's column folds them
+        if not t.ok:
+            console.print(f"- {t.name}: {escape(t.reason or '')}", highlight=False, soft_wrap=True)
 
 
 # Validation metrics the build table shows: (summary["metrics"] name, column, format).
