@@ -404,6 +404,9 @@ def test_the_standin_trtllm_build_parses_like_argparse_and_refuses_a_malformed_c
 
 def test_trtbuild_check_on_a_standin_engine_never_says_ok(built):
     folder, recipe, env, (_, first), _ = built
-    result = trtbuild(env, "check", first["bf16-tp1-sm90"]["path"], "--lock", recipe.parent / "recipe.lock", cwd=folder)
-    assert result.returncode == 1
-    assert "stand-in" in result.stdout
+    lock = recipe.parent / "recipe.lock"
+    result = trtbuild(env, "check", first["bf16-tp1-sm90"]["path"], "--lock", lock, cwd=folder)
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == ("stand-in: made by a stand-in toolchain (tensorrt_llm 1.2.0+standin), not by TensorRT: "
+                             "it is not an engine anything can load\n"
+                             f"instead: no engine target of {lock} fits this host\n")
