@@ -234,6 +234,153 @@ def check(engine_dir: Path, lock_path: Path | None, as_json: bool) -> None:
     raise click.exceptions.Exit(result.exit_code)
 
 
+REMOTE_OPTION = click.option("--store", "store_url", metavar="URL", required=True,
+                             help="The shared store: a folder (s3://bucket/prefix once the S3 store lands). The local "
+                                  "store is $TRTBUILD_CACHE, else ./cache.")
+
+
+@cli.command()
+@click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--target", "targets", multiple=True, metavar="GLOB", help="Push only matching targets (default: every built one).")
+@REMOTE_OPTION
+@click.option("--allow-unvalidated", is_flag=True, help="Also push targets of a build run with --no-validate.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was pushed, refused and moved as JSON.")
+def push(recipe: Path, targets, store_url, allow_unvalidated, as_json) -> None:
+    """Publish RECIPE's built targets (as its lock file names them) from the local store to --store,
+    with their validation reports: blobs the store lacks, then manifests, then action records (the
+    first writer of a key wins), then refs. Refused, one line each: a target that failed a gate,
+    one built with --no-validate (unless --allow-unvalidated), one a stand-in toolchain made.
+    Exit 0 when everything chosen was pushed, 1 when a target was refused, 2 on invalid input.
+    """
+    from trtbuild import lockfile
+    from trtbuild.estimate import format_bytes
+    from trtbuild.pipeline import recipe_identity
+    from trtbuild.publish import plan_push
+    from trtbuild.store.local import open_store
+    from trtbuild.store.transfer import push as run_push
+
+    loaded = _load(recipe)
+    local = open_store(None)
+    remote = open_store(store_url, create=True)
+    if getattr(remote, "root", None) == getattr(local, "root", object()):
+        raise InvalidInput(f"--store {store_url}: that is the local store; push to another one")
+    lock_path = lockfile.lock_path_for(loaded, local, embedded=False)
+    lock = lockfile.read(lock_path)
+    if lock is None:
+        raise InvalidInput(f"{lock_path}: no lock file; run `trtbuild build {recipe}` first")
+    if lock.recipe.digest != lockfile.recipe_digest(loaded):
+        raise InvalidInput(f"{recipe} changed since {lock_path} was written; run `trtbuild build {recipe}` first")
+    chosen = plan_push(lock, lock_path, local, list(targets), allow_unvalidated)
+    from trtbuild.store.transfer import Moved
+
+    moved = Moved()
+    if chosen.items:
+        remote.create()
+        remote.claim_recipe(lock.recipe.name, recipe_identity(loaded, embedded=False))
+        with local.using(), remote.using():
+            moved = run_push(local, remote, chosen.items)
+    if as_json:
+        import json
+
+        click.echo(json.dumps({"store": store_url, "pushed": chosen.targets, "refused": chosen.refused,
+                               "moved": moved.as_json()}, indent=2))
+    else:
+        for target in chosen.targets:
+            click.echo(f"pushed {target}")
+        click.echo(f"{moved.blobs} blobs ({format_bytes(moved.bytes)}) sent, {moved.skipped_blobs} already there; "
+                   f"{moved.records} records, {moved.refs} refs -> {store_url}")
+    for line in moved.divergences:
+        click.echo(f"divergence: {line}", err=True)
+    for line in chosen.refused:
+        click.echo(line, err=True)
+    raise click.exceptions.Exit(1 if chosen.refused else 0)
+
+
+@cli.command()
+@click.argument("lock_or_recipe", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--target", default="auto", show_default=True, metavar="NAME|auto",
+              help="The target to pull, or auto: the one that fits this host best.")
+@click.option("--gpu", default="auto", show_default=True, metavar="auto|SM",
+              help="auto: every GPU NVML sees; an SM: only this host's GPUs of that SM count.")
+@click.option("--runtime", type=click.Choice(["auto", "trtllm-engine", "trtllm", "vllm"]), default="auto", show_default=True,
+              help="What will serve it: a TensorRT engine, or an hf-checkpoint on TensorRT-LLM's PyTorch backend or vLLM.")
+@click.option("--prefer", type=click.Choice(["throughput", "latency"]), default="throughput", show_default=True,
+              help="Among targets that fit: the fewest GPUs (throughput) or the most (latency).")
+@click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Materialize into this folder (atomically); default: the local store's read-only checkout.")
+@REMOTE_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print the choice, every target's fit and the path as JSON.")
+def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, as_json) -> None:
+    """Download a target of LOCK_OR_RECIPE (a `.lock` file, or a recipe beside its lock) from --store
+    into the local store, verifying every blob, and print where it is. With --target auto, choose
+    for this host: engines of its SM and exact tensorrt_llm / tensorrt, hf-checkpoints a runtime
+    here serves on its SM, what fits in memory, then --prefer, then the recipe's variant order.
+    Exit 0 pulled, 1 nothing fits (every target is listed with the reason) or the store is damaged,
+    2 on invalid input.
+    """
+    from trtbuild import lockfile
+    from trtbuild.pullselect import Host, build_hint, choose, no_fit_lines, targets_of
+    from trtbuild.store.checkout import materialize
+    from trtbuild.store.local import open_store
+    from trtbuild.store.transfer import materialize_to
+    from trtbuild.store.transfer import pull as run_pull
+
+    remote = open_store(store_url)
+    local = open_store(None, create=True)
+    variants = None
+    if lock_or_recipe.suffix == ".lock":
+        lock_path, recipe_path = lock_or_recipe, lock_or_recipe.with_suffix(".yaml")
+    else:
+        loaded = _load(lock_or_recipe)
+        lock_path, recipe_path = lockfile.lock_path_for(loaded, local, embedded=False), lock_or_recipe
+        variants = loaded.recipe.variants
+    lock = lockfile.read(lock_path)
+    if lock is None:
+        raise InvalidInput(f"{lock_path}: no lock file (pull reads the lock that `trtbuild build` wrote)")
+
+    def formats(target_id, entry):  # an hf-checkpoint's format: the recipe's variant, else its record
+        from trtbuild.pullselect import variant_of
+
+        variant = variants.get(variant_of(target_id)) if variants else None
+        if variant is not None:
+            return variant.quant, variant.kv_cache
+        record = remote.get_record(entry.key)
+        params = record.fields.get("params", {}) if record else None
+        return (params.get("quant"), params.get("kv_cache")) if params is not None else None
+
+    host = Host.probe(gpu)
+    selection = choose(lock, host, runtime, prefer, formats, list(variants) if variants else None)
+    if target == "auto":
+        if selection.chosen is None:
+            hint = build_hint(str(recipe_path), lock, host)
+            raise TrtbuildError(*no_fit_lines(selection, host, str(lock_path), hint))
+        name = selection.chosen.target
+    else:
+        servable = [tid for tid, _ in targets_of(lock)]
+        if target not in servable:
+            raise InvalidInput(f"--target {target}: not a target of {lock_path} ({', '.join(servable) or 'none'})")
+        name = target
+    entry = lock.targets[name]
+    record = remote.get_record(entry.key)
+    if record is None and not remote.has_manifest(entry.digest):
+        raise TrtbuildError(f"{name}: artifact {entry.digest} is not in store {store_url}; "
+                            f"push it first (`trtbuild push {recipe_path} --store {store_url}`)")
+    with local.using():
+        digest, moved = run_pull(remote, local, entry.key if record is not None and record.digest == entry.digest
+                                 else entry.digest)
+        path = materialize_to(local, digest, dest) if dest is not None else materialize(local, digest)
+    if as_json:
+        import json
+
+        chosen = next((c for c in selection.candidates if c.target == name), None)
+        click.echo(json.dumps({"target": name, "digest": digest, "path": str(path),
+                               "runtime": chosen.runtime if chosen else None, "moved": moved.as_json(),
+                               "host": host.as_json(), "candidates": [c.as_json() for c in selection.candidates]},
+                              indent=2))
+    else:
+        click.echo(str(path))
+
+
 @cli.group()
 def cache() -> None:
     """Inspect and maintain the artifact store."""

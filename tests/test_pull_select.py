@@ -1,0 +1,202 @@
+"""`pull --target auto`: the choice each rule implies, for hand-made lock files and recorded hosts
+(NVML answering as a recorded H100, L40S or A100, or no driver; package metadata for tensorrt_llm,
+tensorrt and vllm)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trtbuild import hardware
+from trtbuild.lockfile import LockedPlatform, LockedRecipe, LockedTarget, LockFile
+from trtbuild.pullselect import Host, build_hint, choose, no_fit_lines
+from trtbuild.toolchain import package_version
+
+GIB = 1024 ** 3
+TRTLLM, TRT = "1.2.1", "10.13.2"
+
+if package_version("vllm") is not None:  # a real vllm would be found where the tests assume none
+    pytest.skip("assumes a host without vllm", allow_module_level=True)
+
+
+def digest(n: int) -> str:
+    return f"{n:064x}"
+
+
+def engine(n: int, sm: str, tp: int = 1, per_rank: int = 1 * GIB, standin: bool = False,
+           trtllm: str = TRTLLM, trt: str = TRT) -> LockedTarget:
+    return LockedTarget(stage="engine", key=digest(n), digest=digest(1000 + n), size=per_rank * tp,
+                        platform=LockedPlatform(sm=sm, tp=tp, pp=1, world_size=tp, tensorrt_llm=trtllm, tensorrt=trt,
+                                                engine_bytes_per_rank=per_rank, standin=standin))
+
+
+def hf(n: int, size: int = 2 * GIB) -> LockedTarget:
+    return LockedTarget(stage="hf-checkpoint", key=digest(n), digest=digest(1000 + n), size=size)
+
+
+def lock_of(targets: dict[str, LockedTarget]) -> LockFile:
+    return LockFile(recipe=LockedRecipe(name="tiny", digest=digest(0)), source=None, toolchain={},
+                    targets=targets, validation="run")
+
+
+FORMATS = {"base-hf": (None, None), "fp8-hf": ("fp8", None), "awq-hf": ("int4_awq", None), "big-hf": (None, None)}
+
+
+def formats(target_id, _entry):
+    return FORMATS.get(target_id)
+
+
+def matrix() -> LockFile:
+    """The lock of a recipe with variants base, fp8, awq: engines for sm80/sm89/sm90 (tp1, and tp2
+    on sm90), a stand-in engine, and hf-checkpoints; its order is the recipe's."""
+    return lock_of({
+        "source": LockedTarget(stage="source", key=digest(1), digest=digest(2), size=10),
+        "base-tp1": LockedTarget(stage="checkpoint", key=digest(3), digest=digest(4), size=10),
+        "base-tp1:validate": LockedTarget(stage="validate", key=digest(5), digest=digest(6), size=10, gates_passed=True),
+        "base-tp1-sm80": engine(10, "sm80"),
+        "base-tp1-sm89": engine(11, "sm89"),
+        "base-tp1-sm90": engine(12, "sm90"),
+        "base-tp2-sm90": engine(13, "sm90", tp=2),
+        "fp8-tp1-sm90": engine(14, "sm90", standin=True, trtllm="1.2.0+standin", trt="10.14.1+standin"),
+        "base-hf": hf(20),
+        "fp8-hf": hf(21),
+        "awq-hf": hf(22),
+    })
+
+
+VARIANTS = ["base", "fp8", "awq"]
+
+
+@pytest.fixture
+def host(recorded_gpu, installed_packages):
+    def make(gpu, count=1, gpu_filter="auto", **packages):
+        recorded_gpu(gpu, count)
+        if packages:
+            installed_packages(**packages)
+        return Host.probe(gpu_filter)
+
+    return make
+
+
+def test_h100_throughput_takes_the_one_gpu_engine_and_latency_the_two_gpu_one(host):
+    h = host("H100", count=2, tensorrt_llm=TRTLLM, tensorrt=TRT)
+    assert choose(matrix(), h, prefer="throughput", formats=formats, variant_order=VARIANTS).chosen.target == "base-tp1-sm90"
+    assert choose(matrix(), h, prefer="latency", formats=formats, variant_order=VARIANTS).chosen.target == "base-tp2-sm90"
+
+
+def test_one_h100_cannot_hold_the_tp2_engine_so_latency_also_takes_tp1(host):
+    h = host("H100", count=1, tensorrt_llm=TRTLLM, tensorrt=TRT)
+    selection = choose(matrix(), h, prefer="latency", formats=formats, variant_order=VARIANTS)
+    assert selection.chosen.target == "base-tp1-sm90"
+    tp2 = next(c for c in selection.candidates if c.target == "base-tp2-sm90")
+    assert tp2.reasons == ["world size: the engine needs 2 GPUs (tp 2 x pp 1); this host has 1 sm90 GPU"]
+
+
+def test_l40s_takes_the_sm89_engine(host):
+    h = host("L40S", tensorrt_llm=TRTLLM, tensorrt=TRT)
+    assert choose(matrix(), h, formats=formats, variant_order=VARIANTS).chosen.target == "base-tp1-sm89"
+
+
+def test_a100_takes_the_sm80_engine_only_with_the_exact_tensorrt(host):
+    h = host("A100", tensorrt_llm=TRTLLM, tensorrt="10.13.3")
+    selection = choose(matrix(), h, formats=formats, variant_order=VARIANTS)
+    assert selection.chosen is None
+    sm80 = next(c for c in selection.candidates if c.target == "base-tp1-sm80")
+    assert sm80.reasons == ["tensorrt: the engine was built with 10.13.2; this host has 10.13.3"]
+
+
+def test_an_engine_comes_before_an_hf_checkpoint_of_the_same_variant(host):
+    h = host("A100", tensorrt_llm=TRTLLM, tensorrt=TRT, vllm="0.33.0")
+    selection = choose(matrix(), h, formats=formats, variant_order=VARIANTS)
+    assert (selection.chosen.target, selection.chosen.runtime) == ("base-tp1-sm80", "trtllm-engine")
+
+
+def test_vllm_serves_the_hf_checkpoint_when_asked_for_it(host):
+    h = host("A100", tensorrt_llm=TRTLLM, tensorrt=TRT, vllm="0.33.0")
+    selection = choose(matrix(), h, runtime="vllm", formats=formats, variant_order=VARIANTS)
+    assert (selection.chosen.target, selection.chosen.runtime, selection.chosen.world_size) == ("base-hf", "vllm", 1)
+    reasons = {c.target: c.reasons for c in selection.candidates}
+    assert reasons["awq-hf"] == ["vllm: does not serve int4_awq on sm80"]
+    assert reasons["fp8-hf"] == []
+    assert reasons["base-tp1-sm80"] == ["runtime: --runtime vllm does not load TensorRT engines"]
+
+
+def test_the_recipes_variant_order_decides_between_equals(host):
+    h = host("A100", vllm="0.33.0")
+    assert choose(matrix(), h, formats=formats, variant_order=["fp8", "base", "awq"]).chosen.target == "fp8-hf"
+    assert choose(matrix(), h, formats=formats, variant_order=VARIANTS).chosen.target == "base-hf"
+
+
+def test_tensorrt_llm_before_1_3_serves_no_hf_checkpoint_and_1_3_serves_awq_on_sm89(host):
+    lock = lock_of({"awq-hf": hf(22)})
+    old = choose(lock, host("L40S", tensorrt_llm="1.2.1"), formats=formats)
+    assert old.chosen is None
+    assert old.candidates[0].reasons == [
+        "trtllm: 1.2.1 is installed; its PyTorch backend serves hf-checkpoints from 1.3 on",
+        "vllm: not installed"]
+
+
+def test_tensorrt_llm_1_3_serves_awq_on_sm89(host):
+    lock = lock_of({"awq-hf": hf(22)})
+    chosen = choose(lock, host("L40S", tensorrt_llm="1.3.0"), formats=formats).chosen
+    assert (chosen.target, chosen.runtime) == ("awq-hf", "trtllm")
+
+
+def test_an_hf_checkpoint_larger_than_one_gpu_needs_several(host):
+    lock = lock_of({"big-hf": hf(23, size=100 * GIB)})
+    one = choose(lock, host("L40S", vllm="0.33.0"), formats=formats)
+    assert one.candidates[0].reasons == ["trtllm: not installed",
+                                        "memory: the checkpoint is 100.0 GiB; this host's 1 GPU holds 45.0 GiB each"]
+    three = choose(lock, host("L40S", count=3, gpu_filter="auto"), formats=formats)
+    assert (three.chosen.target, three.chosen.world_size) == ("big-hf", 3)
+
+
+def test_a_stand_in_engine_is_never_chosen(host):
+    lock = lock_of({"fp8-tp1-sm90": engine(14, "sm90", standin=True, trtllm=TRTLLM, trt=TRT)})
+    selection = choose(lock, host("H100", tensorrt_llm=TRTLLM, tensorrt=TRT), formats=formats)
+    assert selection.chosen is None
+    assert selection.candidates[0].reasons == [
+        "stand-in: made by a stand-in toolchain (tensorrt_llm 1.2.1), not by TensorRT: it is not an engine anything can load"]
+
+
+def test_gpu_sm_counts_only_this_hosts_gpus_of_that_sm(host):
+    h = host("H100", gpu_filter="sm80", tensorrt_llm=TRTLLM, tensorrt=TRT)
+    selection = choose(matrix(), h, formats=formats, variant_order=VARIANTS)
+    assert selection.chosen is None
+    assert h.describe() == "no sm80 GPU, tensorrt_llm 1.2.1, tensorrt 10.13.2, no vllm"
+
+
+def test_no_gpu_lists_every_target_with_why_and_the_build_that_would_make_one(host):
+    h = host(None, tensorrt_llm=TRTLLM, tensorrt=TRT)
+    lock = matrix()
+    selection = choose(lock, h, formats=formats, variant_order=VARIANTS)
+    assert selection.chosen is None
+    no_gpu = "this host has no NVIDIA GPU (NVML sees none)"
+    assert no_fit_lines(selection, h, "recipes/tiny.lock", build_hint("recipes/tiny.yaml", lock, h)) == [
+        "no target of recipes/tiny.lock fits this host (no NVIDIA GPU, tensorrt_llm 1.2.1, tensorrt 10.13.2, no vllm):",
+        "  base-tp1: a TensorRT-LLM checkpoint: no runtime serves it as it is (the engines built from it do)",
+        f"  base-tp1-sm80: sm: the engine is for sm80; {no_gpu}",
+        f"  base-tp1-sm89: sm: the engine is for sm89; {no_gpu}",
+        f"  base-tp1-sm90: sm: the engine is for sm90; {no_gpu}",
+        f"  base-tp2-sm90: sm: the engine is for sm90; {no_gpu}",
+        "  fp8-tp1-sm90: stand-in: made by a stand-in toolchain (tensorrt_llm 1.2.0+standin), not by TensorRT: it is "
+        "not an engine anything can load; sm: the engine is for sm90; this host has no NVIDIA GPU (NVML sees none); "
+        "tensorrt_llm: the engine was built with 1.2.0+standin; this host has 1.2.1; "
+        "tensorrt: the engine was built with 10.14.1+standin; this host has 10.13.2",
+        f"  base-hf: gpu: {no_gpu}",
+        f"  fp8-hf: gpu: {no_gpu}",
+        f"  awq-hf: gpu: {no_gpu}",
+        "to make one: on a host with an NVIDIA GPU and tensorrt_llm, run `trtbuild build recipes/tiny.yaml --gpu auto` "
+        "(engines are built on the GPU they run on)",
+    ]
+
+
+def test_a_gpu_host_without_an_engine_of_its_sm_is_told_to_add_it(host):
+    lock = lock_of({"base-tp1-sm80": engine(10, "sm80")})
+    h = host("H100", tensorrt_llm=TRTLLM, tensorrt=TRT)
+    selection = choose(lock, h, formats=formats)
+    assert no_fit_lines(selection, h, "x.lock", build_hint("x.yaml", lock, h)) == [
+        "no target of x.lock fits this host (1x NVIDIA H100 80GB HBM3 (sm90, 79.6 GiB), tensorrt_llm 1.2.1, "
+        "tensorrt 10.13.2, no vllm):",
+        "  base-tp1-sm80: sm: the engine is for sm80; this host has sm90 (1x NVIDIA H100 80GB HBM3)",
+        "to make one: add sm90 to the recipe's `gpus:`, then run `trtbuild build x.yaml --gpu auto` on this host",
+    ]

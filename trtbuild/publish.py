@@ -1,0 +1,100 @@
+"""`trtbuild push`: which of a recipe's built targets may be published, with what deploy hosts
+need (their validation reports), and why the others may not.
+
+A target is refused, one line each, when a validation of it failed a gate, when the build skipped
+validation (`--no-validate`, recorded in the lock) unless --allow-unvalidated, when a stand-in
+toolchain made it or its validation, and when the local store no longer has it whole.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtbuild.errors import InvalidInput
+from trtbuild.graph import trtllm_validate_id, validate_id
+from trtbuild.lockfile import LockFile
+from trtbuild.pullselect import targets_of
+from trtbuild.store.base import Store
+from trtbuild.store.transfer import PushItem
+
+UNVALIDATED = "skipped (--no-validate)"
+
+
+@dataclass
+class PushPlan:
+    items: list[PushItem] = field(default_factory=list)
+    targets: list[str] = field(default_factory=list)  # the targets published (their validations go with them)
+    refused: list[str] = field(default_factory=list)  # one line per refused target
+
+
+def validations(lock: LockFile, target_id: str) -> list[str]:
+    """The lock's validations of a target: its own, and for an engine its checkpoint's."""
+    ids = [validate_id(target_id), trtllm_validate_id(target_id)]
+    target = lock.targets[target_id]
+    if target.stage == "engine" and target.platform is not None:
+        checkpoint = target_id.removesuffix(f"-{target.platform.sm}")
+        ids.append(validate_id(checkpoint))
+    return [v for v in ids if v in lock.targets]
+
+
+def select(lock: LockFile, patterns: list[str], lock_path: Path) -> list[str]:
+    built = [tid for tid, _ in targets_of(lock)]
+    if not patterns:
+        return built
+    chosen = []
+    for pattern in patterns:
+        matched = [tid for tid in built if fnmatch.fnmatchcase(tid, pattern)]
+        if not matched:
+            raise InvalidInput(f"--target {pattern}: matches no built target of {lock_path} ({', '.join(built) or 'none'})")
+        chosen += [tid for tid in matched if tid not in chosen]
+    return chosen
+
+
+def plan_push(lock: LockFile, lock_path: Path, local: Store, patterns: list[str], allow_unvalidated: bool) -> PushPlan:
+    out = PushPlan()
+    for target_id in select(lock, patterns, lock_path):
+        checks = validations(lock, target_id)
+        failed = [v for v in checks if lock.targets[v].gates_passed is False]
+        if failed:
+            out.refused.append(f"{target_id}: failed its gates ({', '.join(failed)} in {lock_path}); not pushed")
+            continue
+        if not allow_unvalidated:
+            if lock.validation == UNVALIDATED:
+                out.refused.append(f"{target_id}: built with --no-validate ({lock_path}: validation: {UNVALIDATED}); "
+                                   "not pushed without --allow-unvalidated")
+                continue
+            if not checks:
+                out.refused.append(f"{target_id}: {lock_path} records no validation of it; "
+                                   "not pushed without --allow-unvalidated")
+                continue
+        items, problem = [], None
+        for node_id in [target_id, *checks]:
+            problem = _unpushable(lock, lock_path, local, node_id)
+            if problem:
+                who = "" if node_id == target_id else f"its validation {node_id} "
+                problem = f"{target_id}: {who}{problem}"
+                break
+            entry = lock.targets[node_id]
+            items.append(PushItem(local.get_record(entry.key), (lock.recipe.name, node_id)))
+        if problem:
+            out.refused.append(problem)
+            continue
+        out.items += items
+        out.targets.append(target_id)
+    return out
+
+
+def _unpushable(lock: LockFile, lock_path: Path, local: Store, node_id: str):
+    """Why the node's artifact cannot be published from `local` (after `made by ...`), or None."""
+    entry = lock.targets[node_id]
+    record = local.get_record(entry.key)
+    if record is None or record.digest != entry.digest:
+        return f"is not in the local store as {lock_path} records it ({local.describe_record(entry.key)}); build it first"
+    damaged = local.artifact_problem(entry.digest)
+    if damaged:
+        return f"is damaged in the local store ({damaged}); rebuild it"
+    if record.standin:
+        return f"was made by a stand-in toolchain ({', '.join(record.standin)}); stand-ins are never pushed"
+    return None

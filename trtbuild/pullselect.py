@@ -1,0 +1,266 @@
+"""`trtbuild pull --target auto`: which target of a lock file this host should pull (after NVIDIA
+NIM's profiles: compatible ones split from the rest, each with the reason).
+
+The rules, in order:
+1. Stand-ins are never chosen; internal nodes (validations, twins, the quantized model) and
+   TensorRT-LLM checkpoints are not servable as they are.
+2. An engine needs this host's SM and exactly the tensorrt_llm and tensorrt that built it, enough
+   GPUs of that SM for its world size and room for one rank on each: engine_check.differences,
+   the same comparison `trtbuild check` makes.
+3. An hf-checkpoint needs a runtime installed here that serves its format on this SM (HF_SERVES,
+   from reference/trtllm.md section 10) and enough GPUs of that SM to hold its bytes.
+4. Among those that fit: the fewest GPUs (--prefer throughput: more replicas per host) or the most
+   (--prefer latency), then the recipe's variant order (without the recipe: the lock's order), then
+   the runtime in --runtime's order (an engine before a checkpoint of the same variant), then the
+   lock's order.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from packaging.version import InvalidVersion, Version
+
+from trtbuild import hardware
+from trtbuild.engine_check import EngineFacts, HostFacts, differences
+from trtbuild.estimate import format_bytes
+from trtbuild.lockfile import LockedTarget, LockFile
+from trtbuild.toolchain import EngineToolchain, package_version, probe_engine_toolchain
+
+RUNTIMES = ("trtllm-engine", "trtllm", "vllm")  # --runtime's choices besides auto, in preference order
+PREFER = ("throughput", "latency")
+SERVABLE_STAGES = ("engine", "hf-checkpoint")
+TARGET_STAGES = ("checkpoint", "hf-checkpoint", "engine")
+
+_ALL_SMS = frozenset(hardware.SM_ARCHES)
+# Which Hugging Face checkpoint formats (quant, kv_cache) a runtime serves on which SMs: only what
+# reference/trtllm.md section 10 records for this project's exports (the consumers' loading code,
+# and the PyTorch backend's support-by-GPU matrix). A format missing here is not claimed.
+HF_SERVES: dict[str, dict[Optional[str], frozenset[str]]] = {
+    # TensorRT-LLM's PyTorch backend (1.3 line): base everywhere; FP8 from Ada (Hopper, SM100 "FP4 +
+    # FP8"); W4A16 AWQ on Ampere, Ada and Hopper (SM100 and SM120: "no AWQ/GPTQ"); int8_sq is
+    # rejected ("unsupported quant mode"); int8_wo loads but is outside the support matrix.
+    "trtllm": {None: _ALL_SMS, "fp8": frozenset({"sm89", "sm90", "sm100"}),
+               "int4_awq": frozenset({"sm80", "sm86", "sm89", "sm90"})},
+    # vLLM 0.33's ModelOpt loader: base and FP8 ("FP8 min capability 80"); int4_awq, int8_sq, int8_wo rejected.
+    "vllm": {None: _ALL_SMS, "fp8": _ALL_SMS},
+}
+HF_KV_SERVES: dict[str, frozenset[Optional[str]]] = {
+    "trtllm": frozenset({None, "fp8"}),  # "Ampere W4A16 AWQ + FP8 KV"
+    "vllm": frozenset({None, "fp8"}),  # k/v scales land on self_attn.attn.*_scale
+}
+TRTLLM_PYTORCH_MIN = Version("1.3")  # hf-checkpoints are served by the PyTorch backend of the 1.3 line
+
+
+@dataclass(frozen=True)
+class Host:
+    """What this host offers: GPUs (NVML), the engine toolchain and vllm (package metadata)."""
+
+    gpus: tuple[hardware.DetectedGpu, ...]
+    tensorrt_llm: Optional[str]
+    tensorrt: Optional[str]
+    vllm: Optional[str]
+    gpu_filter: Optional[str] = None  # --gpu SM: only this host's GPUs of that SM count
+
+    @classmethod
+    def probe(cls, gpu: str = "auto") -> "Host":
+        gpus = hardware.detect_gpus()
+        sm = None
+        if gpu != "auto":
+            sm = _parse_sm(gpu)
+            gpus = tuple(g for g in gpus if g.sm == sm)
+        engine = probe_engine_toolchain()
+        return cls(gpus, engine.tensorrt_llm, engine.tensorrt, package_version("vllm"), sm)
+
+    def engine_host(self) -> HostFacts:
+        return HostFacts(self.gpus, EngineToolchain(tensorrt_llm=self.tensorrt_llm, tensorrt=self.tensorrt))
+
+    def describe(self) -> str:
+        if self.gpus:
+            names: dict[tuple[str, str, int], int] = {}
+            for g in self.gpus:
+                names[(g.name, g.sm, g.memory_bytes)] = names.get((g.name, g.sm, g.memory_bytes), 0) + 1
+            gpus = ", ".join(f"{n}x {name} ({sm}, {format_bytes(mem)})" for (name, sm, mem), n in names.items())
+        else:
+            gpus = f"no {self.gpu_filter} GPU" if self.gpu_filter else "no NVIDIA GPU"
+        parts = [gpus]
+        for name in ("tensorrt_llm", "tensorrt", "vllm"):
+            version = getattr(self, name)
+            parts.append(f"{name} {version}" if version else f"no {name}")
+        return ", ".join(parts)
+
+    def as_json(self) -> dict:
+        return {"gpus": [{"index": g.index, "name": g.name, "sm": g.sm, "memory_bytes": g.memory_bytes} for g in self.gpus],
+                "tensorrt_llm": self.tensorrt_llm, "tensorrt": self.tensorrt, "vllm": self.vllm, "gpu": self.gpu_filter}
+
+
+def _parse_sm(value: str) -> str:
+    from trtbuild.errors import InvalidInput
+
+    try:
+        return hardware.resolve_gpu(value).sm
+    except ValueError as exc:
+        raise InvalidInput(f"--gpu: {exc}") from None
+
+
+@dataclass
+class Candidate:
+    target: str
+    stage: str
+    reasons: list[str] = field(default_factory=list)  # why it does not fit; empty when it does
+    runtime: Optional[str] = None
+    world_size: Optional[int] = None
+    variant: Optional[str] = None
+
+    @property
+    def fits(self) -> bool:
+        return not self.reasons
+
+    def as_json(self) -> dict:
+        return {"target": self.target, "stage": self.stage, "fits": self.fits, "runtime": self.runtime,
+                "world_size": self.world_size, "variant": self.variant, "reasons": self.reasons}
+
+
+@dataclass
+class Selection:
+    chosen: Optional[Candidate]
+    candidates: list[Candidate]  # every target of the lock, in the lock's order
+
+
+_NAME = re.compile(r"^(?P<variant>.+?)(?:-tp\d+(?:-pp\d+)?(?:-(?P<sm>sm\d+))?|-hf)$")
+
+
+def variant_of(target_id: str) -> Optional[str]:
+    """The variant in a target's name (plan.py's checkpoint_name, engine_name, hf_name)."""
+    match = _NAME.match(target_id)
+    return match.group("variant") if match else None
+
+
+def targets_of(lock: LockFile) -> list[tuple[str, LockedTarget]]:
+    """The lock's targets (checkpoints, hf-checkpoints, engines), without internal nodes."""
+    return [(tid, t) for tid, t in lock.targets.items() if t.stage in TARGET_STAGES and ":" not in tid]
+
+
+def _trtllm_serves_hf(version: Optional[str]) -> Optional[str]:
+    """Why this host's tensorrt_llm cannot serve an hf-checkpoint, or None."""
+    if version is None:
+        return "not installed"
+    try:
+        if Version(version).release[:2] >= TRTLLM_PYTORCH_MIN.release[:2]:
+            return None
+    except InvalidVersion:
+        pass
+    return f"{version} is installed; its PyTorch backend serves hf-checkpoints from {TRTLLM_PYTORCH_MIN} on"
+
+
+def _format_label(quant: Optional[str], kv: Optional[str]) -> str:
+    return (quant or "unquantized") + (f" with {kv} KV cache" if kv else "")
+
+
+def _hf_candidate(cand: Candidate, target: LockedTarget, fmt: Optional[tuple[Optional[str], Optional[str]]],
+                  host: Host, runtimes: tuple[str, ...]) -> None:
+    if fmt is None:
+        cand.reasons.append("format: unknown (no recipe given, and the store has no action record for its key)")
+        return
+    quant, kv = fmt
+    label = _format_label(quant, kv)
+    installed = {"trtllm": _trtllm_serves_hf(host.tensorrt_llm),
+                 "vllm": None if host.vllm else "not installed"}
+    if not host.gpus:
+        cand.reasons.append("gpu: " + (f"this host has no {host.gpu_filter} GPU" if host.gpu_filter
+                                       else "this host has no NVIDIA GPU (NVML sees none)"))
+        return
+    sms = sorted({g.sm for g in host.gpus}, key=hardware.sm_number)
+    reasons = []
+    for runtime in runtimes:
+        problem = installed[runtime]
+        if problem:
+            reasons.append(f"{runtime}: {problem}")
+            continue
+        serving = [sm for sm in sms if sm in HF_SERVES[runtime].get(quant, frozenset())]
+        if not serving or kv not in HF_KV_SERVES[runtime]:
+            reasons.append(f"{runtime}: does not serve {label} on {'/'.join(sms)}")
+            continue
+        gpus = [g for g in host.gpus if g.sm in serving]
+        smallest = min(g.memory_bytes for g in gpus)
+        need = max(1, math.ceil(target.size / smallest))
+        if need > len(gpus):
+            reasons.append(f"memory: the checkpoint is {format_bytes(target.size)}; this host's {len(gpus)} GPU"
+                           f"{'s hold' if len(gpus) != 1 else ' holds'} {format_bytes(smallest)} each")
+            continue
+        cand.runtime, cand.world_size = runtime, need
+        return
+    cand.reasons.extend(reasons)
+
+
+def _engine_candidate(cand: Candidate, target: LockedTarget, host: Host) -> None:
+    p = target.platform
+    if p is None:
+        cand.reasons.append("platform: the lock records none for this engine (written before trtbuild recorded it); rebuild it")
+        return
+    facts = EngineFacts(p.sm, p.tp, p.pp, p.world_size, p.tensorrt_llm, p.tensorrt, p.engine_bytes_per_rank, p.standin)
+    cand.reasons.extend(differences(facts, host.engine_host()))
+    cand.runtime, cand.world_size = "trtllm-engine", p.world_size
+
+
+def choose(lock: LockFile, host: Host, runtime: str = "auto", prefer: str = "throughput",
+           formats: Optional[Callable[[str, LockedTarget], Optional[tuple[Optional[str], Optional[str]]]]] = None,
+           variant_order: Optional[list[str]] = None) -> Selection:
+    """Every target of `lock` judged against `host`, and the one to pull (None when nothing fits).
+    `formats(id, target)`: an hf-checkpoint's (quant, kv_cache); `variant_order`: the recipe's."""
+    runtimes = RUNTIMES if runtime == "auto" else (runtime,)
+    candidates = []
+    for target_id, target in targets_of(lock):
+        cand = Candidate(target_id, target.stage, variant=variant_of(target_id))
+        if target.stage == "checkpoint":
+            cand.reasons.append("a TensorRT-LLM checkpoint: no runtime serves it as it is (the engines built from it do)")
+        elif target.stage == "engine":
+            if "trtllm-engine" not in runtimes:
+                cand.reasons.append(f"runtime: --runtime {runtime} does not load TensorRT engines")
+            else:
+                _engine_candidate(cand, target, host)
+        else:
+            hf_runtimes = tuple(r for r in runtimes if r in HF_SERVES)
+            if not hf_runtimes:
+                cand.reasons.append(f"runtime: --runtime {runtime} does not serve Hugging Face checkpoints")
+            else:
+                _hf_candidate(cand, target, formats(target_id, target) if formats else None, host, hf_runtimes)
+        candidates.append(cand)
+    order = {tid: i for i, (tid, _) in enumerate(targets_of(lock))}
+    variants = list(variant_order or [])
+
+    def rank(c: Candidate) -> tuple:
+        v = variants.index(c.variant) if c.variant in variants else len(variants)
+        gpus = c.world_size if prefer == "throughput" else -c.world_size
+        return (gpus, v, RUNTIMES.index(c.runtime), order[c.target])
+
+    fitting = sorted((c for c in candidates if c.fits), key=rank)
+    return Selection(fitting[0] if fitting else None, candidates)
+
+
+def no_fit_lines(selection: Selection, host: Host, lock_name: str, build_command: str) -> list[str]:
+    """When nothing fits: every target with why not, and the build that would make one."""
+    lines = [f"no target of {lock_name} fits this host ({host.describe()}):"]
+    if not selection.candidates:
+        lines.append("  (the lock has no targets)")
+    for c in selection.candidates:
+        lines.append(f"  {c.target}: {'; '.join(c.reasons)}")
+    lines.append(build_command)
+    return lines
+
+
+def build_hint(recipe: str, lock: LockFile, host: Host) -> str:
+    """The `trtbuild build` command that would make a target for this host."""
+    if not host.gpus:
+        return (f"to make one: on a host with an NVIDIA GPU and tensorrt_llm, run "
+                f"`trtbuild build {recipe} --gpu auto` (engines are built on the GPU they run on)")
+    sms = sorted({g.sm for g in host.gpus}, key=hardware.sm_number)
+    engine_sms = {t.platform.sm for _, t in targets_of(lock) if t.platform is not None}
+    missing = [sm for sm in sms if sm not in engine_sms]
+    command = f"`trtbuild build {recipe} --gpu auto`"
+    if missing and len(missing) == len(sms):
+        return f"to make one: add {'/'.join(missing)} to the recipe's `gpus:`, then run {command} on this host"
+    return f"to make one: run {command} on this host"

@@ -1,0 +1,221 @@
+"""Moving artifacts between two stores (push, pull) and materializing one into a folder of the
+user's, all through the abstract Store interface: a LocalStore -> LocalStore move is the same code
+as a move to or from S3.
+
+Publish order, as in a build (design.md s.4): blobs (those the other store lacks), then the
+manifest, then the action record (first writer wins), then refs, so nothing ever points at bytes
+that are not there yet. Every blob pulled is hashed while it is copied and refused when it does not
+hash to its name (Bazel's CAS and Nix's binary caches: verify before use).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from trtbuild.errors import InvalidInput, TrtbuildError
+from trtbuild.records import ActionRecord
+from trtbuild.store.base import CorruptStore, Store
+from trtbuild.store.checkout import checkout
+from trtbuild.store.hash import CHUNK
+from trtbuild.store.tree import Manifest
+
+
+@dataclass
+class Moved:
+    """What one push or pull did: blobs and bytes actually moved, and first-writer conflicts."""
+
+    blobs: int = 0
+    bytes: int = 0
+    skipped_blobs: int = 0
+    records: int = 0
+    refs: int = 0
+    divergences: list[str] = field(default_factory=list)
+
+    def add(self, other: "Moved") -> None:
+        self.blobs += other.blobs
+        self.bytes += other.bytes
+        self.skipped_blobs += other.skipped_blobs
+        self.records += other.records
+        self.refs += other.refs
+        self.divergences += other.divergences
+
+    def as_json(self) -> dict:
+        return {"blobs": self.blobs, "bytes": self.bytes, "skipped_blobs": self.skipped_blobs,
+                "records": self.records, "refs": self.refs, "divergences": self.divergences}
+
+
+@dataclass(frozen=True)
+class PushItem:
+    """One artifact to publish: its action record, and the ref (recipe, target) to point at it."""
+
+    record: ActionRecord
+    ref: Optional[tuple[str, str]] = None
+
+
+# ---- push ------------------------------------------------------------------------------------------
+
+def _push_blobs(local: Store, remote: Store, manifest: Manifest, moved: Moved) -> None:
+    work = local.tmpdir("push")
+    try:
+        for entry in {e.sha256: e for e in manifest.entries}.values():
+            if remote.has_blob(entry.sha256):  # content-addressed: there means whole (the store verifies its own)
+                moved.skipped_blobs += 1
+                continue
+            local.verify_blob(entry.sha256)  # never publish bytes this store no longer vouches for
+            staged = work / entry.sha256
+            local.place_blob(entry.sha256, staged, False)  # a link where the store allows: no copy here
+            remote.put_blob(staged, entry.sha256)
+            staged.unlink()
+            moved.blobs += 1
+            moved.bytes += entry.size
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def push(local: Store, remote: Store, items: list[PushItem]) -> Moved:
+    """Publish each item's artifact, then its record, then its ref; returns what moved. A record
+    the remote already holds for the key with another artifact stays there (first writer wins); the
+    divergence is reported, and the ref still names the artifact pushed, whose bytes are there."""
+    moved = Moved()
+    remote.create()
+    for item in items:
+        record = item.record
+        digest = record.digest
+        manifest = local.get_manifest(digest)
+        if not remote.has_manifest(digest):
+            _push_blobs(local, remote, manifest, moved)
+            remote.put_manifest(manifest)
+        else:
+            moved.skipped_blobs += len({e.sha256 for e in manifest.entries})
+        stored = remote.put_record(record)
+        if stored.digest != digest:
+            moved.divergences.append(
+                f"{record.target}: {remote.describe_record(record.key)} already records artifact {stored.digest} "
+                f"for key {record.key}; this store's {digest} was kept beside it as a divergence, not written over it")
+        else:
+            moved.records += 1
+        if item.ref is not None:
+            recipe, target = item.ref
+            remote.update_ref(recipe, target, digest, record.key)
+            moved.refs += 1
+    return moved
+
+
+# ---- pull ------------------------------------------------------------------------------------------
+
+def _copy_verified(remote: Store, digest: str, dest: Path) -> int:
+    """Stream the remote blob into `dest`, hashing each byte as it is read (read once); a blob
+    that does not hash to its name is refused, naming it."""
+    sha, size = hashlib.sha256(), 0
+    with remote.open_blob(digest) as source, open(dest, "wb") as out:
+        while True:
+            chunk = source.read(CHUNK)
+            if not chunk:
+                break
+            sha.update(chunk)
+            out.write(chunk)
+            size += len(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    if sha.hexdigest() != digest:
+        raise CorruptStore(f"blob {remote.describe_blob(digest)} is corrupt: its content hashes to {sha.hexdigest()}; "
+                           "nothing was pulled")
+    return size
+
+
+def _local_has(local: Store, digest: str) -> bool:
+    if not local.has_blob(digest):
+        return False
+    try:
+        local.verify_blob(digest)
+        return True
+    except CorruptStore:
+        return False  # a damaged local copy: the pulled bytes replace it
+
+
+def pull_artifact(remote: Store, local: Store, digest: str) -> Moved:
+    """Copy the artifact (its manifest's blobs, then the manifest) into `local`, verifying every
+    blob before anything names it there."""
+    moved = Moved()
+    manifest = remote.get_manifest(digest)  # checked against its digest and for unsafe paths
+    local.create()
+    work = local.tmpdir("pull")
+    try:
+        fetched: list[tuple[Path, str]] = []
+        for entry in {e.sha256: e for e in manifest.entries}.values():
+            if _local_has(local, entry.sha256):
+                moved.skipped_blobs += 1
+                continue
+            staged = work / entry.sha256
+            moved.bytes += _copy_verified(remote, entry.sha256, staged)
+            moved.blobs += 1
+            fetched.append((staged, entry.sha256))
+        for staged, blob in fetched:  # only once every blob checked out: a bad one leaves nothing behind
+            local.put_blob(staged, blob, owned=True)
+        local.put_manifest(manifest)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return moved
+
+
+def pull(remote: Store, local: Store, key_or_digest: str) -> tuple[str, Moved]:
+    """Pull what an action key records (its artifact, then the record), or an artifact by its
+    digest; returns the artifact's digest and what moved."""
+    record = remote.get_record(key_or_digest)
+    if record is None and not remote.has_manifest(key_or_digest):
+        raise TrtbuildError(f"{key_or_digest}: neither an action record nor an artifact in {remote.describe_record(key_or_digest)}")
+    digest = record.digest if record is not None else key_or_digest
+    moved = pull_artifact(remote, local, digest)
+    if record is not None:
+        local.put_record(record)
+        moved.records += 1
+    return digest, moved
+
+
+# ---- materialize into a folder of the user's --------------------------------------------------------
+
+def _is_artifact(folder: Path, manifest: Manifest, store: Store) -> bool:
+    """`folder` holds exactly the manifest's files with their bytes (read through the stat cache)."""
+    listed = {e.path: e for e in manifest.entries}
+    found = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() or p.is_symlink()}
+    if found != set(listed):
+        return False
+    for path, entry in listed.items():
+        file = folder / path
+        if file.is_symlink() or file.stat().st_size != entry.size or store.state.sha256(file) != entry.sha256:
+            return False
+    return True
+
+
+def materialize_to(store: Store, digest: str, dest: Path) -> Path:
+    """The artifact as the folder `dest`: assembled (verified) in a hidden sibling folder, then
+    renamed into place, so a `dest` that exists is complete. An existing `dest` is refused unless it
+    already is this artifact."""
+    manifest = store.get_manifest(digest)
+    dest = Path(os.path.abspath(dest))
+    if dest.exists() or dest.is_symlink():
+        if dest.is_dir() and not dest.is_symlink() and _is_artifact(dest, manifest, store):
+            return dest
+        raise InvalidInput(f"--dest {dest}: already exists and is not artifact {digest}; remove it or pick another folder")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = dest.parent / f".{dest.name}.partial-{os.getpid()}-{os.urandom(4).hex()}"
+    work.mkdir()
+    try:
+        checkout(store, digest, work)
+        os.rename(work, dest)
+    except OSError as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        if dest.exists():  # another process finished first
+            if _is_artifact(dest, manifest, store):
+                return dest
+            raise InvalidInput(f"--dest {dest}: already exists and is not artifact {digest}; remove it or pick another folder") from None
+        raise TrtbuildError(f"--dest {dest}: cannot write it ({exc.strerror or exc})") from None
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return dest
