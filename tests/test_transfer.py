@@ -1,0 +1,311 @@
+"""push / pull between two stores (two LocalStores: the code is the one an S3 store goes through),
+materialize_to, and the `trtbuild push` / `trtbuild pull` commands. Tiny artifacts only."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import minimal
+from trtbuild import lockfile
+from trtbuild.lockfile import LockedPlatform, LockedRecipe, LockedTarget, LockFile
+from trtbuild.records import ActionRecord, Digest, Execution
+from trtbuild.recipe import load_recipe
+from trtbuild.store.base import CorruptStore
+from trtbuild.store.local import LocalStore
+from trtbuild.store.transfer import PushItem, materialize_to, pull, push
+
+TRTLLM, TRT = "1.2.1", "10.13.2"
+
+
+def make_artifact(store: LocalStore, folder: Path, files: dict[str, bytes], target: str, n: int,
+                  stage: str = "checkpoint", toolchain: dict | None = None) -> ActionRecord:
+    """Store `files` as an artifact with an action record under key n (a few small files)."""
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    manifest = store.ingest(folder)
+    record = ActionRecord(key=f"{n:064x}", artifact=Digest(hash=manifest.digest, size_bytes=manifest.size),
+                          stage=stage, stage_version=1, target=target, recipe="tiny", created="2026-12-01T00:00:00Z",
+                          toolchain=toolchain or {}, fields={}, execution=Execution(seconds=0.0, host="builder"))
+    return store.put_record(record)
+
+
+def three_files(tag: str) -> dict[str, bytes]:
+    return {"config.json": f'{{"tag": "{tag}"}}'.encode(), "rank0.safetensors": tag.encode() * 1000,
+            "sub/notes.txt": b"shared bytes"}
+
+
+def count_put_blob(monkeypatch, store: LocalStore) -> list[str]:
+    calls: list[str] = []
+    original = store.put_blob
+
+    def counted(source, digest, owned=False):
+        calls.append(digest)
+        return original(source, digest, owned)
+
+    monkeypatch.setattr(store, "put_blob", counted)
+    return calls
+
+
+@pytest.fixture
+def stores(tmp_path):
+    local, remote = LocalStore(tmp_path / "local"), LocalStore(tmp_path / "remote")
+    local.create()
+    return local, remote
+
+
+def test_push_then_pull_into_a_fresh_store_verifies_every_blob(stores, tmp_path):
+    local, remote = stores
+    record = make_artifact(local, tmp_path / "a", three_files("a"), "base-tp1", 1)
+    moved = push(local, remote, [PushItem(record, ("tiny", "base-tp1"))])
+    assert (moved.blobs, moved.records, moved.refs, moved.divergences) == (3, 1, 1, [])
+    assert remote.read_ref("tiny", "base-tp1").digest == record.digest
+
+    fresh = LocalStore(tmp_path / "fresh")
+    digest, pulled = pull(remote, fresh, record.key)
+    assert digest == record.digest and pulled.blobs == 3
+    assert fresh.get_record(record.key) == record
+    for entry in fresh.get_manifest(digest).entries:
+        assert hashlib.sha256(fresh.blob_path(entry.sha256).read_bytes()).hexdigest() == entry.sha256
+        fresh.verify_blob(entry.sha256, use_state=False)
+    assert fresh.artifact_problem(digest) is None
+
+
+def test_a_re_push_moves_no_blob_bytes(stores, tmp_path, monkeypatch):
+    local, remote = stores
+    first = make_artifact(local, tmp_path / "a", three_files("a"), "base-tp1", 1)
+    calls = count_put_blob(monkeypatch, remote)
+    push(local, remote, [PushItem(first, ("tiny", "base-tp1"))])
+    assert len(calls) == 3
+    again = push(local, remote, [PushItem(first, ("tiny", "base-tp1"))])
+    assert len(calls) == 3 and (again.blobs, again.bytes, again.skipped_blobs) == (0, 0, 3)
+    # another artifact sharing one file sends only the two new blobs
+    second = make_artifact(local, tmp_path / "b", three_files("b"), "fp8-tp1", 2)
+    other = push(local, remote, [PushItem(second, ("tiny", "fp8-tp1"))])
+    assert len(calls) == 5 and (other.blobs, other.skipped_blobs) == (2, 1)
+
+
+def test_a_different_record_for_a_pushed_key_is_reported_never_written_over(stores, tmp_path):
+    local, remote = stores
+    theirs = make_artifact(LocalStore(tmp_path / "other"), tmp_path / "o", three_files("o"), "base-tp1", 1)
+    push(LocalStore(tmp_path / "other"), remote, [PushItem(theirs)])
+    mine = make_artifact(local, tmp_path / "a", three_files("a"), "base-tp1", 1)
+    moved = push(local, remote, [PushItem(mine, ("tiny", "base-tp1"))])
+    assert moved.divergences == [
+        f"base-tp1: {remote.describe_record(mine.key)} already records artifact {theirs.digest} for key {mine.key}; "
+        f"this store's {mine.digest} was kept beside it as a divergence, not written over it"]
+    assert remote.get_record(mine.key).digest == theirs.digest
+    assert remote.has_manifest(mine.digest)  # the ref names bytes that are there
+
+
+def tamper(remote: LocalStore, digest: str) -> Path:
+    blob = remote.blob_path(digest)
+    blob.chmod(0o644)
+    blob.write_bytes(b"X" * blob.stat().st_size)
+    return blob
+
+
+def test_a_tampered_remote_blob_is_detected_at_pull_and_nothing_is_recorded(stores, tmp_path):
+    local, remote = stores
+    record = make_artifact(local, tmp_path / "a", three_files("a"), "base-tp1", 1)
+    push(local, remote, [PushItem(record)])
+    victim = next(e for e in remote.get_manifest(record.digest).entries if e.path == "rank0.safetensors")
+    blob = tamper(remote, victim.sha256)
+    fresh = LocalStore(tmp_path / "fresh")
+    with pytest.raises(CorruptStore) as caught:
+        pull(remote, fresh, record.key)
+    actual = hashlib.sha256(blob.read_bytes()).hexdigest()
+    assert str(caught.value) == f"blob {blob} is corrupt: its content hashes to {actual}; nothing was pulled"
+    assert fresh.get_record(record.key) is None and not fresh.has_manifest(record.digest)
+    assert list(fresh.iter_blobs()) == []  # not even the sound blobs: nothing is half there
+    assert list((fresh.root / "tmp").iterdir()) == []
+
+
+def test_materialize_to_builds_dest_atomically_and_a_failure_midway_leaves_none(stores, tmp_path, monkeypatch):
+    local, _ = stores
+    record = make_artifact(local, tmp_path / "a", three_files("a"), "base-tp1", 1)
+    dest = tmp_path / "deploy" / "model"
+    placed = []
+    original = local.place_blob
+
+    def fail_second(digest, target, executable):
+        placed.append(digest)
+        if len(placed) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(digest, target, executable)
+
+    monkeypatch.setattr(local, "place_blob", fail_second)
+    with pytest.raises(Exception) as caught:
+        materialize_to(local, record.digest, dest)
+    assert str(caught.value) == f"--dest {dest}: cannot write it (No space left on device)"
+    assert list(dest.parent.iterdir()) == []  # no DEST, no half-built sibling
+    monkeypatch.setattr(local, "place_blob", original)
+    assert materialize_to(local, record.digest, dest) == dest
+    assert {p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()} == three_files("a")
+    assert [p.name for p in dest.parent.iterdir()] == ["model"]
+
+
+def test_materialize_to_refuses_an_existing_dest_unless_it_is_the_same_artifact(stores, tmp_path):
+    local, _ = stores
+    record = make_artifact(local, tmp_path / "a", three_files("a"), "base-tp1", 1)
+    dest = tmp_path / "model"
+    materialize_to(local, record.digest, dest)
+    assert materialize_to(local, record.digest, dest) == dest  # the same artifact: nothing to do
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    with pytest.raises(Exception) as caught:
+        materialize_to(local, record.digest, other)
+    assert str(caught.value) == (f"--dest {other}: already exists and is not artifact {record.digest}; "
+                                 "remove it or pick another folder")
+
+
+# ---- the commands ---------------------------------------------------------------------------------------
+
+class Project:
+    """A recipe, its hand-written lock file, and the local store ($TRTBUILD_CACHE) holding what it names."""
+
+    def __init__(self, ws, tmp_path: Path, monkeypatch) -> None:
+        self.recipe = ws.recipe(minimal())
+        self.lock_path = self.recipe.with_suffix(".lock")
+        self.local = LocalStore(tmp_path / "local")
+        self.local.create()
+        monkeypatch.setenv("TRTBUILD_CACHE", str(self.local.root))
+        self.remote = tmp_path / "remote"
+        self.tmp = tmp_path
+        self.targets: dict[str, LockedTarget] = {}
+        self.n = 0
+
+    def add(self, target: str, stage: str = "checkpoint", gates_passed=None, platform=None, toolchain=None) -> ActionRecord:
+        self.n += 1
+        record = make_artifact(self.local, self.tmp / "art" / target.replace(":", "_"), three_files(target), target,
+                               self.n, stage, toolchain)
+        self.targets[target] = LockedTarget(stage=stage, key=record.key, digest=record.digest, size=record.size,
+                                            gates_passed=gates_passed, platform=platform)
+        return record
+
+    def write_lock(self, validation: str = "run") -> None:
+        lock = LockFile(recipe=LockedRecipe(name="tiny", digest=lockfile.recipe_digest(load_recipe(self.recipe))),
+                        source=None, toolchain={}, targets=self.targets, validation=validation)
+        self.lock_path.write_text(lockfile.HEADER + yaml.safe_dump(lock.model_dump(mode="json", by_alias=True)))
+
+
+@pytest.fixture
+def project(ws, tmp_path, monkeypatch):
+    return Project(ws, tmp_path, monkeypatch)
+
+
+def sm90_platform(standin: bool = False) -> LockedPlatform:
+    version = (f"{TRTLLM}+standin", f"{TRT}+standin") if standin else (TRTLLM, TRT)
+    return LockedPlatform(sm="sm90", tp=1, pp=1, world_size=1, tensorrt_llm=version[0], tensorrt=version[1],
+                          engine_bytes_per_rank=4096, standin=standin)
+
+
+def test_push_publishes_validated_targets_and_refuses_failed_gates_and_stand_ins_one_line_each(project, run):
+    project.add("base-tp1")
+    project.add("base-tp1:validate", "validate", gates_passed=True)
+    project.add("fp8-tp1")
+    project.add("fp8-tp1:validate", "validate", gates_passed=False)
+    project.add("base-tp1-sm90", "engine", platform=sm90_platform(standin=True),
+                toolchain={"tensorrt_llm": f"{TRTLLM}+standin", "tensorrt": f"{TRT}+standin"})
+    project.add("base-tp1-sm90:validate", "validate", gates_passed=True)
+    project.write_lock()
+    result = run("push", project.recipe, "--store", project.remote)
+    assert result.exit_code == 1
+    assert result.stderr == (  # in the lock's order
+        "base-tp1-sm90: was made by a stand-in toolchain (tensorrt, tensorrt_llm); stand-ins are never pushed\n"
+        f"fp8-tp1: failed its gates (fp8-tp1:validate in {project.lock_path}); not pushed\n")
+    # 8000 + 17000 bytes of rank files, 19 + 28 of configs, 12 of the notes both share (sent once)
+    assert result.stdout == f"pushed base-tp1\n5 blobs (24.5 KiB) sent, 1 already there; 2 records, 2 refs -> {project.remote}\n"
+    remote = LocalStore(project.remote)
+    assert sorted((r, t) for r, t, _ in remote.refs()) == [("tiny", "base-tp1"), ("tiny", "base-tp1:validate")]
+    assert [r.target for r in remote.records()] == sorted(["base-tp1", "base-tp1:validate"],
+                                                         key=lambda t: project.targets[t].key)
+    again = run("push", project.recipe, "--target", "base-*", "--store", project.remote)
+    assert again.exit_code == 1 and again.stdout.splitlines()[1].startswith("0 blobs (0 B) sent, 6 already there")
+
+
+def test_push_refuses_a_no_validate_build_unless_allow_unvalidated(project, run):
+    project.add("base-tp1")
+    project.write_lock(validation="skipped (--no-validate)")
+    refused = run("push", project.recipe, "--store", project.remote)
+    assert (refused.exit_code, refused.stdout) == (1, f"0 blobs (0 B) sent, 0 already there; 0 records, 0 refs -> {project.remote}\n")
+    assert refused.stderr == (f"base-tp1: built with --no-validate ({project.lock_path}: validation: skipped (--no-validate)); "
+                              "not pushed without --allow-unvalidated\n")
+    assert not project.remote.exists()
+    allowed = run("push", project.recipe, "--store", project.remote, "--allow-unvalidated")
+    assert (allowed.exit_code, allowed.stderr) == (0, "")
+    assert LocalStore(project.remote).read_ref("tiny", "base-tp1").digest == project.targets["base-tp1"].digest
+
+
+def test_push_and_pull_refuse_what_is_not_there_with_exit_2(project, run, tmp_path):
+    result = run("push", project.recipe, "--store", project.remote)
+    assert (result.exit_code, result.stderr) == (2, f"{project.lock_path}: no lock file; run `trtbuild build {project.recipe}` first\n")
+    project.add("base-tp1")
+    project.write_lock()
+    bad = run("push", project.recipe, "--target", "nope*", "--store", project.remote)
+    assert (bad.exit_code, bad.stderr) == (2, f"--target nope*: matches no built target of {project.lock_path} (base-tp1)\n")
+    missing = run("pull", project.lock_path, "--store", tmp_path / "nowhere")
+    assert (missing.exit_code, missing.stderr) == (2, f"store {tmp_path / 'nowhere'}: no such store (nothing has been built there)\n")
+
+
+def engine_project(project) -> None:
+    project.add("base-tp1")
+    project.add("base-tp1:validate", "validate", gates_passed=True)
+    project.add("base-tp1-sm90", "engine", platform=sm90_platform(), toolchain={"tensorrt_llm": TRTLLM, "tensorrt": TRT})
+    project.add("base-tp1-sm90:validate", "validate", gates_passed=True)
+    project.write_lock()
+
+
+def test_pull_auto_on_a_recorded_h100_materializes_the_sm90_engine_into_dest(project, run, recorded_gpu,
+                                                                              installed_packages, tmp_path, monkeypatch):
+    engine_project(project)
+    assert run("push", project.recipe, "--store", project.remote).exit_code == 0
+    recorded_gpu("H100")
+    installed_packages(tensorrt_llm=TRTLLM, tensorrt=TRT)
+    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "deploy-store"))  # a deploy host: a fresh local store
+    dest = tmp_path / "serve" / "engine"
+    result = run("pull", project.lock_path, "--store", project.remote, "--dest", dest)
+    assert (result.exit_code, result.stdout, result.stderr) == (0, f"{dest}\n", "")
+    assert {p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()} == three_files("base-tp1-sm90")
+    deploy = LocalStore(tmp_path / "deploy-store")
+    assert deploy.get_record(project.targets["base-tp1-sm90"].key).digest == project.targets["base-tp1-sm90"].digest
+    again = run("pull", project.recipe, "--store", project.remote)  # a recipe beside its lock; the store's checkout
+    assert (again.exit_code, again.stdout) == (0, f"{deploy.checkout_path(project.targets['base-tp1-sm90'].digest)}\n")
+
+
+def test_pull_exits_1_listing_every_target_when_nothing_fits(project, run, recorded_gpu, installed_packages):
+    engine_project(project)
+    run("push", project.recipe, "--store", project.remote)
+    recorded_gpu("L40S")
+    installed_packages(tensorrt_llm=TRTLLM, tensorrt=TRT)
+    result = run("pull", project.lock_path, "--store", project.remote)
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"no target of {project.lock_path} fits this host (1x NVIDIA L40S (sm89, 45.0 GiB), tensorrt_llm {TRTLLM}, "
+        f"tensorrt {TRT}, no vllm):\n"
+        "  base-tp1: a TensorRT-LLM checkpoint: no runtime serves it as it is (the engines built from it do)\n"
+        "  base-tp1-sm90: sm: the engine is for sm90; this host has sm89 (1x NVIDIA L40S)\n"
+        f"to make one: add sm89 to the recipe's `gpus:`, then run `trtbuild build {project.recipe} --gpu auto` on this host\n")
+
+
+def test_pull_of_a_tampered_blob_fails_and_leaves_no_dest(project, run, tmp_path, monkeypatch):
+    engine_project(project)
+    run("push", project.recipe, "--store", project.remote)
+    remote = LocalStore(project.remote)
+    entry = next(e for e in remote.get_manifest(project.targets["base-tp1"].digest).entries if e.path == "config.json")
+    blob = tamper(remote, entry.sha256)
+    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "deploy-store"))
+    dest = tmp_path / "serve"
+    result = run("pull", project.lock_path, "--target", "base-tp1", "--store", project.remote, "--dest", dest)
+    actual = hashlib.sha256(blob.read_bytes()).hexdigest()
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert result.stderr == f"blob {blob} is corrupt: its content hashes to {actual}; nothing was pulled\n"
+    assert not dest.exists() and not os.listdir(tmp_path / "deploy-store" / "manifests")
