@@ -24,7 +24,7 @@ TRTLLM, TRT = "1.2.1", "10.13.2"
 
 
 def make_artifact(store: LocalStore, folder: Path, files: dict[str, bytes], target: str, n: int,
-                  stage: str = "checkpoint", toolchain: dict | None = None) -> ActionRecord:
+                  stage: str = "checkpoint", toolchain: dict | None = None, fields: dict | None = None) -> ActionRecord:
     """Store `files` as an artifact with an action record under key n (a few small files)."""
     folder.mkdir(parents=True)
     for name, data in files.items():
@@ -33,7 +33,7 @@ def make_artifact(store: LocalStore, folder: Path, files: dict[str, bytes], targ
     manifest = store.ingest(folder)
     record = ActionRecord(key=f"{n:064x}", artifact=Digest(hash=manifest.digest, size_bytes=manifest.size),
                           stage=stage, stage_version=1, target=target, recipe="tiny", created="2026-12-01T00:00:00Z",
-                          toolchain=toolchain or {}, fields={}, execution=Execution(seconds=0.0, host="builder"))
+                          toolchain=toolchain or {}, fields=fields or {}, execution=Execution(seconds=0.0, host="builder"))
     return store.put_record(record)
 
 
@@ -183,10 +183,11 @@ class Project:
         self.targets: dict[str, LockedTarget] = {}
         self.n = 0
 
-    def add(self, target: str, stage: str = "checkpoint", gates_passed=None, platform=None, toolchain=None) -> ActionRecord:
+    def add(self, target: str, stage: str = "checkpoint", gates_passed=None, platform=None, toolchain=None,
+            fields=None) -> ActionRecord:
         self.n += 1
         record = make_artifact(self.local, self.tmp / "art" / target.replace(":", "_"), three_files(target), target,
-                               self.n, stage, toolchain)
+                               self.n, stage, toolchain, fields)
         self.targets[target] = LockedTarget(stage=stage, key=record.key, digest=record.digest, size=record.size,
                                             gates_passed=gates_passed, platform=platform)
         return record
@@ -220,7 +221,7 @@ def test_push_publishes_validated_targets_and_refuses_failed_gates_and_stand_ins
     result = run("push", project.recipe, "--store", project.remote)
     assert result.exit_code == 1
     assert result.stderr == (  # in the lock's order
-        "base-tp1-sm90: was made by a stand-in toolchain (tensorrt, tensorrt_llm); stand-ins are never pushed\n"
+        "base-tp1-sm90: made by a stand-in toolchain (tensorrt, tensorrt_llm); stand-ins are never pushed\n"
         f"fp8-tp1: failed its gates (fp8-tp1:validate in {project.lock_path}); not pushed\n")
     # 8000 + 17000 bytes of rank files, 19 + 28 of configs, 12 of the notes both share (sent once)
     assert result.stdout == f"pushed base-tp1\n5 blobs (24.5 KiB) sent, 1 already there; 2 records, 2 refs -> {project.remote}\n"
@@ -309,3 +310,63 @@ def test_pull_of_a_tampered_blob_fails_and_leaves_no_dest(project, run, tmp_path
     assert (result.exit_code, result.stdout) == (1, "")
     assert result.stderr == f"blob {blob} is corrupt: its content hashes to {actual}; nothing was pulled\n"
     assert not dest.exists() and not os.listdir(tmp_path / "deploy-store" / "manifests")
+
+
+def test_pull_auto_reads_an_hf_checkpoints_format_from_the_stores_record_and_prints_json(
+        project, run, recorded_gpu, installed_packages, tmp_path, monkeypatch):
+    import json
+
+    project.add("fp8-hf", "hf-checkpoint", fields={"params": {"quant": "fp8", "kv_cache": None}})
+    project.add("fp8-hf:validate", "validate", gates_passed=True)
+    project.add("awq-hf", "hf-checkpoint", fields={"params": {"quant": "int4_awq", "kv_cache": None}})
+    project.add("awq-hf:validate", "validate", gates_passed=True)
+    project.write_lock()
+    assert run("push", project.recipe, "--store", project.remote).exit_code == 0
+    recorded_gpu("A100")
+    installed_packages(vllm="0.33.0")
+    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "deploy-store"))
+    result = run("pull", project.lock_path, "--store", project.remote, "--json")
+    assert (result.exit_code, result.stderr) == (0, "")
+    out = json.loads(result.stdout)
+    digest = project.targets["fp8-hf"].digest
+    assert (out["target"], out["runtime"], out["digest"]) == ("fp8-hf", "vllm", digest)
+    assert out["path"] == str(LocalStore(tmp_path / "deploy-store").checkout_path(digest))
+    assert [(c["target"], c["fits"], c["reasons"]) for c in out["candidates"]] == [
+        ("awq-hf", False, ["trtllm: not installed", "vllm: does not serve int4_awq on sm80"]),
+        ("fp8-hf", True, [])]
+
+
+def test_pull_refuses_a_bad_gpu_or_target_with_exit_2(project, run):
+    from trtbuild import hardware
+
+    project.add("base-tp1")
+    project.write_lock()
+    with pytest.raises(ValueError) as why:
+        hardware.resolve_gpu("sm99")
+    gpu = run("pull", project.lock_path, "--gpu", "sm99", "--store", project.local.root)
+    assert (gpu.exit_code, gpu.stderr) == (2, f"--gpu: {why.value}\n")
+    target = run("pull", project.lock_path, "--target", "nope", "--store", project.local.root)
+    assert (target.exit_code, target.stderr) == (2, f"--target nope: not a target of {project.lock_path} (base-tp1)\n")
+
+
+def test_push_refuses_a_target_the_local_store_lost(project, run):
+    record = project.add("base-tp1")
+    project.add("base-tp1:validate", "validate", gates_passed=True)
+    project.write_lock()
+    project.local.delete_record(record.key)
+    result = run("push", project.recipe, "--store", project.remote)
+    assert result.exit_code == 1
+    assert result.stderr == (f"base-tp1: not in the local store as {project.lock_path} records it "
+                             f"({project.local.describe_record(record.key)}); build it first\n")
+
+
+def test_push_refuses_a_target_whose_validation_a_stand_in_made(project, run):
+    project.add("base-hf", "hf-checkpoint")
+    project.add("base-hf:validate", "validate", gates_passed=True)
+    project.add("base-hf:validate-trtllm", "validate", gates_passed=True,
+                toolchain={"tensorrt_llm": f"{TRTLLM}+standin", "tensorrt": f"{TRT}+standin", "cuda": None})
+    project.write_lock()
+    result = run("push", project.recipe, "--store", project.remote)
+    assert (result.exit_code, result.stderr) == (1, "base-hf: its validation base-hf:validate-trtllm: made by a stand-in "
+                                                    "toolchain (tensorrt, tensorrt_llm); stand-ins are never pushed\n")
+    assert not project.remote.exists()

@@ -345,8 +345,8 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, as
         if variant is not None:
             return variant.quant, variant.kv_cache
         record = remote.get_record(entry.key)
-        params = record.fields.get("params", {}) if record else None
-        return (params.get("quant"), params.get("kv_cache")) if params is not None else None
+        params = record.fields.get("params") if record else None
+        return (params.get("quant"), params.get("kv_cache")) if isinstance(params, dict) else None
 
     host = Host.probe(gpu)
     selection = choose(lock, host, runtime, prefer, formats, list(variants) if variants else None)

@@ -73,7 +73,7 @@ def plan_push(lock: LockFile, lock_path: Path, local: Store, patterns: list[str]
         for node_id in [target_id, *checks]:
             problem = _unpushable(lock, lock_path, local, node_id)
             if problem:
-                who = "" if node_id == target_id else f"its validation {node_id} "
+                who = "" if node_id == target_id else f"its validation {node_id}: "
                 problem = f"{target_id}: {who}{problem}"
                 break
             entry = lock.targets[node_id]
@@ -87,14 +87,14 @@ def plan_push(lock: LockFile, lock_path: Path, local: Store, patterns: list[str]
 
 
 def _unpushable(lock: LockFile, lock_path: Path, local: Store, node_id: str):
-    """Why the node's artifact cannot be published from `local` (after `made by ...`), or None."""
+    """Why the node's artifact cannot be published from `local`, or None."""
     entry = lock.targets[node_id]
     record = local.get_record(entry.key)
     if record is None or record.digest != entry.digest:
-        return f"is not in the local store as {lock_path} records it ({local.describe_record(entry.key)}); build it first"
+        return f"not in the local store as {lock_path} records it ({local.describe_record(entry.key)}); build it first"
     damaged = local.artifact_problem(entry.digest)
     if damaged:
-        return f"is damaged in the local store ({damaged}); rebuild it"
+        return f"damaged in the local store ({damaged}); rebuild it"
     if record.standin:
-        return f"was made by a stand-in toolchain ({', '.join(record.standin)}); stand-ins are never pushed"
+        return f"made by a stand-in toolchain ({', '.join(record.standin)}); stand-ins are never pushed"
     return None
