@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from trtbuild import hardware
 from trtbuild.lockfile import LockedPlatform, LockedRecipe, LockedTarget, LockFile
 from trtbuild.pullselect import Host, build_hint, choose, no_fit_lines
 from trtbuild.toolchain import package_version
@@ -163,6 +162,8 @@ def test_gpu_sm_counts_only_this_hosts_gpus_of_that_sm(host):
     selection = choose(matrix(), h, formats=formats, variant_order=VARIANTS)
     assert selection.chosen is None
     assert h.describe() == "no sm80 GPU, tensorrt_llm 1.2.1, tensorrt 10.13.2, no vllm"
+    assert build_hint("x.yaml", matrix(), h) == ("to make one: run `trtbuild build x.yaml --gpu auto` on a host with "
+                                                "an sm80 GPU and tensorrt_llm")
 
 
 def test_no_gpu_lists_every_target_with_why_and_the_build_that_would_make_one(host):

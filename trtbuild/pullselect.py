@@ -8,7 +8,8 @@ The rules, in order:
    GPUs of that SM for its world size and room for one rank on each: engine_check.differences,
    the same comparison `trtbuild check` makes.
 3. An hf-checkpoint needs a runtime installed here that serves its format on this SM (HF_SERVES,
-   from reference/trtllm.md section 10) and enough GPUs of that SM to hold its bytes.
+   from reference/trtllm.md section 10) and enough GPUs of that SM to hold its bytes (it counts
+   as the fewest GPUs that do: the runtime shards it at load time, so that is its world size).
 4. Among those that fit: the fewest GPUs (--prefer throughput: more replicas per host) or the most
    (--prefer latency), then the recipe's variant order (without the recipe: the lock's order), then
    the runtime in --runtime's order (an engine before a checkpoint of the same variant), then the
@@ -254,6 +255,9 @@ def no_fit_lines(selection: Selection, host: Host, lock_name: str, build_command
 
 def build_hint(recipe: str, lock: LockFile, host: Host) -> str:
     """The `trtbuild build` command that would make a target for this host."""
+    if not host.gpus and host.gpu_filter:
+        return (f"to make one: run `trtbuild build {recipe} --gpu auto` on a host with an {host.gpu_filter} GPU "
+                "and tensorrt_llm")
     if not host.gpus:
         return (f"to make one: on a host with an NVIDIA GPU and tensorrt_llm, run "
                 f"`trtbuild build {recipe} --gpu auto` (engines are built on the GPU they run on)")

@@ -36,14 +36,6 @@ class Moved:
     refs: int = 0
     divergences: list[str] = field(default_factory=list)
 
-    def add(self, other: "Moved") -> None:
-        self.blobs += other.blobs
-        self.bytes += other.bytes
-        self.skipped_blobs += other.skipped_blobs
-        self.records += other.records
-        self.refs += other.refs
-        self.divergences += other.divergences
-
     def as_json(self) -> dict:
         return {"blobs": self.blobs, "bytes": self.bytes, "skipped_blobs": self.skipped_blobs,
                 "records": self.records, "refs": self.refs, "divergences": self.divergences}
