@@ -121,6 +121,16 @@ def test_a_re_put_of_an_existing_blob_sends_no_body(store, tmp_path):
     assert [name for name, _ in again] == ["HeadBucket", "HeadObject"]
 
 
+def test_bytes_that_do_not_hash_to_the_name_are_refused_by_the_server_and_not_stored(store, bucket, tmp_path):
+    source, _ = blob_file(tmp_path, b"not what the name says")
+    wrong = "0" * 64
+    with pytest.raises(CorruptStore) as caught:
+        store.put_blob(source, wrong)
+    assert str(caught.value) == (f"{source}: its bytes do not hash to {wrong} "
+                                 f"(refused by s3://{bucket}/team/store/cas/sha256/00/{wrong})")
+    assert not store.has_blob(wrong)
+
+
 def test_a_multipart_blob_of_20_mib_goes_up_in_parts_with_sha256_and_comes_back_verified(store, tmp_path):
     data = os.urandom(20 * MiB)
     source, digest = blob_file(tmp_path, data)
@@ -200,6 +210,70 @@ def test_an_interrupted_download_resumes_with_a_ranged_get_and_reads_each_byte_o
     broken.clear()
     store.place_blob(digest, dest, executable=False)
     assert dest.read_bytes() == data
+
+
+_KILLED_DOWNLOAD = """
+import sys, time
+from trtbuild.store.s3 import S3Store
+url, digest, dest, cut = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+
+class Stalls:  # the connection hangs after `cut` bytes: the parent kills this process then
+    def __init__(self, body):
+        self.body, self.left = body, cut
+    def read(self, n=-1):
+        if self.left <= 0:
+            time.sleep(600)
+        data = self.body.read(min(n, self.left))
+        self.left -= len(data)
+        return data
+    def close(self):
+        self.body.close()
+
+store = S3Store(url)
+store.client.meta.events.register("after-call.s3.GetObject", lambda parsed, **_: parsed.update(Body=Stalls(parsed["Body"])))
+store.place_blob(digest, dest, executable=False)
+"""
+
+
+def test_a_download_killed_midway_resumes_from_its_partial_file_with_a_ranged_get(store, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    data = os.urandom(3 * MiB)
+    source, digest = blob_file(tmp_path, data)
+    store.put_blob(source, digest)
+    dest, cut = tmp_path / "dest", MiB + 5
+    partial = store.partial_path(digest, dest)
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_DOWNLOAD, store.url, digest, str(dest), str(cut)])
+    try:
+        deadline = time.monotonic() + 60
+        while not (partial.exists() and partial.stat().st_size == cut):
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert not dest.exists()
+    gets: list[dict] = []
+    store.client.meta.events.register("before-parameter-build.s3.GetObject", lambda params, **_: gets.append(dict(params)))
+    store.place_blob(digest, dest, executable=False)
+    assert [g.get("Range") for g in gets] == [f"bytes={cut}-"]
+    assert dest.read_bytes() == data and not partial.exists()
+
+
+def test_a_leftover_partial_file_of_other_bytes_is_discarded_and_the_blob_fetched_whole(store, tmp_path):
+    data = b"0123456789" * 1000
+    source, digest = blob_file(tmp_path, data)
+    store.put_blob(source, digest)
+    dest = tmp_path / "dest"
+    store.partial_path(digest, dest).write_bytes(b"garbage")
+    gets: list[dict] = []
+    store.client.meta.events.register("before-parameter-build.s3.GetObject", lambda params, **_: gets.append(dict(params)))
+    store.place_blob(digest, dest, executable=False)
+    assert [g.get("Range") for g in gets] == ["bytes=7-", None]
+    assert dest.read_bytes() == data and not store.partial_path(digest, dest).exists()
 
 
 # ---- manifests -----------------------------------------------------------------------------------

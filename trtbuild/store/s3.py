@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import hashlib
 import io
 import json
@@ -81,12 +82,14 @@ class _VerifiedBlobReader(io.RawIOBase):
     hash to the blob's name raise CorruptStore. A broken connection resumes with a ranged GET from
     where it stopped, conditional on the same ETag (the object may not change underneath)."""
 
-    def __init__(self, store: "S3Store", digest: str) -> None:
+    def __init__(self, store: "S3Store", digest: str, start: int = 0, hashed=None) -> None:
+        """`start`, `hashed`: continue after the first `start` bytes, already hashed into `hashed`
+        (a partial file left by a download that was killed)."""
         self.store, self.digest = store, digest
         self.key = store.blob_key(digest)
         self.url = store.url_of(self.key)
-        self.hash = hashlib.sha256()
-        self.position = 0
+        self.hash = hashed if hashed is not None else hashlib.sha256()
+        self.position = start
         self.size: Optional[int] = None
         self.etag: Optional[str] = None
         self.body = None
@@ -96,6 +99,13 @@ class _VerifiedBlobReader(io.RawIOBase):
         return True
 
     def _open(self) -> None:
+        if self.size is None and self.position:  # resuming another process's download: this object's ETag first
+            head = self.store._head(self.key)
+            if head is None:
+                raise CorruptStore(f"blob {self.digest} is missing from {self.store.url_of(self.store.key('cas'))}")
+            self.size, self.etag = head["ContentLength"], head["ETag"]
+            if self.position >= self.size:
+                return
         extra = {}
         if self.position:
             extra = {"Range": f"bytes={self.position}-", "IfMatch": self.etag}
@@ -121,6 +131,9 @@ class _VerifiedBlobReader(io.RawIOBase):
         while True:
             if self.body is None:
                 self._open()
+            if self.body is None:  # the partial file already held every byte (or more)
+                self._finish()
+                return 0
             try:
                 data = self.body.read(len(buffer))
                 break
@@ -180,6 +193,8 @@ class S3Store(Store):
     def __init__(self, url: str, endpoint_url: Optional[str] = None, part_size: int = 64 * MiB,
                  concurrency: int = 8, retry_mode: str = "standard", max_attempts: int = 8,
                  local_root: Optional[Path] = None) -> None:
+        if retry_mode not in ("standard", "adaptive"):
+            raise InvalidInput(f"{url}: retry mode {retry_mode!r} is not one of standard, adaptive")
         bucket, prefix = s3lib.parse_url(url)
         if not bucket:
             raise InvalidInput(f"{url}: not an s3://BUCKET/PREFIX URL")
@@ -247,8 +262,8 @@ class S3Store(Store):
                 raise InvalidInput(f"{url}: bucket {self.bucket} does not exist") from None
             if self._bucket_checked and _is_absent(exc):
                 raise _Absent(key) from None
-            if _is_conflict(exc):
-                raise
+            if _is_conflict(exc) and ("IfMatch" in params or "IfNoneMatch" in params):
+                raise  # a conditional request that lost: the caller re-reads
             raise self._error(url, exc) from None
 
     # ---- keys --------------------------------------------------------------------------------------
@@ -413,8 +428,11 @@ class S3Store(Store):
         return io.BufferedReader(_VerifiedBlobReader(self, digest), buffer_size=CHUNK)
 
     def read_blob_into(self, digest: str, sink: Callable[[bytes], None], progress: Progress = None) -> int:
-        """Stream the blob through `sink`, verified at the end; returns its size."""
-        reader = _VerifiedBlobReader(self, digest)
+        """Stream the blob through `sink`, verified at the end (CorruptStore); returns its size."""
+        return self._stream(_VerifiedBlobReader(self, digest), sink, progress)
+
+    @staticmethod
+    def _stream(reader: "_VerifiedBlobReader", sink: Callable[[bytes], None], progress: Progress = None) -> int:
         buffer = bytearray(CHUNK)
         total = 0
         try:
@@ -441,20 +459,50 @@ class S3Store(Store):
             return
         self.read_blob_into(digest, lambda data: None)
 
+    def partial_path(self, digest: str, dest: Path) -> Path:
+        """Where place_blob keeps the bytes of a download in progress (a killed one resumes from it)."""
+        return Path(dest).with_name(f".{Path(dest).name}.{digest[:16]}.part")
+
     def place_blob(self, digest: str, dest: Path, executable: bool) -> None:
-        """Download into a temp file beside `dest`, verifying while streaming; `dest` appears (read-only)
-        only when the bytes hash to `digest`, and nothing is left there when they do not."""
+        """Download into a partial file beside `dest`, verifying while streaming; `dest` appears
+        (read-only) only when the bytes hash to `digest`, and nothing is left there when they do not.
+        A partial file left by a killed download is hashed and continued with a ranged GET; if the
+        result does not verify, the blob is fetched once more from its first byte."""
         dest = Path(dest)
-        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{os.urandom(4).hex()}.part")
-        try:
-            with open(tmp, "wb") as out:
-                self.read_blob_into(digest, out.write)
+        partial = self.partial_path(digest, dest)
+        with open(partial, "a+b") as out:
+            fcntl.flock(out, fcntl.LOCK_EX)  # one process fetches to one place at a time
+            try:
+                current = os.stat(partial).st_ino
+            except FileNotFoundError:
+                current = None
+            if current != os.fstat(out.fileno()).st_ino:  # the process we waited for finished (or gave up)
+                fcntl.flock(out, fcntl.LOCK_UN)
+                if not dest.exists():
+                    self.place_blob(digest, dest, executable)
+                return
+            try:
+                out.seek(0)
+                hashed, start = hashlib.sha256(), 0
+                for chunk in iter(lambda: out.read(CHUNK), b""):
+                    hashed.update(chunk)
+                    start += len(chunk)
+                try:
+                    self._stream(_VerifiedBlobReader(self, digest, start, hashed), out.write)
+                except CorruptStore:
+                    if not start:
+                        raise
+                    out.truncate(0)  # the leftover was not this blob's beginning: start over
+                    self._stream(_VerifiedBlobReader(self, digest), out.write)
                 out.flush()
                 os.fsync(out.fileno())
-            os.chmod(tmp, 0o555 if executable else 0o444)
-            os.replace(tmp, dest)
-        finally:
-            tmp.unlink(missing_ok=True)
+                os.chmod(partial, 0o555 if executable else 0o444)
+                os.replace(partial, dest)
+            except CorruptStore:
+                partial.unlink(missing_ok=True)  # bad bytes are not kept (an interrupted download's are)
+                raise
+            finally:
+                fcntl.flock(out, fcntl.LOCK_UN)
 
     def iter_blobs(self) -> Iterator[tuple[str, int]]:
         for rel, size in self._list("cas/sha256/"):
