@@ -166,6 +166,27 @@ def test_a_blob_altered_on_the_server_is_detected_and_nothing_is_materialized(st
     assert store.rehash_blob(digest) == sha(altered)
 
 
+def test_a_reader_that_stops_at_the_blob_size_still_gets_the_corruption(store, bucket, tmp_path):
+    source, digest = blob_file(tmp_path, b"exact " * 10)
+    store.put_blob(source, digest)
+    store.client.put_object(Bucket=bucket, Key=f"team/store/cas/sha256/{digest[:2]}/{digest}", Body=b"EXACT " * 10)
+    with store.open_blob(digest) as f, pytest.raises(CorruptStore):
+        f.read(60)
+
+
+def test_an_empty_blob_round_trips_and_a_damaged_copy_of_the_same_size_is_replaced_on_put(store, bucket, tmp_path):
+    empty, empty_digest = blob_file(tmp_path, b"", "empty")
+    store.put_blob(empty, empty_digest)
+    store.place_blob(empty_digest, tmp_path / "e", executable=False)
+    assert (tmp_path / "e").read_bytes() == b""
+    source, digest = blob_file(tmp_path, b"good bytes")
+    key = f"team/store/cas/sha256/{digest[:2]}/{digest}"
+    store.client.put_object(Bucket=bucket, Key=key, Body=b"evil bytes", ChecksumAlgorithm="SHA256")
+    store.put_blob(source, digest)  # its full-object SHA-256 says it is not this blob: uploaded again
+    assert store.client.get_object(Bucket=bucket, Key=key)["Body"].read() == b"good bytes"
+    store.verify_blob(digest)
+
+
 class _BreaksAfter:
     """A body stream that fails after `limit` bytes, as a dropped connection does."""
 

@@ -64,6 +64,14 @@ def _is_absent(exc: Exception) -> bool:
     return code in ("NoSuchKey", "404", "NotFound") or (status == 404 and code != "NoSuchBucket")
 
 
+def _full_sha256(head: dict) -> Optional[str]:
+    """The whole object's sha256 (hex) from a HEAD, when the server keeps one (not for multipart)."""
+    checksum = head.get("ChecksumSHA256")
+    if not checksum or "-" in checksum or head.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
+        return None
+    return base64.b64decode(checksum).hex()
+
+
 def _b64(digest: str) -> str:
     return base64.b64encode(bytes.fromhex(digest)).decode()
 
@@ -94,6 +102,7 @@ class _VerifiedBlobReader(io.RawIOBase):
         self.etag: Optional[str] = None
         self.body = None
         self.done = False
+        self.early_ends = 0
 
     def readable(self) -> bool:
         return True
@@ -145,11 +154,16 @@ class _VerifiedBlobReader(io.RawIOBase):
         if not data:
             if self.position < (self.size or 0):  # the stream ended early without an error: resume
                 self._close_body()
+                self.early_ends += 1
+                if self.early_ends >= RESUME_ATTEMPTS:
+                    raise TrtbuildError(f"{self.url}: the download ended early {self.early_ends} times at byte {self.position}")
                 return self.readinto(buffer)
             self._finish()
             return 0
         self.hash.update(data)
         self.position += len(data)
+        if self.size is not None and self.position >= self.size:
+            self._finish()  # verified before its last bytes are handed out: a reader that stops at the size is covered
         buffer[:len(data)] = data
         return len(data)
 
@@ -401,8 +415,9 @@ class S3Store(Store):
         source = Path(source)
         size = source.stat().st_size
         key = self.blob_key(digest)
-        if self.blob_size(digest) == size:
-            return
+        head = self._head(key)
+        if head is not None and head["ContentLength"] == size and _full_sha256(head) in (None, digest):
+            return  # already there: a re-push moves no bytes
         extra = {"ChecksumAlgorithm": "SHA256"}
         if size < self.part_size:
             extra["ChecksumSHA256"] = _b64(digest)
@@ -453,9 +468,7 @@ class S3Store(Store):
         head = self._head(self.blob_key(digest))
         if head is None:
             raise CorruptStore(f"blob {digest} is missing from {self.url_of(self.key('cas'))}")
-        checksum = head.get("ChecksumSHA256")
-        if use_state and checksum and "-" not in checksum and head.get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT" \
-                and base64.b64decode(checksum).hex() == digest:
+        if use_state and _full_sha256(head) == digest:
             return
         self.read_blob_into(digest, lambda data: None)
 
@@ -587,10 +600,8 @@ class S3Store(Store):
                 return f"blob {entry.sha256} ({entry.path}) is missing from {self.url_of(self.key('cas'))}"
             if head["ContentLength"] != entry.size:
                 return f"blob {url} ({entry.path}) has {head['ContentLength']} bytes, its manifest says {entry.size}"
-            checksum = head.get("ChecksumSHA256")
-            if checksum and "-" not in checksum and head.get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT" \
-                    and base64.b64decode(checksum).hex() != entry.sha256:
-                return f"blob {url} ({entry.path}) is corrupt: its sha256 is {base64.b64decode(checksum).hex()}"
+            if _full_sha256(head) not in (None, entry.sha256):
+                return f"blob {url} ({entry.path}) is corrupt: its sha256 is {_full_sha256(head)}"
         return None
 
     def put_file_blob(self, path: Path) -> Digest:
