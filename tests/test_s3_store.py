@@ -297,6 +297,39 @@ def test_a_leftover_partial_file_of_other_bytes_is_discarded_and_the_blob_fetche
     assert dest.read_bytes() == data and not store.partial_path(digest, dest).exists()
 
 
+def test_a_large_blob_comes_down_in_parallel_ranges_verified_and_a_broken_range_resumes(bucket, tmp_path):
+    store = S3Store(f"s3://{bucket}/big", part_size=5 * MiB, concurrency=3, download_chunk=2 * MiB,
+                    local_root=tmp_path / "local")
+    data = os.urandom(7 * MiB + 11)
+    source, digest = blob_file(tmp_path, data)
+    store.put_blob(source, digest)
+    gets: list[str] = []
+    broken: list[bool] = []
+
+    def after_get(parsed, **_):
+        if not broken and parsed["ContentRange"].startswith("bytes 0-"):  # the first range's connection drops
+            broken.append(True)
+            parsed["Body"] = _BreaksAfter(parsed["Body"], 1000)
+
+    store.client.meta.events.register("before-parameter-build.s3.GetObject", lambda params, **_: gets.append(params["Range"]))
+    store.client.meta.events.register("after-call.s3.GetObject", after_get)
+    dest = tmp_path / "dest"
+    store.place_blob(digest, dest, executable=False)
+    assert dest.read_bytes() == data
+    ranges = [f"bytes={o}-{min(o + 2 * MiB, len(data)) - 1}" for o in range(0, len(data), 2 * MiB)]
+    assert sorted(gets) == sorted(ranges + [f"bytes=1000-{2 * MiB - 1}"])
+    altered = bytearray(data)
+    altered[5 * MiB] ^= 1
+    store.client.put_object(Bucket=bucket, Key=f"big/cas/sha256/{digest[:2]}/{digest}", Body=bytes(altered))
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(CorruptStore) as caught:
+        store.place_blob(digest, out / "file", executable=False)
+    assert str(caught.value) == (f"blob s3://{bucket}/big/cas/sha256/{digest[:2]}/{digest} is corrupt: its sha256 is "
+                                 f"{sha(bytes(altered))}; run `trtbuild cache verify`")
+    assert os.listdir(out) == []
+
+
 # ---- manifests -----------------------------------------------------------------------------------
 def test_manifests_round_trip_verified_and_unsafe_paths_are_rejected_on_read(store, bucket, tmp_path):
     source, digest = blob_file(tmp_path, b"config")

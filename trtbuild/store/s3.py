@@ -113,11 +113,11 @@ class _VerifiedBlobReader(io.RawIOBase):
             if head is None:
                 raise CorruptStore(f"blob {self.digest} is missing from {self.store.url_of(self.store.key('cas'))}")
             self.size, self.etag = head["ContentLength"], head["ETag"]
-            if self.position >= self.size:
-                return
-        extra = {}
+        if self.size is not None and self.position >= self.size:
+            return  # nothing left to fetch
+        extra = {"IfMatch": self.etag} if self.etag else {}
         if self.position:
-            extra = {"Range": f"bytes={self.position}-", "IfMatch": self.etag}
+            extra["Range"] = f"bytes={self.position}-"
         try:
             response = self.store._call(self.key, self.store.client.get_object, Bucket=self.store.bucket,
                                         Key=self.key, **extra)
@@ -191,7 +191,9 @@ class S3Store(Store):
     Endpoint: `endpoint_url`, else AWS_ENDPOINT_URL; credentials: the standard chain (AWS_* variables,
     AWS_PROFILE, config files, instance roles); throttling and 5xx are retried with backoff by
     botocore's `retry_mode` ("standard" or "adaptive"). Blobs go up through boto3's transfer manager
-    (multipart above `part_size`, `concurrency` parts at once) with SHA-256 checksums.
+    (multipart above `part_size`, `concurrency` parts at once) with SHA-256 checksums; a blob larger
+    than `download_chunk` comes down as `concurrency` ranged GETs at once, hashed in order as the
+    ranges arrive (each byte read once, at most `concurrency` chunks in memory).
 
     Local concepts, for a store on another machine:
     - tmpdir, clean_tmp, downloads_dir and key_lock use a folder on this host (`local_root`, by
@@ -206,7 +208,7 @@ class S3Store(Store):
 
     def __init__(self, url: str, endpoint_url: Optional[str] = None, part_size: int = 64 * MiB,
                  concurrency: int = 8, retry_mode: str = "standard", max_attempts: int = 8,
-                 local_root: Optional[Path] = None) -> None:
+                 local_root: Optional[Path] = None, download_chunk: int = 8 * MiB) -> None:
         if retry_mode not in ("standard", "adaptive"):
             raise InvalidInput(f"{url}: retry mode {retry_mode!r} is not one of standard, adaptive")
         bucket, prefix = s3lib.parse_url(url)
@@ -215,7 +217,7 @@ class S3Store(Store):
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.url = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
         self.endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
-        self.part_size, self.concurrency = part_size, concurrency
+        self.part_size, self.concurrency, self.download_chunk = part_size, concurrency, download_chunk
         self.retry_mode, self.max_attempts = retry_mode, max_attempts
         self.local_root = Path(local_root) if local_root is not None else \
             Path(tempfile.gettempdir()) / "trtbuild-s3" / bytes_sha256(self.url.encode())[:16]
@@ -501,12 +503,12 @@ class S3Store(Store):
                     hashed.update(chunk)
                     start += len(chunk)
                 try:
-                    self._stream(_VerifiedBlobReader(self, digest, start, hashed), out.write)
+                    self._fetch(digest, out, start, hashed)
                 except CorruptStore:
                     if not start:
                         raise
                     out.truncate(0)  # the leftover was not this blob's beginning: start over
-                    self._stream(_VerifiedBlobReader(self, digest), out.write)
+                    self._fetch(digest, out, 0, hashlib.sha256())
                 out.flush()
                 os.fsync(out.fileno())
                 os.chmod(partial, 0o555 if executable else 0o444)
@@ -516,6 +518,79 @@ class S3Store(Store):
                 raise
             finally:
                 fcntl.flock(out, fcntl.LOCK_UN)
+
+    def _fetch(self, digest: str, out: BinaryIO, start: int, hashed) -> None:
+        """Append the blob's bytes after `start` to `out`, verified: small ones in one stream, large
+        ones in parallel ranged GETs of one ETag, hashed and written in order as they arrive."""
+        key = self.blob_key(digest)
+        head = self._head(key)
+        if head is None:
+            raise CorruptStore(f"blob {digest} is missing from {self.url_of(self.key('cas'))}")
+        size, etag = head["ContentLength"], head["ETag"]
+        if size - start <= self.download_chunk or self.concurrency < 2:
+            reader = _VerifiedBlobReader(self, digest, start, hashed)
+            reader.size, reader.etag = size, etag
+            self._stream(reader, out.write)
+            return
+        offsets = iter(range(start, size, self.download_chunk))
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            window: list = []
+
+            def refill() -> None:
+                for offset in offsets:
+                    window.append(pool.submit(self._get_range, key, etag, offset,
+                                              min(offset + self.download_chunk, size) - 1))
+                    if len(window) >= self.concurrency:
+                        return
+
+            refill()
+            try:
+                while window:
+                    data = window.pop(0).result()
+                    refill()
+                    hashed.update(data)
+                    out.write(data)
+            finally:
+                for future in window:
+                    future.cancel()
+        actual = hashed.hexdigest()
+        if actual != digest:
+            raise CorruptStore(f"blob {self.url_of(key)} is corrupt: its sha256 is {actual}; run `trtbuild cache verify`")
+
+    def _get_range(self, key: str, etag: str, first: int, last: int) -> bytes:
+        """Bytes first..last of the object as it was (If-Match), resuming within the range when the
+        connection breaks."""
+        data = bytearray()
+        failures = 0
+        while first + len(data) <= last:
+            try:
+                body = self._call(key, self.client.get_object, Bucket=self.bucket, Key=key,
+                                  Range=f"bytes={first + len(data)}-{last}", IfMatch=etag)["Body"]
+            except _Absent:
+                raise CorruptStore(f"blob {self.url_of(key)} disappeared during its download") from None
+            except TrtbuildError:
+                raise
+            except Exception as exc:
+                if _is_conflict(exc):
+                    raise CorruptStore(f"blob {self.url_of(key)} changed on the server during its download") from None
+                raise
+            try:
+                while first + len(data) <= last:
+                    piece = body.read(min(CHUNK, last + 1 - first - len(data)))
+                    if not piece:
+                        break
+                    data += piece
+            except _interrupted_errors():
+                pass  # resumed below from the first byte not received
+            finally:
+                with contextlib.suppress(Exception):
+                    body.close()
+            if first + len(data) <= last:
+                failures += 1
+                if failures >= RESUME_ATTEMPTS:
+                    raise TrtbuildError(f"{self.url_of(key)}: the download broke off {failures} times at byte "
+                                        f"{first + len(data)}")
+        return bytes(data)
 
     def iter_blobs(self) -> Iterator[tuple[str, int]]:
         for rel, size in self._list("cas/sha256/"):
