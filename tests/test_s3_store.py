@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from s3server import ACCESS_KEY, SECRET_KEY, SeaweedS3
+from s3server import SECRET_KEY, SeaweedS3
 from trtbuild.errors import InvalidInput
 from trtbuild.keys import canonical_json
 from trtbuild.records import ActionRecord, Digest, Execution
@@ -500,3 +500,16 @@ def test_local_concepts_use_a_local_folder_or_say_they_need_a_local_store(store,
     assert str(caught.value) == f"{store.url}: checkout needs a local store"
     with store.using():
         pass
+
+
+def test_a_bucket_in_another_region_is_one_line_naming_the_region(aws_env):
+    from botocore.stub import Stubber
+
+    store = S3Store("s3://far-bucket/p")
+    with Stubber(store.client) as stub:  # what AWS answers a client signing for the wrong region
+        stub.add_client_error("head_bucket", service_error_code="PermanentRedirect", http_status_code=301,
+                              response_meta={"HTTPHeaders": {"x-amz-bucket-region": "eu-west-1"}})
+        with pytest.raises(InvalidInput) as caught:
+            store.get_record(KEY)
+    assert str(caught.value) == (f"s3://far-bucket/p/ac/{KEY}.json: the bucket is in region eu-west-1, not us-east-1: "
+                                 "set AWS_DEFAULT_REGION (or AWS_REGION)")

@@ -319,11 +319,17 @@ class S3Store(Store):
     # ---- small objects -----------------------------------------------------------------------------
     def _get(self, key: str) -> Optional[tuple[bytes, str]]:
         """(bytes, ETag) of an object, or None when it is not there."""
-        try:
-            response = self._call(key, self.client.get_object, Bucket=self.bucket, Key=key)
-            return response["Body"].read(), response["ETag"]
-        except _Absent:
-            return None
+        for attempt in range(RESUME_ATTEMPTS):
+            try:
+                response = self._call(key, self.client.get_object, Bucket=self.bucket, Key=key)
+            except _Absent:
+                return None
+            try:
+                return response["Body"].read(), response["ETag"]
+            except _interrupted_errors() as exc:  # small objects are fetched again whole
+                if attempt == RESUME_ATTEMPTS - 1:
+                    raise self._error(self.url_of(key), exc) from None
+        raise AssertionError("unreachable")
 
     def _put(self, key: str, data: bytes, if_match: Optional[str] = None, if_none_match: bool = False) -> bool:
         """Write a small object with its SHA-256 checksum; False when the condition failed (412)."""
@@ -411,7 +417,7 @@ class S3Store(Store):
 
     def put_blob(self, source: Path, digest: str, owned: bool = False) -> None:
         """Upload `source` (whose sha256 is `digest`) unless a blob of its size is there already (a
-        re-push moves no bytes). One PUT carries the digest as its SHA-256 checksum, so the server
+        re-push moves no bytes; one whose full-object SHA-256 says otherwise is uploaded again). One PUT carries the digest as its SHA-256 checksum, so the server
         refuses bytes that do not hash to the name; a multipart upload sends a SHA-256 per part,
         and the source is hashed first instead (no whole-object SHA-256 exists for multipart)."""
         source = Path(source)
