@@ -45,16 +45,22 @@ def _first_error(exc: ValidationError) -> str:
     return f"{'.'.join(str(p) for p in error['loc']) or 'record'}: {error['msg']}"
 
 
-def open_store(url: Optional[str] = None, create: bool = False, missing_ok: bool = False) -> "LocalStore":
-    """--store URL, else $TRTBUILD_CACHE, else ./cache. Opening creates nothing. `create`: the store
-    may not exist yet; its first write (a build, through using()) creates it. `missing_ok`: a
-    missing store reads as an empty one (explain). Otherwise a missing store is refused."""
+def open_store(url: Optional[str] = None, create: bool = False, missing_ok: bool = False) -> Store:
+    """--store URL, else $TRTBUILD_CACHE, else ./cache: a folder (LocalStore) or `s3://bucket/prefix`
+    (S3Store). Opening creates nothing. `create`: the store may not exist yet; its first write (a
+    build, through using()) creates it. `missing_ok`: a missing store reads as an empty one
+    (explain). Otherwise a missing store is refused."""
     url = url or os.environ.get("TRTBUILD_CACHE") or DEFAULT_ROOT
     if url.startswith("file://"):
         url = url[len("file://"):]
-    if "://" in url:
-        raise InvalidInput(f"--store {url}: only local folders are stores in this version")
-    store = LocalStore(Path(url))
+    if url.startswith("s3://"):
+        from trtbuild.store.s3 import S3Store
+
+        store: Store = S3Store(url)
+    elif "://" in url:
+        raise InvalidInput(f"--store {url}: a store is a local folder or an s3://BUCKET/PREFIX URL")
+    else:
+        store = LocalStore(Path(url))
     if not (create or missing_ok):
         store.require()
     return store
