@@ -157,7 +157,8 @@ def test_a_blob_altered_on_the_server_is_detected_and_nothing_is_materialized(st
     out.mkdir()
     with pytest.raises(CorruptStore) as caught:
         store.place_blob(digest, out / "file", executable=False)
-    assert str(caught.value) == f"blob s3://{bucket}/{key} is corrupt: its sha256 is {sha(altered)}; run `trtbuild cache verify`"
+    assert str(caught.value) == (f"blob s3://{bucket}/{key} is corrupt: its sha256 is {sha(altered)}; "
+                                 f"run `trtbuild cache verify --store {store.url}`")
     assert os.listdir(out) == []
     with pytest.raises(CorruptStore):
         store.verify_blob(digest)
@@ -326,7 +327,7 @@ def test_a_large_blob_comes_down_in_parallel_ranges_verified_and_a_broken_range_
     with pytest.raises(CorruptStore) as caught:
         store.place_blob(digest, out / "file", executable=False)
     assert str(caught.value) == (f"blob s3://{bucket}/big/cas/sha256/{digest[:2]}/{digest} is corrupt: its sha256 is "
-                                 f"{sha(bytes(altered))}; run `trtbuild cache verify`")
+                                 f"{sha(bytes(altered))}; run `trtbuild cache verify --store {store.url}`")
     assert os.listdir(out) == []
 
 

@@ -370,3 +370,61 @@ def test_push_refuses_a_target_whose_validation_a_stand_in_made(project, run):
     assert (result.exit_code, result.stderr) == (1, "base-hf: its validation base-hf:validate-trtllm: made by a stand-in "
                                                     "toolchain (tensorrt, tensorrt_llm); stand-ins are never pushed\n")
     assert not project.remote.exists()
+
+
+# ---- through a real S3 server (SeaweedFS on 127.0.0.1, credentials enforced) ----------------------------
+
+@pytest.fixture(scope="module")
+def seaweed():
+    from s3server import SeaweedS3
+
+    with SeaweedS3() as server:
+        yield server
+
+
+def test_push_and_pull_through_s3_verify_every_blob_and_move_nothing_twice(project, run, recorded_gpu, installed_packages,
+                                                                           seaweed, tmp_path, monkeypatch):
+    """The CI job pushes to the bucket; a deploy host with no hub access and a fresh store pulls the
+    engine that fits it; a blob altered in the bucket is caught before anything is materialized."""
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    seaweed.client().create_bucket(Bucket="artifacts")
+    url = "s3://artifacts/team/trtbuild"
+    engine_project(project)
+    first = run("push", project.recipe, "--store", url)
+    assert (first.exit_code, first.stderr) == (0, "")
+    assert first.stdout == ("pushed base-tp1\npushed base-tp1-sm90\n"
+                            f"9 blobs (58.7 KiB) sent, 6 already there; 5 records, 5 refs -> {url}\n")
+    again = run("push", project.recipe, "--store", url)
+    assert again.exit_code == 0
+    assert again.stdout.splitlines()[-1] == f"0 blobs (0 B) sent, 15 already there; 5 records, 5 refs -> {url}"
+
+    recorded_gpu("H100")
+    installed_packages(tensorrt_llm=TRTLLM, tensorrt=TRT)
+    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "deploy-store"))
+    dest = tmp_path / "serve" / "engine"
+    pulled = run("pull", project.lock_path, "--store", url, "--dest", dest)
+    assert (pulled.exit_code, pulled.stdout, pulled.stderr) == (0, f"{dest}\n", "")
+    assert {p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()} == three_files("base-tp1-sm90")
+
+    entry = next(e for e in LocalStore(tmp_path / "local").get_manifest(project.targets["base-tp1-sm90"].digest).entries
+                 if e.path == "config.json")
+    seaweed.client().put_object(Bucket="artifacts", Key=f"team/trtbuild/cas/sha256/{entry.sha256[:2]}/{entry.sha256}",
+                                Body=b'{"tag": "tampered!!!!!!"}')
+    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "second-deploy-store"))
+    other = tmp_path / "serve2"
+    refused = run("pull", project.lock_path, "--store", url, "--dest", other)
+    assert (refused.exit_code, refused.stdout) == (1, "")
+    blob = f"{url}/cas/sha256/{entry.sha256[:2]}/{entry.sha256}"
+    actual = hashlib.sha256(b'{"tag": "tampered!!!!!!"}').hexdigest()
+    assert refused.stderr == f"blob {blob} is corrupt: its sha256 is {actual}; run `trtbuild cache verify --store {url}`\n"
+    assert not other.exists()
+    verify = run("cache", "verify", "--store", url)  # what that message asks for, on the bucket
+    assert verify.exit_code == 1
+    assert verify.stderr.splitlines()[0] == f"{blob}: corrupt blob (content hashes to {actual})"
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret")
+    denied = run("pull", project.lock_path, "--store", url)
+    assert (denied.exit_code, denied.stderr) == (2, f"{url}/: access denied (403): check AWS_ACCESS_KEY_ID/"
+                                                    "AWS_SECRET_ACCESS_KEY and the bucket policy\n")

@@ -235,7 +235,7 @@ def check(engine_dir: Path, lock_path: Path | None, as_json: bool) -> None:
 
 
 REMOTE_OPTION = click.option("--store", "store_url", metavar="URL", required=True,
-                             help="The shared store: a folder (s3://bucket/prefix once the S3 store lands). The local "
+                             help="The shared store: a folder or s3://bucket/prefix (AWS_ENDPOINT_URL for another S3-compatible server; the standard AWS credentials). The local "
                                   "store is $TRTBUILD_CACHE, else ./cache.")
 
 
@@ -423,14 +423,14 @@ def cache_verify(store_url, repair) -> None:
     for line in found.problems:
         click.echo(line, err=True)
     if not found.problems:
-        click.echo(f"store {store.root}: every blob, manifest, record and ref checks out")
+        click.echo(f"store {store.location}: every blob, manifest, record and ref checks out")
         return
     if not repair:
-        raise TrtbuildError(f"store {store.root}: {len(found.problems)} problem(s) found; "
+        raise TrtbuildError(f"store {store.location}: {len(found.problems)} problem(s) found; "
                             "`trtbuild cache verify --repair` drops them")
     for line in done:
         click.echo(line)
-    click.echo(f"store {store.root}: repaired ({len(done)} removal(s)); the next build rebuilds what was dropped")
+    click.echo(f"store {store.location}: repaired ({len(done)} removal(s)); the next build rebuilds what was dropped")
 
 
 @cache.command("gc")

@@ -29,6 +29,11 @@ class Store(abc.ABC):
     #: the stat cache the store's own reads go through (and stages hash their inputs with)
     state: StatCache
 
+    @property
+    @abc.abstractmethod
+    def location(self) -> str:
+        """How messages name the store: its folder, or its s3:// URL."""
+
     # ---- life --------------------------------------------------------------------------------------
     @abc.abstractmethod
     def exists(self) -> bool:

@@ -104,6 +104,10 @@ class LocalStore(Store):
             self._state = StatCache(self.root / "index.db" if self.exists() else None)
         return self._state
 
+    @property
+    def location(self) -> str:
+        return str(self.root)
+
     def _writing(self) -> None:
         if not self.exists():
             self.create()

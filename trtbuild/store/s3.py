@@ -172,7 +172,7 @@ class _VerifiedBlobReader(io.RawIOBase):
         self._close_body()
         actual = self.hash.hexdigest()
         if actual != self.digest:
-            raise CorruptStore(f"blob {self.url} is corrupt: its sha256 is {actual}; run `trtbuild cache verify`")
+            raise CorruptStore(f"blob {self.url} is corrupt: its sha256 is {actual}; {self.store.verify_hint()}")
 
     def _close_body(self) -> None:
         if self.body is not None:
@@ -375,6 +375,14 @@ class S3Store(Store):
         time.sleep(random.uniform(0, min(0.5, 0.01 * 2 ** min(attempt, 6))))
 
     # ---- life --------------------------------------------------------------------------------------
+    def verify_hint(self) -> str:
+        """What a message about a damaged object tells the user to run (the store is not the default)."""
+        return f"run `trtbuild cache verify --store {self.url}`"
+
+    @property
+    def location(self) -> str:
+        return self.url
+
     def exists(self) -> bool:
         """Whether anything was ever pushed here: one listing of the prefix's top level."""
         base = self.key("")
@@ -561,7 +569,7 @@ class S3Store(Store):
                     future.cancel()
         actual = hashed.hexdigest()
         if actual != digest:
-            raise CorruptStore(f"blob {self.url_of(key)} is corrupt: its sha256 is {actual}; run `trtbuild cache verify`")
+            raise CorruptStore(f"blob {self.url_of(key)} is corrupt: its sha256 is {actual}; {self.verify_hint()}")
 
     def _get_range(self, key: str, etag: str, first: int, last: int) -> bytes:
         """Bytes first..last of the object as it was (If-Match), resuming within the range when the
