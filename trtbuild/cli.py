@@ -278,7 +278,7 @@ def push(recipe: Path, targets, store_url, allow_unvalidated, as_json) -> None:
         remote.create()
         remote.claim_recipe(lock.recipe.name, recipe_identity(loaded, embedded=False))
         with local.using(), remote.using():
-            moved = run_push(local, remote, chosen.items)
+            moved = run_push(local, remote, chosen.items, lock=(lock.recipe.name, lock_path.read_bytes()))
     if as_json:
         import json
 
@@ -437,31 +437,52 @@ def cache_verify(store_url, repair) -> None:
 @STORE_OPTION
 @click.option("--keep-last", type=click.IntRange(min=1), metavar="N", help="Keep only the last N artifacts of each ref's history.")
 @click.option("--max-size", metavar="SIZE", help="Then drop the oldest unprotected records until the store fits (e.g. 50G).")
-@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing (the default on s3://).")
+@click.option("--yes", is_flag=True, help="On s3://: remove what the dry run lists.")
 @click.option("--json", "as_json", is_flag=True)
-def cache_gc(store_url, keep_last, max_size, dry_run, as_json) -> None:
+def cache_gc(store_url, keep_last, max_size, dry_run, yes, as_json) -> None:
     """Remove what nothing needs. Never removes the artifact a ref points at, nor anything a lock
-    file in use names (one written by `trtbuild build` against this store that still exists)."""
+    file in use names (one written by `trtbuild build` against this store that still exists).
+    On s3://: keeps what each ref points at now (with --keep-last N, the last N of its history) and
+    what the lock files `push` published name; lists every object it would remove and removes them
+    only with --yes; refuses while a push holds a lease there."""
     from trtbuild import lockfile
-    from trtbuild.store.gc import gc
+    from trtbuild.store.gc import gc, remote_gc
     from trtbuild.store.local import open_store
 
     store = open_store(store_url, create=False)
-    pinned: set[str] = set()
-    for path in store.registered_lockfiles():
-        if path.exists():
-            pinned |= lockfile.digests(path)
-    report = gc(store, pinned, keep_last=keep_last, max_size=parse_size(max_size) if max_size else None, dry_run=dry_run)
+    limit = parse_size(max_size) if max_size else None
+    remote = store.location.startswith("s3://")
+    if remote:
+        if dry_run and yes:
+            raise InvalidInput("--dry-run and --yes: pick one")
+        dry_run = not yes
+        doomed: list[str] = []
+        report = remote_gc(store, keep_last=keep_last, max_size=limit, dry_run=dry_run, named=doomed.append)
+    else:
+        pinned: set[str] = set()
+        for path in store.registered_lockfiles():
+            if path.exists():
+                pinned |= lockfile.digests(path)
+        report = gc(store, pinned, keep_last=keep_last, max_size=limit, dry_run=dry_run)
     if as_json:
         import json
 
-        click.echo(json.dumps(report.as_json(), indent=2))
+        out = report.as_json()
+        if remote:
+            out.update(dry_run=dry_run, objects=doomed)
+        click.echo(json.dumps(out, indent=2))
     else:
         from trtbuild.estimate import format_bytes
 
         verb = "would remove" if dry_run else "removed"
+        if remote:
+            for where in doomed:
+                click.echo(f"{verb} {where}")
         click.echo(f"{verb} {len(report.records)} records, {report.manifests} manifests, {report.blobs} blobs "
                    f"({format_bytes(report.bytes_freed)}), {report.checkouts} checkouts; store now {format_bytes(report.size_after)}")
+        if remote and dry_run:
+            click.echo(f"dry run: nothing was removed; `trtbuild cache gc --store {store.location} --yes` removes it")
         if report.over_budget:
             click.echo(f"still above --max-size {max_size}: what is left is pinned by refs or lock files", err=True)
 

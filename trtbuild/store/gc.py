@@ -4,13 +4,18 @@ store that still exists at its path), and, with `--keep-last N`, the last N arti
 history (without it, every recorded artifact). `select` then applies `--max-size` (the oldest
 unprotected records go until the store fits) and gives the live set; `sweep` removes everything
 outside it: records, manifests, blobs, checkouts, tmp leftovers and failures of keys built since.
-`--dry-run` runs the same sweep, counting instead of removing."""
+`--dry-run` runs the same sweep, counting instead of removing.
+
+On a remote store (S3) `remote_gc` roots what refs point at now and the lock files push published
+(locks/), and takes a lease instead of the store lock (store/lease.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
+from trtbuild.errors import TrtbuildError
+from trtbuild.store import lease
 from trtbuild.store.base import Store
 
 
@@ -86,8 +91,12 @@ def select(store: Store, found: Roots, max_size: Optional[int] = None) -> Live:
     return Live(live, sorted(r.key for r in doomed), over_budget)
 
 
-def sweep(store: Store, live: Live, dry_run: bool = False) -> GcReport:
-    """Remove (or, dry, count) everything outside the live set. Needs the store held exclusively."""
+def sweep(store: Store, live: Live, dry_run: bool = False, tmp: bool = True,
+          named: Optional[Callable[[str], None]] = None) -> GcReport:
+    """Remove (or, dry, count) everything outside the live set. Needs the store held exclusively
+    (or, remote, a gc lease). `tmp`: also clear tmp/ (a local store's own). `named` hears the
+    location of each object removed (or, dry, that would be)."""
+    tell = named or (lambda where: None)
     report = GcReport(records=list(live.doomed), over_budget=live.over_budget)
     live_blobs: set[str] = set()
     for digest in live.digests:
@@ -97,18 +106,21 @@ def sweep(store: Store, live: Live, dry_run: bool = False) -> GcReport:
     for record in store.records():  # a kept record's logs are blobs of their own, named in its execution
         if record.key not in doomed:
             live_blobs |= {log.hash for log in record.execution.logs.values()}
-    if not dry_run:
-        for key in live.doomed:
+    for key in live.doomed:
+        tell(store.describe_record(key))
+        if not dry_run:
             store.delete_record(key)
     for digest in store.manifest_digests():
         if digest not in live.digests:
             report.manifests += 1
+            tell(store.describe_manifest(digest))
             if not dry_run:
                 store.remove_manifest(digest)
     for name, size in list(store.iter_blobs()):
         if name not in live_blobs:
             report.blobs += 1
             report.bytes_freed += size
+            tell(store.describe_blob(name))
             if not dry_run:
                 store.remove_blob(name)
     for name in store.checkouts():
@@ -117,7 +129,8 @@ def sweep(store: Store, live: Live, dry_run: bool = False) -> GcReport:
             if not dry_run:
                 store.remove_checkout(name)
     # No build is running (the store is held exclusively): everything in tmp/ is a leftover.
-    report.tmp = store.clean_tmp(older_than_s=0, dry_run=dry_run)
+    if tmp:
+        report.tmp = store.clean_tmp(older_than_s=0, dry_run=dry_run)
     remaining = set(store.record_keys()) - (set(live.doomed) if dry_run else set())
     for key in store.failures():
         if key in remaining:  # the key has been built since
@@ -132,3 +145,48 @@ def gc(store: Store, pinned: set[str], keep_last: Optional[int] = None, max_size
        dry_run: bool = False) -> GcReport:
     with store.using(exclusive=True, wait=False):
         return sweep(store, select(store, roots(store, pinned, keep_last), max_size), dry_run)
+
+
+# ---- a remote store (S3): no lock any host could hold, so leases (store/lease.py) -------------------
+
+def pushed_pins(store: Store) -> set[str]:
+    """Every artifact the lock files push published (locks/<recipe>.lock) name. One that cannot be
+    read stops gc: what it pins is unknown."""
+    import yaml
+    from pydantic import ValidationError
+
+    from trtbuild.lockfile import LockFile
+
+    pinned: set[str] = set()
+    for rel in store.list_objects("locks/"):
+        if not rel.endswith(".lock"):
+            continue
+        data = store.read_object(rel)
+        if data is None:
+            continue
+        try:
+            pinned |= LockFile.model_validate(yaml.safe_load(data)).digests()
+        except (yaml.YAMLError, ValidationError, TypeError, ValueError):
+            raise TrtbuildError(f"{store.describe_object(rel)}: not a trtbuild lock file; cache gc removed nothing "
+                                "(what it pins is unknown): push that recipe again or remove it") from None
+    return pinned
+
+
+def remote_gc(store: Store, keep_last: Optional[int] = None, max_size: Optional[int] = None, dry_run: bool = True,
+              named: Optional[Callable[[str], None]] = None) -> GcReport:
+    """gc of a shared store: what each ref points at now (and, with `keep_last`, the last N of its
+    history) and every pushed lock file's pins stay; refused while a push holds a lease. A real run
+    holds a gc lease itself, so a push that starts meanwhile refuses instead of racing the sweep."""
+    refusal = "a publish is in flight; cache gc removed nothing"
+    if dry_run:
+        found = lease.active(store, "push")
+        if found:
+            raise TrtbuildError(f"store {store.location}: {refusal} ({lease.describe(store, *found[0])})")
+        return _remote_sweep(store, keep_last, max_size, True, named)
+    with lease.hold(store, "gc", blocked_by="push", refusal=refusal):
+        return _remote_sweep(store, keep_last, max_size, False, named)
+
+
+def _remote_sweep(store: Store, keep_last: Optional[int], max_size: Optional[int], dry_run: bool, named) -> GcReport:
+    found = roots(store, pushed_pins(store), keep_last or 1)  # the last 1 of a ref's history: where it points now
+    return sweep(store, select(store, found, max_size), dry_run, tmp=False, named=named)

@@ -881,6 +881,25 @@ class S3Store(Store):
             return
         raise TrtbuildError(f"{self.url_of(object_key)}: kept changing during {CONFLICT_RETRIES} attempts to write it")
 
+    # ---- small objects of other layers (leases/, locks/): store/lease.py, push's lock files ------
+    def read_object(self, rel: str) -> Optional[bytes]:
+        """The bytes of the object at `rel` under the store's prefix, or None when it is not there."""
+        found = self._get(self.key(rel))
+        return None if found is None else found[0]
+
+    def write_object(self, rel: str, data: bytes) -> None:
+        self._put(self.key(rel), data)
+
+    def delete_object(self, rel: str) -> None:
+        self._delete(self.key(rel))
+
+    def list_objects(self, rel: str) -> list[str]:
+        """The keys (relative to the store) of every object under `rel`."""
+        return sorted(name for name, _ in self._list(rel))
+
+    def describe_object(self, rel: str) -> str:
+        return self.url_of(self.key(rel))
+
     # ---- lock files --------------------------------------------------------------------------------
     def register_lockfile(self, lock_path: Path) -> None:
         """Nothing: a lock file on one host cannot pin a shared store."""

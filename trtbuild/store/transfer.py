@@ -19,6 +19,7 @@ from typing import Optional
 
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.records import ActionRecord
+from trtbuild.store import lease
 from trtbuild.store.base import CorruptStore, Store
 from trtbuild.store.checkout import checkout
 from trtbuild.store.hash import CHUNK
@@ -69,12 +70,28 @@ def _push_blobs(local: Store, remote: Store, manifest: Manifest, moved: Moved) -
         shutil.rmtree(work, ignore_errors=True)
 
 
-def push(local: Store, remote: Store, items: list[PushItem]) -> Moved:
+def lock_object(recipe: str) -> str:
+    """Where push publishes a recipe's lock file in a remote store (remote `cache gc` keeps its pins)."""
+    return f"locks/{recipe}.lock"
+
+
+def push(local: Store, remote: Store, items: list[PushItem], lock: Optional[tuple[str, bytes]] = None) -> Moved:
     """Publish each item's artifact, then its record, then its ref; returns what moved. A record
     the remote already holds for the key with another artifact stays there (first writer wins); the
-    divergence is reported, and the ref still names the artifact pushed, whose bytes are there."""
-    moved = Moved()
+    divergence is reported, and the ref still names the artifact pushed, whose bytes are there.
+    `lock` (recipe name, the lock file's bytes) is published last, on a store with objects (S3).
+    All of it under a push lease (store/lease.py), so a remote `cache gc` never runs meanwhile."""
     remote.create()
+    with lease.hold(remote, "push", blocked_by="gc",
+                    refusal="cache gc is removing objects; push again when it ends") as held:
+        moved = _push_items(local, remote, items, held)
+        if lock is not None and lease.supported(remote):
+            remote.write_object(lock_object(lock[0]), lock[1])
+    return moved
+
+
+def _push_items(local: Store, remote: Store, items: list[PushItem], held) -> Moved:
+    moved = Moved()
     for item in items:
         record = item.record
         digest = record.digest
@@ -95,6 +112,8 @@ def push(local: Store, remote: Store, items: list[PushItem]) -> Moved:
             recipe, target = item.ref
             remote.update_ref(recipe, target, digest, record.key)
             moved.refs += 1
+        if held is not None:
+            held.renew()  # a long push keeps its lease
     return moved
 
 

@@ -1,0 +1,116 @@
+"""Leases: how a publish and a remote `cache gc` keep out of each other's way on a shared store,
+where no host can hold a lock for another.
+
+A push writes `leases/push-<host>-<pid>-<random>.json` (who, since when, until when) before it
+sends anything, renews it after each artifact, and removes it when it ends, failed or not. gc
+refuses while an unexpired push lease exists, naming it; a lease whose holder died simply expires.
+gc in turn writes a `gc-...` lease before it deletes, then looks for push leases once more, and a
+push that finds a gc lease after writing its own refuses: both write first and read second, so at
+least one of two that start together sees the other (S3 reads its writes).
+
+Stores without object methods (a folder) need none of this: there push holds the store's lock
+shared and gc holds it exclusively.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import socket
+from typing import Iterator, Optional
+
+from pydantic import BaseModel, ValidationError
+
+from trtbuild.errors import TrtbuildError
+from trtbuild.store.base import Store
+
+FOLDER = "leases/"
+TTL_S = 2 * 3600  # renewed after each artifact: one artifact's transfer must fit in it
+
+
+class Lease(BaseModel):
+    kind: str  # "push" or "gc"
+    host: str
+    pid: int
+    started: str
+    expires: str  # UTC; compared with the reading host's clock
+
+    def expired(self, now: dt.datetime) -> bool:
+        return _parse(self.expires) <= now
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _stamp(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse(text: str) -> dt.datetime:
+    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+
+
+def supported(store: Store) -> bool:
+    return hasattr(store, "write_object")
+
+
+def active(store: Store, kind: str) -> list[tuple[str, Lease]]:
+    """(object key relative to the store, lease) of every unexpired lease of `kind`. A lease that
+    cannot be read counts as active: nobody can say when it ends."""
+    now, found = _now(), []
+    for rel in store.list_objects(FOLDER):
+        name = rel[len(FOLDER):]
+        if not name.startswith(f"{kind}-") or not name.endswith(".json"):
+            continue
+        data = store.read_object(rel)
+        if data is None:  # removed meanwhile
+            continue
+        try:
+            lease = Lease.model_validate_json(data)
+        except ValidationError:
+            lease = Lease(kind=kind, host="?", pid=0, started="?", expires="9999-12-31T23:59:59Z")
+        if not lease.expired(now):
+            found.append((rel, lease))
+    return found
+
+
+def describe(store: Store, rel: str, lease: Lease) -> str:
+    return f"lease {store.describe_object(rel)}, {lease.host} pid {lease.pid}, until {lease.expires}"
+
+
+class Held:
+    """A lease this process wrote; `renew` pushes its expiry out again."""
+
+    def __init__(self, store: Store, kind: str, ttl_s: float) -> None:
+        self.store, self.kind, self.ttl_s = store, kind, ttl_s
+        host = socket.gethostname() or "host"
+        self.rel = f"{FOLDER}{kind}-{host}-{os.getpid()}-{os.urandom(4).hex()}.json"
+        self.lease = Lease(kind=kind, host=host, pid=os.getpid(), started=_stamp(_now()), expires="")
+        self.renew()
+
+    def renew(self) -> None:
+        self.lease.expires = _stamp(_now() + dt.timedelta(seconds=self.ttl_s))
+        self.store.write_object(self.rel, self.lease.model_dump_json().encode() + b"\n")
+
+    def release(self) -> None:
+        self.store.delete_object(self.rel)
+
+
+@contextlib.contextmanager
+def hold(store: Store, kind: str, blocked_by: str, refusal: str, ttl_s: float = TTL_S) -> Iterator[Optional[Held]]:
+    """Write a `kind` lease, then refuse (TrtbuildError, lease removed) if an unexpired `blocked_by`
+    lease exists: "<store>: <refusal> (<that lease>)". Removed on the way out, whatever happened.
+    Yields None on a store without leases."""
+    if not supported(store):
+        yield None
+        return
+    held = Held(store, kind, ttl_s)
+    try:
+        others = active(store, blocked_by)
+        if others:
+            raise TrtbuildError(f"store {store.location}: {refusal} ({describe(store, *others[0])})")
+        yield held
+    finally:
+        held.release()
