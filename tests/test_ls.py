@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import minimal
+from conftest import minimal, needs_no_trtllm
 from trtbuild import published
 from trtbuild.records import ActionRecord, Digest, Execution
 from trtbuild.store.local import LocalStore
@@ -208,3 +208,36 @@ def test_ls_lists_what_was_pushed_to_seaweedfs(seaweed, tmp_path, run, fixed_now
     empty = run("ls", "--store", "s3://listing/nothing-here")
     assert (empty.exit_code, empty.stdout, empty.stderr) == (
         2, "", "store s3://listing/nothing-here: not a trtbuild store (nothing has been pushed there)\n")
+
+
+@needs_no_trtllm  # the int4 checkpoint's reasons say tensorrt_llm is not installed
+def test_ls_compatible_reads_an_hf_checkpoints_format_from_its_record(folder_store, tmp_path, run, fixed_now,
+                                                                      recorded_gpu, installed_packages):
+    made = Published(folder_store, tmp_path)
+    made.add("fp8-hf", "hf-checkpoint:export", "2026-12-03T11:00:00Z", 2048, CHECKPOINT_TOOLS,
+             fields={"params": {"quant": "fp8", "kv_cache": None}})
+    made.add("int4-hf", "hf-checkpoint:export", "2026-12-03T11:00:00Z", 2048, CHECKPOINT_TOOLS,
+             fields={"params": {"quant": "int4_awq", "kv_cache": None}})
+    recorded_gpu("H100")
+    installed_packages(vllm="0.33.0")
+    result = run("ls", "--store", folder_store.root, "--compatible", "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert data["host"]["vllm"] == "0.33.0"
+    assert [(p["target"], p["fits"], p["runtime"], p["world_size"], p["reasons"]) for p in data["published"]] == [
+        ("fp8-hf", True, "vllm", 1, []),
+        ("int4-hf", False, None, None, ["trtllm: not installed", "vllm: does not serve int4_awq on sm90"])]
+
+
+def test_ls_names_a_ref_whose_action_record_is_gone(folder_store, tmp_path, run, fixed_now, recorded_gpu):
+    made = Published(folder_store, tmp_path)
+    record = made.add("base-tp1", "checkpoint:export", "2026-12-01T12:00:00Z", 2048, CHECKPOINT_TOOLS)
+    folder_store.delete_record(record.key)
+    result = run("ls", "--store", folder_store.root)
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert result.stdout == ("RECIPE  TARGET    STAGE  SIZE     KL  TOP-1  PPL  AGE  TOOLCHAIN\n"
+                             "tiny    base-tp1  ?      2.0 KiB  -   -      -    -    -\n")
+    recorded_gpu(None)
+    judged = json.loads(run("ls", "--store", folder_store.root, "--compatible", "--json").stdout)["published"]
+    assert [(p["stage"], p["fits"], p["reasons"]) for p in judged] == [
+        (None, False, ["record: the store has no action record of this artifact"])]
