@@ -209,7 +209,8 @@ def test_ls_lists_what_was_pushed_to_seaweedfs(seaweed, tmp_path, run, fixed_now
     assert (empty.exit_code, empty.stdout, empty.stderr) == (
         2, "", "store s3://listing/nothing-here: not a trtbuild store (nothing has been pushed there)\n")
     no_bucket = run("ls", "--store", "s3://no-such-bucket/team")
-    assert (no_bucket.exit_code, no_bucket.stdout, no_bucket.stderr) == (2, "", "s3://no-such-bucket/team/: bucket no-such-bucket does not exist\n")
+    assert (no_bucket.exit_code, no_bucket.stdout, no_bucket.stderr) == (
+        2, "", "s3://no-such-bucket/team/: bucket no-such-bucket does not exist\n")
 
 
 @needs_no_trtllm  # the int4 checkpoint's reasons say tensorrt_llm is not installed

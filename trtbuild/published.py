@@ -158,15 +158,17 @@ def judge(published: list[Published], host: Host, variant_order: Optional[list[s
             formats[item.target] = ((params.get("quant"), params.get("kv_cache")) if isinstance(params, dict) else None)
         lock = LockFile(recipe=LockedRecipe(name=name, digest=""), source=None, toolchain={}, targets=targets,
                         validation="run")
-        selection = choose(lock, host, formats=lambda tid, _: formats[tid], variant_order=variant_order)
+        selection = choose(lock, host, formats=lambda tid, _, known=formats: known[tid], variant_order=variant_order)
         found = {c.target: c for c in selection.candidates}
         for item in items:
             cand = found.get(item.target)
             if cand is not None:
-                item.fits, item.runtime, item.world_size, item.reasons = cand.fits, cand.runtime, cand.world_size, cand.reasons
-            if item.standin and item.stage != "engine":  # choose() names an engine's stand-in; the rest are never served either
-                item.fits = False
-                item.reasons = [f"made by a stand-in toolchain ({', '.join(item.standin)}): never for real use", *item.reasons]
+                item.fits, item.runtime, item.world_size = cand.fits, cand.runtime, cand.world_size
+                item.reasons = cand.reasons
+            if item.standin and item.stage != "engine":  # choose() names an engine's stand-in; others are never served
+                item.fits, item.runtime, item.world_size = False, None, None
+                stand_in = f"made by a stand-in toolchain ({', '.join(item.standin)}): never for real use"
+                item.reasons = [stand_in, *item.reasons]
 
 
 # ---- the table -------------------------------------------------------------------------------------
