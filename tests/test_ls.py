@@ -221,6 +221,8 @@ def test_ls_compatible_reads_an_hf_checkpoints_format_from_its_record(folder_sto
              fields={"params": {"quant": "fp8", "kv_cache": None}})
     made.add("int4-hf", "hf-checkpoint:export", "2026-12-03T11:00:00Z", 2048, CHECKPOINT_TOOLS,
              fields={"params": {"quant": "int4_awq", "kv_cache": None}})
+    made.add("fp8-standin-hf", "hf-checkpoint:export", "2026-12-03T11:00:00Z", 2048, {"modelopt": "0.47.0+standin"},
+             fields={"params": {"quant": "fp8", "kv_cache": None}})
     recorded_gpu("H100")
     installed_packages(vllm="0.33.0")
     result = run("ls", "--store", folder_store.root, "--compatible", "--json")
@@ -229,6 +231,7 @@ def test_ls_compatible_reads_an_hf_checkpoints_format_from_its_record(folder_sto
     assert data["host"]["vllm"] == "0.33.0"
     assert [(p["target"], p["fits"], p["runtime"], p["world_size"], p["reasons"]) for p in data["published"]] == [
         ("fp8-hf", True, "vllm", 1, []),
+        ("fp8-standin-hf", False, None, None, ["made by a stand-in toolchain (modelopt): never for real use"]),
         ("int4-hf", False, None, None, ["trtllm: not installed", "vllm: does not serve int4_awq on sm90"])]
 
 
