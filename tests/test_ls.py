@@ -238,7 +238,9 @@ def test_ls_compatible_reads_an_hf_checkpoints_format_from_its_record(folder_sto
 def test_ls_names_a_ref_whose_action_record_is_gone(folder_store, tmp_path, run, fixed_now, recorded_gpu):
     made = Published(folder_store, tmp_path)
     record = made.add("base-tp1", "checkpoint:export", "2026-12-01T12:00:00Z", 2048, CHECKPOINT_TOOLS)
+    source = made.add("source", "source:path", "2026-12-01T11:00:00Z", 2048)  # not a target: not listed
     folder_store.delete_record(record.key)
+    folder_store.delete_record(source.key)
     result = run("ls", "--store", folder_store.root)
     assert (result.exit_code, result.stderr) == (0, "")
     assert result.stdout == ("RECIPE  TARGET    STAGE  SIZE     KL  TOP-1  PPL  AGE  TOOLCHAIN\n"

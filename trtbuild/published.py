@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from trtbuild.estimate import format_bytes
 from trtbuild.graph import trtllm_validate_id, validate_id
 from trtbuild.lockfile import LockedPlatform, LockedRecipe, LockedTarget, LockFile
-from trtbuild.pullselect import TARGET_STAGES, Host, choose
+from trtbuild.pullselect import TARGET_STAGES, Host, choose, variant_of
 from trtbuild.records import ActionRecord, Ref
 from trtbuild.store.base import Store
 from trtbuild.validate import gates
@@ -82,8 +82,11 @@ class Published:
 
 
 def _is_target(target: str, record: Optional[ActionRecord]) -> bool:
-    """Checkpoints, hf-checkpoints and engines; validations and internal nodes have ':' in their id."""
-    return ":" not in target and (record is None or record.stage.split(":")[0] in TARGET_STAGES)
+    """Checkpoints, hf-checkpoints and engines; validations and internal nodes have ':' in their id.
+    Without a record, the name says it (`<variant>-tp1`, `-hf`; not `source`, `reference`)."""
+    if ":" in target:
+        return False
+    return record.stage.split(":")[0] in TARGET_STAGES if record else variant_of(target) is not None
 
 
 def platform_of(record: ActionRecord) -> Optional[LockedPlatform]:
