@@ -381,6 +381,48 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, as
         click.echo(str(path))
 
 
+@cli.command("ls")
+@click.argument("recipe", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@REMOTE_OPTION
+@click.option("--compatible", is_flag=True,
+              help="Judge each target against this host's GPUs and runtimes (the rules of `pull --target auto`).")
+@click.option("--json", "as_json", is_flag=True, help="Print every published target, its validations and fit as JSON.")
+def ls(recipe: Path | None, store_url, compatible, as_json) -> None:
+    """List what --store publishes (its refs; with RECIPE, only that recipe's): per target its stage,
+    size, the headline numbers of its validation (KL mean, top-1 agreement, perplexity change), its
+    toolchain (STAND-IN when a stand-in made it) and age. --compatible adds whether it fits this host
+    and, when not, why. Exit 0; 2 for a missing store or bad input.
+    """
+    from trtbuild import published as listing
+    from trtbuild.store.local import open_store
+
+    loaded = _load(recipe) if recipe is not None else None
+    store = open_store(store_url)
+    published = listing.list_published(store, loaded.recipe.name if loaded else None)
+    host = None
+    if compatible:
+        from trtbuild.pullselect import Host
+
+        host = Host.probe()
+        listing.judge(published, host, list(loaded.recipe.variants) if loaded else None)
+    now = listing.utc_now()
+    if as_json:
+        import json
+
+        click.echo(json.dumps({"store": store_url, "recipe": loaded.recipe.name if loaded else None,
+                               "host": host.as_json() if host else None,
+                               "published": [p.as_json(now) for p in published]}, indent=2))
+        return
+    if compatible:
+        click.echo(f"host: {host.describe()}")
+    if not published:
+        what = f"of recipe {loaded.recipe.name} " if loaded else ""
+        click.echo(f"nothing {what}is published in {store_url}")
+        return
+    for line in listing.table_lines(published, now, compatible):
+        click.echo(line)
+
+
 @cli.group()
 def cache() -> None:
     """Inspect and maintain the artifact store."""

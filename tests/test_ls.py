@@ -1,0 +1,251 @@
+"""`trtbuild ls`: what a store publishes, with sizes, validation numbers, toolchain and age, and
+with --compatible whether each target fits this host. Hand-made records with fixed `created`
+times and a fixed "now", so every line of the output is exact; a folder store and SeaweedFS."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import minimal, needs_no_trtllm
+from trtbuild import published
+from trtbuild.records import ActionRecord, Digest, Execution
+from trtbuild.store.local import LocalStore
+from trtbuild.store.transfer import PushItem, push
+
+TRTLLM, TRT = "1.2.1", "10.13.2"
+NOW = dt.datetime(2026, 12, 3, 12, 0, 0, tzinfo=dt.timezone.utc)
+CHECKPOINT_TOOLS = {"modelopt": "0.47.0", "torch": "2.13.0", "transformers": "4.57.6"}
+ENGINE_FACTS = {"sm": "sm90", "tp": 1, "pp": 1, "world_size": 1, "toolchain": {"tensorrt_llm": TRTLLM, "tensorrt": TRT},
+                "memory": {"engine_bytes_per_rank": 4096}}
+
+
+def validation_summary(kl: float, top1: float, ppl: float, passed: bool = True) -> dict:
+    return {"metrics": {"kld_mean": kl, "kld_p99": kl * 10, "top1_agreement": top1, "ppl_delta_pct": ppl, "tokens": 4096},
+            "gates": {"kld_mean": {"value": kl, "limit": 0.05, "passed": passed}}}
+
+
+class Published:
+    """A store with artifacts, their action records and refs, written as a build (or a push) leaves them."""
+
+    def __init__(self, store, tmp_path: Path) -> None:
+        self.store, self.tmp, self.n = store, tmp_path, 0
+        self.records: dict[str, ActionRecord] = {}
+
+    def add(self, target: str, stage: str, created: str, size: int, toolchain=None, summary=None, fields=None,
+            recipe: str = "tiny") -> ActionRecord:
+        self.n += 1
+        folder = self.tmp / "art" / f"{recipe}-{target.replace(':', '_')}"
+        folder.mkdir(parents=True)
+        (folder / "data.bin").write_bytes(target.encode().ljust(size, b"."))
+        manifest = self.store.ingest(folder)
+        record = ActionRecord(key=f"{self.n:064x}", artifact=Digest(hash=manifest.digest, size_bytes=manifest.size),
+                              stage=stage, stage_version=1, target=target, recipe=recipe, created=created,
+                              toolchain=toolchain or {}, summary=summary or {}, fields=fields or {},
+                              execution=Execution(seconds=1.0, host="builder"))
+        self.store.put_record(record)
+        self.store.update_ref(recipe, target, record.digest, record.key)
+        self.records[f"{recipe}/{target}"] = record
+        return record
+
+    def typical(self) -> None:
+        """A checkpoint and its engine, both validated; a stand-in hf-checkpoint; another recipe's checkpoint."""
+        self.add("base-tp1", "checkpoint:export", "2026-12-01T12:00:00Z", 3 * 1024 * 1024, CHECKPOINT_TOOLS)
+        self.add("base-tp1:validate", "validate", "2026-12-01T12:30:00Z", 2048, CHECKPOINT_TOOLS,
+                 validation_summary(0.00123456, 0.98514, 0.4213))
+        self.add("base-tp1-sm90", "engine", "2026-12-03T09:15:00Z", 5 * 1024 * 1024, {"tensorrt_llm": TRTLLM, "tensorrt": TRT},
+                 ENGINE_FACTS)
+        self.add("base-tp1-sm90:validate", "validate", "2026-12-03T09:20:00Z", 2048, {"tensorrt_llm": TRTLLM},
+                 validation_summary(0.0021, 0.97, -0.05))
+        self.add("fp8-hf", "hf-checkpoint:export", "2026-12-03T11:59:30Z", 1536, {"modelopt": "0.47.0+standin"},
+                 fields={"params": {"quant": "fp8", "kv_cache": None}})
+        self.add("base-tp1", "checkpoint:export", "2026-11-20T12:00:00Z", 4096, CHECKPOINT_TOOLS, recipe="other")
+
+
+@pytest.fixture
+def fixed_now(monkeypatch):
+    monkeypatch.setattr(published, "utc_now", lambda: NOW)
+
+
+@pytest.fixture
+def folder_store(tmp_path):
+    store = LocalStore(tmp_path / "shared")
+    store.create()
+    return store
+
+
+TABLE = [
+    "RECIPE  TARGET         STAGE          SIZE     KL        TOP-1  PPL     AGE  TOOLCHAIN",
+    "other   base-tp1       checkpoint     4.0 KiB  -         -      -       13d  modelopt 0.47.0, torch 2.13.0, transformers 4.57.6",
+    "tiny    base-tp1       checkpoint     3.0 MiB  0.001235  98.5%  +0.42%  2d   modelopt 0.47.0, torch 2.13.0, transformers 4.57.6",
+    "tiny    base-tp1-sm90  engine         5.0 MiB  0.0021    97.0%  -0.05%  2h   tensorrt 10.13.2, tensorrt_llm 1.2.1",
+    "tiny    fp8-hf         hf-checkpoint  1.5 KiB  -         -      -       30s  STAND-IN modelopt 0.47.0+standin",
+]
+
+
+def test_ls_lists_every_published_target_with_size_validation_numbers_age_and_toolchain(folder_store, tmp_path, run,
+                                                                                        fixed_now):
+    Published(folder_store, tmp_path).typical()
+    result = run("ls", "--store", folder_store.root)
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert result.stdout == "\n".join(TABLE) + "\n"
+
+
+def test_ls_recipe_shows_only_that_recipes_targets(folder_store, tmp_path, ws, run, fixed_now):
+    Published(folder_store, tmp_path).typical()
+    result = run("ls", ws.recipe(minimal()), "--store", folder_store.root)
+    assert (result.exit_code, result.stderr) == (0, "")
+    tiny = [TABLE[0]] + [line for line in TABLE[1:] if line.startswith("tiny")]
+    assert result.stdout == "\n".join(tiny) + "\n"  # the other recipe's row was no wider in any column
+
+
+def test_ls_compatible_marks_what_fits_a_recorded_h100_and_says_why_the_rest_does_not(
+        folder_store, tmp_path, run, fixed_now, recorded_gpu, installed_packages):
+    Published(folder_store, tmp_path).typical()
+    recorded_gpu("H100")
+    installed_packages(tensorrt_llm=TRTLLM, tensorrt=TRT)
+    result = run("ls", "--store", folder_store.root, "--compatible")
+    assert (result.exit_code, result.stderr) == (0, "")
+    checkpoint = "no: a TensorRT-LLM checkpoint: no runtime serves it as it is (the engines built from it do)"
+    wide = len(TABLE[1])  # the toolchain column is as wide as the checkpoints' versions; FITS comes after it
+    expected = [
+        f"host: 1x NVIDIA H100 80GB HBM3 (sm90, 79.6 GiB), tensorrt_llm {TRTLLM}, tensorrt {TRT}, no vllm",
+        TABLE[0].ljust(wide) + "  FITS",
+        TABLE[1] + "  " + checkpoint,
+        TABLE[2] + "  " + checkpoint,
+        TABLE[3].ljust(wide) + "  yes (trtllm-engine, 1 GPU)",
+        TABLE[4].ljust(wide) + "  no: made by a stand-in toolchain (modelopt): never for real use; trtllm: 1.2.1 is "
+        "installed; its PyTorch backend serves hf-checkpoints from 1.3 on; vllm: not installed",
+    ]
+    assert result.stdout == "\n".join(expected) + "\n"
+
+
+def test_ls_compatible_on_an_l40s_says_the_engine_is_for_another_sm(folder_store, tmp_path, run, fixed_now,
+                                                                    recorded_gpu, installed_packages):
+    Published(folder_store, tmp_path).typical()
+    recorded_gpu("L40S")
+    installed_packages(tensorrt_llm=TRTLLM, tensorrt=TRT)
+    result = run("ls", "--store", folder_store.root, "--compatible", "--json")
+    assert result.exit_code == 0
+    fits = {(p["recipe"], p["target"]): (p["fits"], p["reasons"]) for p in json.loads(result.stdout)["published"]}
+    assert fits[("tiny", "base-tp1-sm90")] == (False, ["sm: the engine is for sm90; this host has sm89 (1x NVIDIA L40S)"])
+
+
+def test_ls_json_gives_every_field_of_every_target(folder_store, tmp_path, run, fixed_now):
+    made = Published(folder_store, tmp_path)
+    made.typical()
+    result = run("ls", "--store", folder_store.root, "--json")
+    assert (result.exit_code, result.stderr) == (0, "")
+    data = json.loads(result.stdout)
+    assert (data["store"], data["recipe"], data["host"]) == (str(folder_store.root), None, None)
+    assert [(p["recipe"], p["target"]) for p in data["published"]] == [
+        ("other", "base-tp1"), ("tiny", "base-tp1"), ("tiny", "base-tp1-sm90"), ("tiny", "fp8-hf")]
+    engine = data["published"][2]
+    record = made.records["tiny/base-tp1-sm90"]
+    assert engine == {
+        "recipe": "tiny", "target": "base-tp1-sm90", "stage": "engine", "digest": record.digest, "key": record.key,
+        "size_bytes": 5 * 1024 * 1024, "created": "2026-12-03T09:15:00Z", "age_seconds": 2 * 3600 + 45 * 60,
+        "toolchain": {"tensorrt": TRT, "tensorrt_llm": TRTLLM}, "standin": [],
+        "validations": [  # its own validation first, then its checkpoint's
+            {"id": "base-tp1-sm90:validate", "kld_mean": 0.0021, "top1_agreement": 0.97, "ppl_delta_pct": -0.05,
+             "gates_passed": True},
+            {"id": "base-tp1:validate", "kld_mean": 0.00123456, "top1_agreement": 0.98514, "ppl_delta_pct": 0.4213,
+             "gates_passed": True}],
+        "fits": None, "runtime": None, "world_size": None, "reasons": []}
+    assert data["published"][3]["standin"] == ["modelopt"]
+
+
+def test_ls_of_a_store_with_nothing_published_says_so(folder_store, ws, run):
+    result = run("ls", "--store", folder_store.root)
+    assert (result.exit_code, result.stdout, result.stderr) == (0, f"nothing is published in {folder_store.root}\n", "")
+    of_recipe = run("ls", ws.recipe(minimal()), "--store", folder_store.root)
+    assert (of_recipe.exit_code, of_recipe.stdout) == (0, f"nothing of recipe tiny is published in {folder_store.root}\n")
+
+
+def test_ls_refuses_a_missing_store_and_a_bad_recipe_with_one_line_and_exit_2(folder_store, tmp_path, ws, run):
+    missing = run("ls", "--store", tmp_path / "nowhere")
+    assert (missing.exit_code, missing.stdout, missing.stderr) == (
+        2, "", f"store {tmp_path / 'nowhere'}: no such store (nothing has been built there)\n")
+    bad = ws.recipe(minimal().replace("name: tiny", "name: Bad Name"), name="bad.yaml")
+    refused = run("ls", bad, "--store", folder_store.root)
+    assert (refused.exit_code, refused.stdout, refused.stderr) == (
+        2, "", f"{bad}:2:7: name: 'Bad Name' does not match ^[a-z0-9][a-z0-9._-]*$\n")
+    nostore = run("ls")
+    assert (nostore.exit_code, nostore.stderr) == (
+        2, "Usage: cli ls [OPTIONS] [RECIPE]\nTry 'cli ls --help' for help.\n\nError: Missing option '--store'.\n")
+
+
+@pytest.fixture(scope="module")
+def seaweed():
+    from s3server import SeaweedS3
+
+    with SeaweedS3() as server:
+        yield server
+
+
+def test_ls_lists_what_was_pushed_to_seaweedfs(seaweed, tmp_path, run, fixed_now, monkeypatch):
+    """The CI job pushes; anyone with the bucket's credentials sees the same table the folder store gives."""
+    from trtbuild.store.s3 import S3Store
+
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    seaweed.client().create_bucket(Bucket="listing")
+    url = "s3://listing/team"
+    local = LocalStore(tmp_path / "local")
+    local.create()
+    made = Published(local, tmp_path)
+    made.typical()
+    remote = S3Store(url)
+    for name, record in made.records.items():
+        push(local, remote, [PushItem(record, tuple(name.split("/", 1)))])
+    result = run("ls", "--store", url)
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert result.stdout == "\n".join(TABLE) + "\n"
+    empty = run("ls", "--store", "s3://listing/nothing-here")
+    assert (empty.exit_code, empty.stdout, empty.stderr) == (
+        2, "", "store s3://listing/nothing-here: not a trtbuild store (nothing has been pushed there)\n")
+    no_bucket = run("ls", "--store", "s3://no-such-bucket/team")
+    assert (no_bucket.exit_code, no_bucket.stdout, no_bucket.stderr) == (
+        2, "", "s3://no-such-bucket/team/: bucket no-such-bucket does not exist\n")
+
+
+@needs_no_trtllm  # the int4 checkpoint's reasons say tensorrt_llm is not installed
+def test_ls_compatible_reads_an_hf_checkpoints_format_from_its_record(folder_store, tmp_path, run, fixed_now,
+                                                                      recorded_gpu, installed_packages):
+    made = Published(folder_store, tmp_path)
+    made.add("fp8-hf", "hf-checkpoint:export", "2026-12-03T11:00:00Z", 2048, CHECKPOINT_TOOLS,
+             fields={"params": {"quant": "fp8", "kv_cache": None}})
+    made.add("int4-hf", "hf-checkpoint:export", "2026-12-03T11:00:00Z", 2048, CHECKPOINT_TOOLS,
+             fields={"params": {"quant": "int4_awq", "kv_cache": None}})
+    made.add("fp8-standin-hf", "hf-checkpoint:export", "2026-12-03T11:00:00Z", 2048, {"modelopt": "0.47.0+standin"},
+             fields={"params": {"quant": "fp8", "kv_cache": None}})
+    recorded_gpu("H100")
+    installed_packages(vllm="0.33.0")
+    result = run("ls", "--store", folder_store.root, "--compatible", "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert data["host"]["vllm"] == "0.33.0"
+    assert [(p["target"], p["fits"], p["runtime"], p["world_size"], p["reasons"]) for p in data["published"]] == [
+        ("fp8-hf", True, "vllm", 1, []),
+        ("fp8-standin-hf", False, None, None, ["made by a stand-in toolchain (modelopt): never for real use"]),
+        ("int4-hf", False, None, None, ["trtllm: not installed", "vllm: does not serve int4_awq on sm90"])]
+
+
+def test_ls_names_a_ref_whose_action_record_is_gone(folder_store, tmp_path, run, fixed_now, recorded_gpu):
+    made = Published(folder_store, tmp_path)
+    record = made.add("base-tp1", "checkpoint:export", "2026-12-01T12:00:00Z", 2048, CHECKPOINT_TOOLS)
+    source = made.add("source", "source:path", "2026-12-01T11:00:00Z", 2048)  # not a target: not listed
+    folder_store.delete_record(record.key)
+    folder_store.delete_record(source.key)
+    result = run("ls", "--store", folder_store.root)
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert result.stdout == ("RECIPE  TARGET    STAGE  SIZE     KL  TOP-1  PPL  AGE  TOOLCHAIN\n"
+                             "tiny    base-tp1  ?      2.0 KiB  -   -      -    -    -\n")
+    recorded_gpu(None)
+    judged = json.loads(run("ls", "--store", folder_store.root, "--compatible", "--json").stdout)["published"]
+    assert [(p["stage"], p["fits"], p["reasons"]) for p in judged] == [
+        (None, False, ["record: the store has no action record of this artifact"])]
