@@ -113,6 +113,11 @@ def test_host_b_pulls_every_node_host_a_pushed_and_builds_nothing(s3env, tmp_pat
         assert b.store.artifact_problem(target["digest"]) is None
         assert b.store.read_ref("tiny", name).digest == target["digest"]
 
+    human = host(tmp_path, "d", monkeypatch).build(run, "--until", "checkpoint", "--no-validate", "--store", URL)
+    assert human.exit_code == 0
+    assert f"tiny: 2 cached, 1 skipped ({len(done_a)} pulled from {URL})" in human.stdout
+    assert "Nothing was built" in human.stdout
+
     again = b.build(run, *FAST, "--store", URL)  # now the local store has it all: nothing is pulled
     assert {n: (t["status"], t["origin"], t["pulled"]) for n, t in by_name(again).items() if t["digest"]} == {
         n: ("cached", "local", None) for n in done_a}
@@ -165,3 +170,12 @@ def test_push_without_a_remote_store_is_one_line_and_exit_2(tmp_path, monkeypatc
     assert (result.exit_code, result.stdout, result.stderr) == (
         2, "", "--push: needs a remote store to publish to (--store s3://BUCKET/PREFIX)\n")
     assert not (tmp_path / "folder").exists()
+
+
+def test_wrong_credentials_for_the_remote_are_one_line_before_anything_is_built(s3env, tmp_path, monkeypatch, run):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret")
+    a = host(tmp_path, "a", monkeypatch)
+    result = a.build(run, *FAST, "--store", URL)
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        2, "", f"{URL}/: access denied (403): check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY and the bucket policy\n")
+    assert not a.store.root.exists()
