@@ -179,3 +179,17 @@ def test_wrong_credentials_for_the_remote_are_one_line_before_anything_is_built(
     assert (result.exit_code, result.stdout, result.stderr) == (
         2, "", f"{URL}/: access denied (403): check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY and the bucket policy\n")
     assert not a.store.root.exists()
+
+
+def test_a_malformed_record_in_the_bucket_is_a_miss_the_node_is_built_here(s3env, tmp_path, monkeypatch, run):
+    _, first = built_on_a(tmp_path, monkeypatch, run)
+    source = next(t for t in first["targets"] if t["name"] == "source")
+    s3env.client().put_object(Bucket="artifacts", Key=f"ci/ac/{source['key']}.json", Body=b"not json")
+    c = host(tmp_path, "c", monkeypatch)
+    result = c.build(run, *FAST, "--store", URL)
+    assert (result.exit_code, messages(result)) == (0, "")
+    built = by_name(result)["source"]
+    assert (built["status"], built["origin"], built["digest"]) == ("built", "built", source["digest"])
+    assert built["note"] == (f"not pulled from {URL}: action record {URL}/ac/{source['key']}.json is not valid JSON; "
+                             "run `trtbuild cache verify --repair`")
+    assert by_name(result)["bf16-tp1"]["origin"] == "remote"  # its input is the same artifact: still pulled

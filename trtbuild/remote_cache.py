@@ -16,6 +16,7 @@ from trtbuild.errors import InvalidInput
 from trtbuild.graph import Graph
 from trtbuild.lockfile import LockFile
 from trtbuild.publish import PushPlan, plan_push
+from trtbuild.records import ActionRecord
 from trtbuild.store.base import CorruptStore, Store
 from trtbuild.store.transfer import Moved, PushItem, pull_artifact, push
 
@@ -24,7 +25,7 @@ from trtbuild.store.transfer import Moved, PushItem, pull_artifact, push
 class Pulled:
     """What one lookup found in the remote: the record it pulled (with what moved), or why not."""
 
-    record: Optional[object] = None  # the ActionRecord, now in the local store
+    record: Optional[ActionRecord] = None  # now in the local store
     moved: Optional[Moved] = None
     note: Optional[str] = None  # the remote has the key but its artifact is damaged: not used
 
@@ -40,7 +41,10 @@ class RemoteCache:
     def fetch(self, local: Store, key: str, replace: bool) -> Pulled:
         """Pull what the remote records under `key` into `local` (verified), or say why not.
         `replace`: the local store's record of the key is damaged; the pulled one takes its place."""
-        record = self.store.get_record(key)
+        try:
+            record = self.store.get_record(key)
+        except CorruptStore as exc:  # a malformed record in the bucket is a miss, not a failed node
+            return Pulled(note=f"not pulled from {self.location}: {exc}")
         if record is None:
             return Pulled()
         try:
