@@ -144,7 +144,13 @@ def _load(recipe: Path | None):
 @click.option("--gpu", default="all", show_default=True, metavar="auto|SM|PRODUCT|all",
               help="Engines to build: auto = those for the SMs of this host's GPUs (the others are skipped, naming "
               "the SM they need, even with --require-all), an SM or product, or all.")
-@STORE_OPTION
+@click.option("--store", "store_url", metavar="URL",
+              help="Artifact store: a folder (default: $TRTBUILD_CACHE, else ./cache), or s3://BUCKET/PREFIX: a "
+                   "remote behind the local store, whose action cache is read when the local store misses (the "
+                   "artifact is pulled and verified instead of built).")
+@click.option("--push", "push_after", is_flag=True,
+              help="Then publish what the build made to the --store s3:// remote, refusing what `trtbuild push` refuses.")
+@click.option("--allow-unvalidated", is_flag=True, help="With --push: also publish targets of a --no-validate build.")
 @click.option("--require-all", is_flag=True, help="Targets this host cannot build (or impossible ones) fail instead of being skipped.")
 @click.option("--locked", is_flag=True, help="Refuse to run if the recipe or its source no longer match the lock file.")
 @click.option("--no-validate", "no_validate", is_flag=True,
@@ -152,7 +158,8 @@ def _load(recipe: Path | None):
 @click.option("--rebuild", "rebuild", multiple=True, metavar="GLOB",
               help="Build these nodes anew even when the store has them; the new artifact replaces the recorded one.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary (with read-only artifact paths).")
-def build(recipe: Path | None, targets, until, gpu, store_url, require_all, locked, no_validate, rebuild, as_json) -> None:
+def build(recipe: Path | None, targets, until, gpu, store_url, push_after, allow_unvalidated, require_all, locked,
+          no_validate, rebuild, as_json) -> None:
     """Build RECIPE's targets through the artifact store (default: the embedded demo recipe).
 
     Each stage's output is stored by content under an action key naming everything that shaped it:
@@ -165,12 +172,24 @@ def build(recipe: Path | None, targets, until, gpu, store_url, require_all, lock
     from trtbuild.progress import ConsoleReporter
     from trtbuild.store.local import open_store
 
+    from trtbuild import remote_cache
+
     loaded = _load(recipe)
-    store = open_store(store_url, create=True)  # created by the build's first write, not here
+    remote_cache.require_remote(store_url, push_after)
+    remote = None
+    if store_url and store_url.startswith("s3://"):  # the local store in front of the remote one
+        remote = open_store(store_url, create=True)
+        remote.create()  # credentials, bucket, endpoint: one line now, not after the first stage
+        store = open_store(None, create=True)
+    else:
+        store = open_store(store_url, create=True)  # created by the build's first write, not here
     request = BuildRequest(targets=list(targets), until=until, gpu=gpu, require_all=require_all, locked=locked,
                            materialize=as_json, embedded=recipe is None, validate=not no_validate, rebuild=list(rebuild))
     with ConsoleReporter() as reporter:
-        outcome = run_build(loaded, store, request, reporter)
+        outcome = run_build(loaded, store, request, reporter, remote=remote_cache.RemoteCache(remote) if remote else None)
+    if push_after:
+        outcome.pushed = remote_cache.publish_build(outcome, loaded, store, remote, list(targets), allow_unvalidated,
+                                                    embedded=recipe is None)
     if as_json:
         import json
 
@@ -179,6 +198,19 @@ def build(recipe: Path | None, targets, until, gpu, store_url, require_all, lock
         from trtbuild import render
 
         render.print_build(outcome, _console())
+    if outcome.pushed is not None:
+        from trtbuild.estimate import format_bytes
+
+        moved = outcome.pushed["moved"]
+        if not as_json:
+            for target in outcome.pushed["pushed"]:
+                click.echo(f"pushed {target}")
+            click.echo(f"{moved['blobs']} blobs ({format_bytes(moved['bytes'])}) sent, {moved['skipped_blobs']} already "
+                       f"there; {moved['records']} records, {moved['refs']} refs -> {store_url}")
+        for line in moved["divergences"]:
+            click.echo(f"divergence: {line}", err=True)
+        for line in outcome.pushed["refused"]:
+            click.echo(line, err=True)
     raise click.exceptions.Exit(outcome.exit_code)
 
 

@@ -34,6 +34,8 @@ class Lookup:
     record: Optional[ActionRecord] = None
     problem: Optional[str] = None
     notes: list[str] = field(default_factory=list)
+    pulled_from: Optional[str] = None  # the remote store the artifact was just pulled from (verified)
+    pulled: Optional[dict] = None  # what that pull moved (blobs, bytes)
 
     @property
     def hit(self) -> bool:
@@ -101,10 +103,16 @@ def key_node(node: Node, input_digests: dict[str, str], store: LocalStore, locke
     return KeyedNode(node, keys.action_key(fields), fields, origins, runtime, resolution)
 
 
-def lookup(store: LocalStore, key: str) -> Lookup:
+def lookup(store: LocalStore, key: str, remote=None) -> Lookup:
     """The store's answer for a key. A record counts only if every byte of its artifact is there
-    and checks out; a damaged one is reported (and rebuilt by the runner), never served."""
+    and checks out; a damaged one is reported (and rebuilt by the runner), never served. `remote`
+    (a remote_cache.RemoteCache): where a miss is looked up next, its artifact pulled and verified."""
     record = store.get_record(key)
-    if record is None:
-        return Lookup()
-    return Lookup(record, store.artifact_problem(record.digest))
+    found = Lookup() if record is None else Lookup(record, store.artifact_problem(record.digest))
+    if found.hit or remote is None:
+        return found
+    pulled = remote.fetch(store, key, replace=record is not None)
+    if pulled.record is None:
+        return Lookup(found.record, found.problem, [pulled.note] if pulled.note else [])
+    return Lookup(pulled.record, store.artifact_problem(pulled.record.digest), pulled_from=remote.location,
+                  pulled=pulled.moved.as_json())

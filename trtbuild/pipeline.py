@@ -34,14 +34,20 @@ class BuildOutcome:
     recipe: str
     results: list[NodeResult]
     lock_path: Optional[Path]
+    graph: Optional[graphs.Graph] = None
+    pushed: Optional[dict] = None  # --push: what was published, refused and moved
 
     @property
     def exit_code(self) -> int:
-        return 1 if any(r.status == FAILED for r in self.results) else 0
+        refused = bool(self.pushed and self.pushed["refused"])
+        return 1 if refused or any(r.status == FAILED for r in self.results) else 0
 
     def as_json(self) -> dict:
-        return {"recipe": self.recipe, "lock": str(self.lock_path) if self.lock_path else None,
-                "targets": [r.as_json() for r in self.results]}
+        out = {"recipe": self.recipe, "lock": str(self.lock_path) if self.lock_path else None,
+               "targets": [r.as_json() for r in self.results]}
+        if self.pushed is not None:
+            out["push"] = self.pushed
+        return out
 
 
 def gpu_filter(loaded: LoadedRecipe, choice: str) -> Optional[set]:
@@ -66,7 +72,9 @@ def build_graph_for(loaded: LoadedRecipe, request: BuildRequest, registry=None) 
     return graph
 
 
-def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, reporter=None, registry=None) -> BuildOutcome:
+def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, reporter=None, registry=None,
+          remote=None) -> BuildOutcome:
+    """`remote` (remote_cache.RemoteCache): looked up when the local store misses a key."""
     if request.until is not None and request.until not in graphs.STAGE_ORDER:
         raise InvalidInput(f"--until {request.until}: not a stage ({', '.join(graphs.STAGE_ORDER)})")
     lock_path = lockfile.lock_path_for(loaded, store, request.embedded)
@@ -79,7 +87,8 @@ def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, report
                          locked_source=previous.source if previous else None,
                          recipe_identity=recipe_identity(loaded, request.embedded),
                          rebuild=frozenset(_rebuilt(graph, request.rebuild)),
-                         host_sms=frozenset(g.sm for g in hardware.detect_gpus()) if request.gpu == "auto" else None)
+                         host_sms=frozenset(g.sm for g in hardware.detect_gpus()) if request.gpu == "auto" else None,
+                         remote=remote)
     run = run_graph(graph, store, options, reporter)
     results, resolutions = run.results, run.resolutions
     if request.require_all:  # (the runner already fails what this host cannot build)
@@ -91,7 +100,7 @@ def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, report
     if any(r.digest for r in results):
         lockfile.write(lock_path, loaded, source, results, _toolchains(graph, results), validated=request.validate)
         store.register_lockfile(lock_path)
-    return BuildOutcome(loaded.recipe.name, results, lock_path)
+    return BuildOutcome(loaded.recipe.name, results, lock_path, graph)
 
 
 def recipe_identity(loaded: LoadedRecipe, embedded: bool) -> str:

@@ -120,7 +120,8 @@ def print_build(outcome, console) -> None:
     for r in outcome.results:
         style = STATUS_STYLE.get(r.status, "")
         table.add_row(r.id, r.stage or "-", f"[{style}]{r.status}[/]", f"{r.seconds:.1f}",
-                      r.digest[:12] if r.digest else "-", *_accuracy_cells(r), escape(r.reason or ""))
+                      r.digest[:12] if r.digest else "-", *_accuracy_cells(r),
+                      escape(r.reason or r.note or (f"pulled from {r.pulled['store']}" if r.pulled else "")))
     console.print(table)
     for r in outcome.results:
         if r.log_tail:  # a failed stage's last words, so nobody has to open the log to see them
@@ -133,6 +134,9 @@ def print_build(outcome, console) -> None:
                       "or TensorRT-LLM results; they can never be published.", highlight=False, soft_wrap=True)
     counts = Counter(r.status for r in outcome.results)
     summary = ", ".join(f"{n} {status}" for status, n in counts.items())
+    pulled = [r.pulled["store"] for r in outcome.results if r.pulled]
+    if pulled:
+        summary += f" ({len(pulled)} pulled from {pulled[0]})"
     console.print(f"{outcome.recipe}: {summary}" + (f"; lock: {outcome.lock_path}" if outcome.lock_path and outcome.lock_path.exists() else ""),
                   highlight=False, soft_wrap=True)
     if counts.get("built", 0) == 0 and counts.get("failed", 0) == 0 and counts.get("cached", 0):

@@ -62,6 +62,9 @@ class NodeResult:
     log_tail: list[str] = field(default_factory=list)  # a failed stage's last log lines
     standin: list[str] = field(default_factory=list)  # toolchain parts that are test stand-ins (never real)
     platform: dict = field(default_factory=dict)  # what the artifact is for (an engine's SM, parallelism, toolchain)
+    origin: Optional[str] = None  # a done node's artifact: "built" here, "local" store, or "remote" (pulled, verified)
+    pulled: Optional[dict] = None  # origin "remote": the store pulled from and what moved
+    note: Optional[str] = None  # e.g. why the remote's artifact was not used
 
     @property
     def done(self) -> bool:
@@ -70,7 +73,7 @@ class NodeResult:
     def as_json(self) -> dict:
         out = {"name": self.id, "stage": self.stage or self.kind, "status": self.status.value, "key": self.key,
                "digest": self.digest, "size": self.size, "seconds": round(self.seconds, 3), "reason": self.reason, "path": self.path,
-               "ref": self.ref, "standin": self.standin}
+               "ref": self.ref, "standin": self.standin, "origin": self.origin, "pulled": self.pulled, "note": self.note}
         if self.log_tail:
             out["log_tail"] = self.log_tail
         if "metrics" in self.summary:  # validation entries
@@ -91,6 +94,7 @@ class RunOptions:
     locked_source: Optional[dict] = None  # the lock file's source entry (offline hub builds use it)
     rebuild: frozenset[str] = frozenset()  # --rebuild: node ids built anew even when the store has them
     host_sms: Optional[frozenset[str]] = None  # --gpu auto: this host's SMs; nodes for others are another host's job
+    remote: Optional[object] = None  # remote_cache.RemoteCache: where a local miss is looked up (and pulled from)
 
 
 @dataclass
@@ -364,7 +368,11 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
             resolutions[node.id] = keyed.resolution
         result.key = keyed.key
         rebuild = node.id in options.rebuild
-        found = nodekeys.lookup(store, keyed.key)
+        # a local miss is looked up in the remote (pulled, verified): a hit either way, from where it was found
+        found = nodekeys.lookup(store, keyed.key, None if rebuild else options.remote)
+        result.note = "; ".join(found.notes) or None
+        if found.pulled_from:
+            result.pulled = {"store": found.pulled_from, **found.pulled}
         if rebuild or not found.hit:
             problem = node.host_problem()
             if problem:  # a host without the hardware skips; an install without the packages fails
@@ -391,6 +399,7 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
                     result.status = BUILT
         if result.status != BUILT:
             result.status = CACHED
+        result.origin = "built" if result.status == BUILT else "remote" if result.pulled else "local"
         result.digest, result.size = found.record.digest, found.record.size
         result.summary = found.record.summary
         result.standin = found.record.standin
