@@ -93,6 +93,10 @@ def test_host_b_pulls_every_node_host_a_pushed_and_builds_nothing(s3env, tmp_pat
     assert first["push"] == {"store": URL, "pushed": ["bf16-tp1"], "refused": [], "moved": {
         "blobs": len(blobs), "bytes": sum(a.store.blob_path(b).stat().st_size for b in blobs), "skipped_blobs": 0,
         "records": 2, "refs": 2, "divergences": []}}
+    from trtbuild.store.s3 import S3Store
+
+    # the lock file goes up last, so a remote `cache gc` keeps what it pins
+    assert S3Store(URL).read_object("locks/tiny.lock") == a.recipe.with_suffix(".lock").read_bytes()
 
     b = host(tmp_path, "b", monkeypatch)
     result = b.build(run, *FAST, "--store", URL)

@@ -78,13 +78,15 @@ def plan_build_push(graph: Graph, lock: LockFile, lock_path, local: Store, patte
     return chosen
 
 
-def push_build(remote: Store, local: Store, plan: PushPlan, recipe: str, identity: str) -> Moved:
+def push_build(remote: Store, local: Store, plan: PushPlan, recipe: str, identity: str,
+               lock_bytes: Optional[bytes] = None) -> Moved:
+    """Publish the plan's items; the lock file goes last (remote gc keeps what it pins)."""
     if not plan.items:
         return Moved()
     remote.create()
     remote.claim_recipe(recipe, identity)
     with local.using(), remote.using():
-        return push(local, remote, plan.items)
+        return push(local, remote, plan.items, lock=(recipe, lock_bytes) if lock_bytes is not None else None)
 
 
 def require_remote(url: Optional[str], push_asked: bool) -> None:
@@ -103,5 +105,6 @@ def publish_build(outcome, loaded, local: Store, remote: Store, patterns: list[s
         plan, moved = PushPlan(), Moved()
     else:
         plan = plan_build_push(outcome.graph, lock, outcome.lock_path, local, patterns, allow_unvalidated)
-        moved = push_build(remote, local, plan, lock.recipe.name, recipe_identity(loaded, embedded))
+        moved = push_build(remote, local, plan, lock.recipe.name, recipe_identity(loaded, embedded),
+                           outcome.lock_path.read_bytes())
     return {"store": remote.location, "pushed": plan.targets, "refused": plan.refused, "moved": moved.as_json()}
