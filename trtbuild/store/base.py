@@ -25,6 +25,36 @@ class CorruptStore(TrtbuildError):
     """Bytes in the store do not match their digest."""
 
 
+def first_error(exc) -> str:
+    """A pydantic ValidationError's first problem, as `loc: msg`."""
+    error = exc.errors()[0]
+    return f"{'.'.join(str(p) for p in error['loc']) or 'record'}: {error['msg']}"
+
+
+def parse_record(key: str, data: bytes, where: str) -> Optional[ActionRecord]:
+    """A stored action record's bytes, checked: None for a record of the unversioned layout (it is
+    rebuilt and replaced); CorruptStore naming `where` for one that does not parse or names another key.
+    One reader for every store, so a local and a remote record are judged alike."""
+    import json
+
+    from pydantic import ValidationError
+
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise CorruptStore(f"action record {where} is not valid JSON; run `trtbuild cache verify --repair`") from None
+    if isinstance(raw, dict) and raw.get("schema") is None:
+        return None  # written before records were versioned
+    try:
+        record = ActionRecord.model_validate(raw)
+    except ValidationError as exc:
+        raise CorruptStore(f"action record {where} is malformed ({first_error(exc)}); "
+                           "run `trtbuild cache verify --repair`") from None
+    if record.key != key:
+        raise CorruptStore(f"action record {where} names another key ({record.key})")
+    return record
+
+
 class Store(abc.ABC):
     #: the stat cache the store's own reads go through (and stages hash their inputs with)
     state: StatCache

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.keys import canonical_json
 from trtbuild.records import ActionRecord, Digest, RecipeClaim, Ref, RefEntry, dump
-from trtbuild.store.base import CorruptStore, Store
+from trtbuild.store.base import CorruptStore, Store, first_error, parse_record
 from trtbuild.store.hash import Progress, atomic_write, bytes_sha256, copy_with_sha256, file_sha256, fsync_dir, is_digest
 from trtbuild.store.state import StatCache
 from trtbuild.store.tree import BadTree, Manifest, build_manifest
@@ -38,11 +38,6 @@ LAYOUT = ("cas/sha256", "manifests", "ac", "refs", "tmp", "locks", "checkouts")
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def _first_error(exc: ValidationError) -> str:
-    error = exc.errors()[0]
-    return f"{'.'.join(str(p) for p in error['loc']) or 'record'}: {error['msg']}"
 
 
 def open_store(url: Optional[str] = None, create: bool = False, missing_ok: bool = False) -> Store:
@@ -414,21 +409,10 @@ class LocalStore(Store):
         rebuilt and replaced). A record that does not parse is a corrupt store."""
         path = self.record_path(key)
         try:
-            raw = json.loads(path.read_bytes())
+            data = path.read_bytes()
         except FileNotFoundError:
             return None
-        except (ValueError, UnicodeDecodeError):
-            raise CorruptStore(f"action record {path} is not valid JSON; run `trtbuild cache verify --repair`") from None
-        if isinstance(raw, dict) and raw.get("schema") is None:
-            return None  # written before records were versioned
-        try:
-            record = ActionRecord.model_validate(raw)
-        except ValidationError as exc:
-            raise CorruptStore(f"action record {path} is malformed ({_first_error(exc)}); "
-                               "run `trtbuild cache verify --repair`") from None
-        if record.key != key:
-            raise CorruptStore(f"action record {path} names another key ({record.key})")
-        return record
+        return parse_record(key, data, str(path))
 
     def put_record(self, record: ActionRecord, replace: bool = False) -> ActionRecord:
         """Record key -> artifact. The first artifact stored under a key stays; a later, different
@@ -485,7 +469,7 @@ class LocalStore(Store):
         except FileNotFoundError:
             return None
         except ValidationError as exc:
-            raise CorruptStore(f"ref {path} is malformed ({_first_error(exc)}); run `trtbuild cache verify --repair`") from None
+            raise CorruptStore(f"ref {path} is malformed ({first_error(exc)}); run `trtbuild cache verify --repair`") from None
 
     def update_ref(self, recipe: str, target: str, digest: str, key: str) -> None:
         """Point refs/<recipe>/<target> at `digest`, appending to its history."""

@@ -32,9 +32,9 @@ from trtbuild import s3 as s3lib
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.keys import canonical_json
 from trtbuild.records import ActionRecord, Digest, RecipeClaim, Ref, RefEntry, dump
-from trtbuild.store.base import CorruptStore, Store
+from trtbuild.store.base import CorruptStore, Store, first_error, parse_record
 from trtbuild.store.hash import CHUNK, Progress, bytes_sha256, file_sha256, is_digest
-from trtbuild.store.local import _first_error, _now
+from trtbuild.store.local import _now
 from trtbuild.store.state import StatCache
 from trtbuild.store.tree import BadTree, Manifest, build_manifest
 
@@ -710,21 +710,7 @@ class S3Store(Store):
 
     # ---- action records ----------------------------------------------------------------------------
     def _parse_record(self, key: str, data: bytes) -> Optional[ActionRecord]:
-        url = self.describe_record(key)
-        try:
-            raw = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
-            raise CorruptStore(f"action record {url} is not valid JSON; run `trtbuild cache verify --repair`") from None
-        if isinstance(raw, dict) and raw.get("schema") is None:
-            return None  # written before records were versioned
-        try:
-            record = ActionRecord.model_validate(raw)
-        except ValidationError as exc:
-            raise CorruptStore(f"action record {url} is malformed ({_first_error(exc)}); "
-                               "run `trtbuild cache verify --repair`") from None
-        if record.key != key:
-            raise CorruptStore(f"action record {url} names another key ({record.key})")
-        return record
+        return parse_record(key, data, self.describe_record(key))
 
     def get_record(self, key: str) -> Optional[ActionRecord]:
         found = self._get(self.record_key(key))
@@ -814,7 +800,7 @@ class S3Store(Store):
         try:
             return Ref.model_validate_json(data)
         except ValidationError as exc:
-            raise CorruptStore(f"ref {self.describe_ref(recipe, target)} is malformed ({_first_error(exc)}); "
+            raise CorruptStore(f"ref {self.describe_ref(recipe, target)} is malformed ({first_error(exc)}); "
                                "run `trtbuild cache verify --repair`") from None
 
     def read_ref(self, recipe: str, target: str) -> Optional[Ref]:
