@@ -521,3 +521,27 @@ def test_a_store_that_cannot_be_created_is_one_line(run, ws):
     blocker.write_text("not a folder")
     result = run("build", ws.recipe(minimal()), "--store", blocker / "store", "--until", "source")
     assert (result.exit_code, result.stderr) == (2, f"store {blocker / 'store'}: cannot create it (Not a directory)\n")
+
+
+def test_a_store_reads_as_existing_only_once_every_folder_is_there(tmp_path, monkeypatch):
+    """Four builds starting at once on a new store: the one that sees `exists()` true must find
+    locks/ (and the rest) already made, or its open of locks/store.lock fails (CI, 2026-12-01)."""
+    store = LocalStore(tmp_path / "store")
+    seen = []
+    real_mkdir = Path.mkdir
+
+    def watching_mkdir(self, *args, **kwargs):
+        real_mkdir(self, *args, **kwargs)
+        seen.append((self.relative_to(store.root).as_posix(), store.exists(),
+                     sorted(p.name for p in store.root.iterdir())))
+
+    monkeypatch.setattr(Path, "mkdir", watching_mkdir)
+    store.create()
+    monkeypatch.undo()
+    made = {name.split("/")[0] for name, _, _ in seen} - {"."}
+    for name, exists_now, present in seen:
+        if exists_now:
+            assert made <= set(present), f"exists() was true after {name} with only {present}"
+    assert store.exists()
+    with store.using():
+        pass

@@ -33,7 +33,9 @@ from trtbuild.store.state import StatCache
 from trtbuild.store.tree import BadTree, Manifest, build_manifest
 
 DEFAULT_ROOT = "cache"
-LAYOUT = ("cas/sha256", "manifests", "ac", "refs", "tmp", "locks", "checkouts")
+# cas/ comes last: exists() tests it, so a build that sees a store another process is creating
+# finds locks/ and the rest already there.
+LAYOUT = ("manifests", "ac", "refs", "tmp", "locks", "checkouts", "cas/sha256")
 
 
 def _now() -> str:
