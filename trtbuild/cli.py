@@ -518,7 +518,8 @@ def cache_gc(store_url, keep_last, max_size, dry_run, yes, as_json) -> None:
     """Remove what nothing needs. Never removes the artifact a ref points at, nor anything a lock
     file in use names (one written by `trtbuild build` against this store that still exists).
     On s3://: keeps what each ref points at now (with --keep-last N, the last N of its history) and
-    what the lock files `push` published name; lists every object it would remove and removes them
+    what every lock file `push` ever published names (locks/<recipe>/<sha256>.lock; delete one to
+    release its pins); lists every object it would remove and removes them
     only with --yes; refuses while a push holds a lease there."""
     from trtbuild import lockfile
     from trtbuild.store.gc import gc, remote_gc

@@ -22,7 +22,7 @@ from trtbuild.records import ActionRecord
 from trtbuild.store import lease
 from trtbuild.store.base import CorruptStore, Store
 from trtbuild.store.checkout import checkout
-from trtbuild.store.hash import CHUNK
+from trtbuild.store.hash import CHUNK, bytes_sha256
 from trtbuild.store.tree import Manifest
 
 
@@ -71,8 +71,14 @@ def _push_blobs(local: Store, remote: Store, manifest: Manifest, moved: Moved) -
 
 
 def lock_object(recipe: str) -> str:
-    """Where push publishes a recipe's lock file in a remote store (remote `cache gc` keeps its pins)."""
+    """Where push publishes a recipe's newest lock file in a remote store (overwritten by the next push)."""
     return f"locks/{recipe}.lock"
+
+
+def kept_lock_object(recipe: str, data: bytes) -> str:
+    """Where every lock file push published stays, by its sha256: the next push of the recipe does
+    not overwrite it, so remote `cache gc` keeps what each one pins (a deploy host may still pull by it)."""
+    return f"locks/{recipe}/{bytes_sha256(data)}.lock"
 
 
 def push(local: Store, remote: Store, items: list[PushItem], lock: Optional[tuple[str, bytes]] = None) -> Moved:
@@ -86,7 +92,9 @@ def push(local: Store, remote: Store, items: list[PushItem], lock: Optional[tupl
                     refusal="cache gc is removing objects; push again when it ends") as held:
         moved = _push_items(local, remote, items, held)
         if lock is not None and lease.supported(remote):
-            remote.write_object(lock_object(lock[0]), lock[1])
+            recipe, data = lock
+            remote.write_object(kept_lock_object(recipe, data), data)  # the history first: gc's pins never lapse
+            remote.write_object(lock_object(recipe), data)
     return moved
 
 
