@@ -147,9 +147,11 @@ def _load(recipe: Path | None):
 @click.option("--store", "store_url", metavar="URL",
               help="Artifact store: a folder (default: $TRTBUILD_CACHE, else ./cache), or s3://BUCKET/PREFIX: a "
                    "remote behind the local store, whose action cache is read when the local store misses (the "
-                   "artifact is pulled and verified instead of built).")
+                   "artifact is pulled and verified instead of built). Without --store, the recipe's publish.store "
+                   "is that remote when it is s3:// (a folder publish.store is for push and pull only).")
 @click.option("--push", "push_after", is_flag=True,
-              help="Then publish what the build made to the --store s3:// remote, refusing what `trtbuild push` refuses.")
+              help="Then publish what the build made to the s3:// remote (--store, else publish.store), refusing "
+                   "what `trtbuild push` refuses.")
 @click.option("--allow-unvalidated", is_flag=True, help="With --push: also publish targets of a --no-validate build.")
 @click.option("--require-all", is_flag=True, help="Targets this host cannot build (or impossible ones) fail instead of being skipped.")
 @click.option("--locked", is_flag=True, help="Refuse to run if the recipe or its source no longer match the lock file.")
@@ -174,11 +176,14 @@ def build(recipe: Path | None, targets, until, gpu, store_url, push_after, allow
 
     from trtbuild import remote_cache
 
+    from trtbuild import configured_store
+
     loaded = _load(recipe)
-    remote_cache.require_remote(store_url, push_after)
+    store_url, remote_url = configured_store.build_remote(store_url, loaded, push_after)
+    remote_cache.require_remote(remote_url, push_after)
     remote = None
-    if store_url and store_url.startswith("s3://"):  # the local store in front of the remote one
-        remote = open_store(store_url, create=True)
+    if remote_url:  # the local store in front of the remote one
+        remote = open_store(remote_url, create=True)
         remote.create()  # credentials, bucket, endpoint: one line now, not after the first stage
         store = open_store(None, create=True)
     else:
@@ -206,7 +211,7 @@ def build(recipe: Path | None, targets, until, gpu, store_url, push_after, allow
             for target in outcome.pushed["pushed"]:
                 click.echo(f"pushed {target}")
             click.echo(f"{moved['blobs']} blobs ({format_bytes(moved['bytes'])}) sent, {moved['skipped_blobs']} already "
-                       f"there; {moved['records']} records, {moved['refs']} refs -> {store_url}")
+                       f"there; {moved['records']} records, {moved['refs']} refs -> {remote_url}")
         for line in moved["divergences"]:
             click.echo(f"divergence: {line}", err=True)
         for line in outcome.pushed["refused"]:
@@ -266,9 +271,11 @@ def check(engine_dir: Path, lock_path: Path | None, as_json: bool) -> None:
     raise click.exceptions.Exit(result.exit_code)
 
 
-REMOTE_OPTION = click.option("--store", "store_url", metavar="URL", required=True,
-                             help="The shared store: a folder or s3://bucket/prefix (AWS_ENDPOINT_URL for another S3-compatible server; the standard AWS credentials). The local "
-                                  "store is $TRTBUILD_CACHE, else ./cache.")
+REMOTE_OPTION = click.option("--store", "store_url", metavar="URL",
+                             help="The shared store: a folder or s3://bucket/prefix (AWS_ENDPOINT_URL for another "
+                                  "S3-compatible server; the standard AWS credentials); default: the recipe's "
+                                  "publish.store (for a lock file: the one it records). The local store is "
+                                  "$TRTBUILD_CACHE, else ./cache.")
 
 
 @cli.command()
@@ -278,7 +285,8 @@ REMOTE_OPTION = click.option("--store", "store_url", metavar="URL", required=Tru
 @click.option("--allow-unvalidated", is_flag=True, help="Also push targets of a build run with --no-validate.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was pushed, refused and moved as JSON.")
 def push(recipe: Path, targets, store_url, allow_unvalidated, as_json) -> None:
-    """Publish RECIPE's built targets (as its lock file names them) from the local store to --store,
+    """Publish RECIPE's built targets (as its lock file names them) from the local store to --store
+    (default: the recipe's publish.store),
     with their validation reports: blobs the store lacks, then manifests, then action records (the
     first writer of a key wins), then refs. Refused, one line each: a target that failed a gate,
     one built with --no-validate (unless --allow-unvalidated), one a stand-in toolchain made.
@@ -291,11 +299,15 @@ def push(recipe: Path, targets, store_url, allow_unvalidated, as_json) -> None:
     from trtbuild.store.local import open_store
     from trtbuild.store.transfer import push as run_push
 
+    from trtbuild import configured_store
+
     loaded = _load(recipe)
+    named = "--store" if store_url else f"{recipe}: publish.store"
+    store_url = configured_store.shared(store_url, configured_store.of_recipe(loaded), recipe, "push to")
     local = open_store(None)
     remote = open_store(store_url, create=True)
     if getattr(remote, "root", None) == getattr(local, "root", object()):
-        raise InvalidInput(f"--store {store_url}: that is the local store; push to another one")
+        raise InvalidInput(f"{named} {store_url}: that is the local store; push to another one")
     lock_path = lockfile.lock_path_for(loaded, local, embedded=False)
     lock = lockfile.read(lock_path)
     if lock is None:
@@ -344,7 +356,7 @@ def push(recipe: Path, targets, store_url, allow_unvalidated, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the choice, every target's fit and the path as JSON.")
 def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, as_json) -> None:
     """Download a target of LOCK_OR_RECIPE (a `.lock` file, or a recipe beside its lock) from --store
-    into the local store, verifying every blob, and print where it is. With --target auto, choose
+    (default: the recipe's publish.store, or the one the lock records) into the local store, verifying every blob, and print where it is. With --target auto, choose
     for this host: engines of its SM and exact tensorrt_llm / tensorrt, hf-checkpoints a runtime
     here serves on its SM, what fits in memory, then --prefer, then the recipe's variant order.
     Exit 0 pulled, 1 nothing fits (every target is listed with the reason) or the store is damaged,
@@ -357,18 +369,24 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, as
     from trtbuild.store.transfer import materialize_to
     from trtbuild.store.transfer import pull as run_pull
 
-    remote = open_store(store_url)
+    from trtbuild import configured_store
+
     local = open_store(None, create=True)
     variants = None
     if lock_or_recipe.suffix == ".lock":
         lock_path, recipe_path = lock_or_recipe, lock_or_recipe.with_suffix(".yaml")
     else:
         loaded = _load(lock_or_recipe)
+        store_url = configured_store.shared(store_url, configured_store.of_recipe(loaded), lock_or_recipe, "pull from")
         lock_path, recipe_path = lockfile.lock_path_for(loaded, local, embedded=False), lock_or_recipe
         variants = loaded.recipe.variants
     lock = lockfile.read(lock_path)
     if lock is None:
         raise InvalidInput(f"{lock_path}: no lock file (pull reads the lock that `trtbuild build` wrote)")
+    if lock_or_recipe.suffix == ".lock":  # the store the lock records
+        store_url = configured_store.shared(store_url, configured_store.of_lock(lock.recipe.publish_store, lock_path),
+                                            lock_path, "pull from", lock=True)
+    remote = open_store(store_url)
 
     def formats(target_id, entry):  # an hf-checkpoint's format: the recipe's variant, else its record
         from trtbuild.pullselect import variant_of
@@ -420,7 +438,7 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, as
               help="Judge each target against this host's GPUs and runtimes (the rules of `pull --target auto`).")
 @click.option("--json", "as_json", is_flag=True, help="Print every published target, its validations and fit as JSON.")
 def ls(recipe: Path | None, store_url, compatible, as_json) -> None:
-    """List what --store publishes (its refs; with RECIPE, only that recipe's): per target its stage,
+    """List what --store (default: RECIPE's publish.store) publishes (its refs; with RECIPE, only that recipe's): per target its stage,
     size, the headline numbers of its validation (KL mean, top-1 agreement, perplexity change), its
     toolchain (STAND-IN when a stand-in made it) and age. --compatible adds whether it fits this host
     and, when not, why. Exit 0; 2 for a missing store or bad input.
@@ -428,7 +446,13 @@ def ls(recipe: Path | None, store_url, compatible, as_json) -> None:
     from trtbuild import published as listing
     from trtbuild.store.local import open_store
 
+    from trtbuild import configured_store
+
     loaded = _load(recipe) if recipe is not None else None
+    if loaded is not None:
+        store_url = configured_store.shared(store_url, configured_store.of_recipe(loaded), recipe, "list")
+    elif not store_url:
+        raise InvalidInput("ls: no store to list: pass --store URL (or a RECIPE whose `publish.store` names one)")
     store = open_store(store_url)
     published = listing.list_published(store, loaded.recipe.name if loaded else None)
     host = None
