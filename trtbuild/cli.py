@@ -290,7 +290,7 @@ def push(recipe: Path, targets, store_url, allow_unvalidated, as_json) -> None:
     with their validation reports: blobs the store lacks, then manifests, then action records (the
     first writer of a key wins), then refs. Refused, one line each: a target that failed a gate,
     one built with --no-validate (unless --allow-unvalidated), one a stand-in toolchain made.
-    Exit 0 when everything chosen was pushed, 1 when a target was refused, 2 on invalid input.
+    A bar of bytes is drawn on stderr when it is a terminal (never with --json). Exit 0 when everything chosen was pushed, 1 when a target was refused, 2 on invalid input.
     """
     from trtbuild import lockfile
     from trtbuild.estimate import format_bytes
@@ -321,8 +321,11 @@ def push(recipe: Path, targets, store_url, allow_unvalidated, as_json) -> None:
     if chosen.items:
         remote.create()
         remote.claim_recipe(lock.recipe.name, recipe_identity(loaded, embedded=False))
-        with local.using(), remote.using():
-            moved = run_push(local, remote, chosen.items, lock=(lock.recipe.name, lock_path.read_bytes()))
+        from trtbuild.transferbar import bar
+
+        with local.using(), remote.using(), bar("push", enabled=not as_json) as progress:
+            moved = run_push(local, remote, chosen.items, lock=(lock.recipe.name, lock_path.read_bytes()),
+                             progress=progress)
     if as_json:
         import json
 
@@ -359,7 +362,7 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, as
     (default: the recipe's publish.store, or the one the lock records) into the local store, verifying every blob, and print where it is. With --target auto, choose
     for this host: engines of its SM and exact tensorrt_llm / tensorrt, hf-checkpoints a runtime
     here serves on its SM, what fits in memory, then --prefer, then the recipe's variant order.
-    Exit 0 pulled, 1 nothing fits (every target is listed with the reason) or the store is damaged,
+    A bar of bytes is drawn on stderr when it is a terminal (never with --json). Exit 0 pulled, 1 nothing fits (every target is listed with the reason) or the store is damaged,
     2 on invalid input.
     """
     from trtbuild import lockfile
@@ -415,9 +418,12 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, as
     if record is None and not remote.has_manifest(entry.digest):
         raise TrtbuildError(f"{name}: artifact {entry.digest} is not in store {store_url}; "
                             f"push it first (`trtbuild push {recipe_path} --store {store_url}`)")
+    from trtbuild.transferbar import bar
+
     with local.using():
-        digest, moved = run_pull(remote, local, entry.key if record is not None and record.digest == entry.digest
-                                 else entry.digest)
+        with bar(f"pull {name}", enabled=not as_json) as progress:  # bytes on a terminal's stderr, else nothing
+            digest, moved = run_pull(remote, local, entry.key if record is not None and record.digest == entry.digest
+                                     else entry.digest, progress)
         path = materialize_to(local, digest, dest) if dest is not None else materialize(local, digest)
     if as_json:
         import json
