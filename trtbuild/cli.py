@@ -174,9 +174,7 @@ def build(recipe: Path | None, targets, until, gpu, store_url, push_after, allow
     from trtbuild.progress import ConsoleReporter
     from trtbuild.store.local import open_store
 
-    from trtbuild import remote_cache
-
-    from trtbuild import configured_store
+    from trtbuild import configured_store, remote_cache
 
     loaded = _load(recipe)
     store_url, remote_url = configured_store.build_remote(store_url, loaded, push_after)
@@ -286,20 +284,20 @@ REMOTE_OPTION = click.option("--store", "store_url", metavar="URL",
 @click.option("--json", "as_json", is_flag=True, help="Print what was pushed, refused and moved as JSON.")
 def push(recipe: Path, targets, store_url, allow_unvalidated, as_json) -> None:
     """Publish RECIPE's built targets (as its lock file names them) from the local store to --store
-    (default: the recipe's publish.store),
-    with their validation reports: blobs the store lacks, then manifests, then action records (the
-    first writer of a key wins), then refs. Refused, one line each: a target that failed a gate,
-    one built with --no-validate (unless --allow-unvalidated), one a stand-in toolchain made.
-    A bar of bytes is drawn on stderr when it is a terminal (never with --json). Exit 0 when everything chosen was pushed, 1 when a target was refused, 2 on invalid input.
+    (default: the recipe's publish.store), with their validation reports: blobs the store lacks,
+    then manifests, then action records (the first writer of a key wins), then refs. Refused, one
+    line each: a target that failed a gate, one built with --no-validate (unless
+    --allow-unvalidated), one a stand-in toolchain made. A bar of bytes is drawn on stderr when it
+    is a terminal (never with --json). Exit 0 when everything chosen was pushed, 1 when a target
+    was refused, 2 on invalid input.
     """
     from trtbuild import lockfile
     from trtbuild.estimate import format_bytes
     from trtbuild.pipeline import recipe_identity
     from trtbuild.publish import plan_push
     from trtbuild.store.local import open_store
-    from trtbuild.store.transfer import push as run_push
-
     from trtbuild import configured_store
+    from trtbuild.store.transfer import push as run_push
 
     loaded = _load(recipe)
     named = "--store" if store_url else f"{recipe}: publish.store"
@@ -359,20 +357,20 @@ def push(recipe: Path, targets, store_url, allow_unvalidated, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the choice, every target's fit and the path as JSON.")
 def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, as_json) -> None:
     """Download a target of LOCK_OR_RECIPE (a `.lock` file, or a recipe beside its lock) from --store
-    (default: the recipe's publish.store, or the one the lock records) into the local store, verifying every blob, and print where it is. With --target auto, choose
-    for this host: engines of its SM and exact tensorrt_llm / tensorrt, hf-checkpoints a runtime
-    here serves on its SM, what fits in memory, then --prefer, then the recipe's variant order.
-    A bar of bytes is drawn on stderr when it is a terminal (never with --json). Exit 0 pulled, 1 nothing fits (every target is listed with the reason) or the store is damaged,
-    2 on invalid input.
+    (default: the recipe's publish.store; for a lock, the one it records) into the local store,
+    verifying every blob, and print where it is. With --target auto, choose for this host: engines
+    of its SM and exact tensorrt_llm / tensorrt, hf-checkpoints a runtime here serves on its SM,
+    what fits in memory, then --prefer, then the recipe's variant order. A bar of bytes is drawn on
+    stderr when it is a terminal (never with --json). Exit 0 pulled, 1 nothing fits (every target
+    is listed with the reason) or the store is damaged, 2 on invalid input.
     """
     from trtbuild import lockfile
     from trtbuild.pullselect import Host, build_hint, choose, no_fit_lines, targets_of
     from trtbuild.store.checkout import materialize
     from trtbuild.store.local import open_store
     from trtbuild.store.transfer import materialize_to
-    from trtbuild.store.transfer import pull as run_pull
-
     from trtbuild import configured_store
+    from trtbuild.store.transfer import pull as run_pull
 
     local = open_store(None, create=True)
     variants = None
@@ -444,15 +442,15 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, as
               help="Judge each target against this host's GPUs and runtimes (the rules of `pull --target auto`).")
 @click.option("--json", "as_json", is_flag=True, help="Print every published target, its validations and fit as JSON.")
 def ls(recipe: Path | None, store_url, compatible, as_json) -> None:
-    """List what --store (default: RECIPE's publish.store) publishes (its refs; with RECIPE, only that recipe's): per target its stage,
-    size, the headline numbers of its validation (KL mean, top-1 agreement, perplexity change), its
-    toolchain (STAND-IN when a stand-in made it) and age. --compatible adds whether it fits this host
-    and, when not, why. Exit 0; 2 for a missing store or bad input.
+    """List what --store (default: RECIPE's publish.store) publishes (its refs; with RECIPE, only
+    that recipe's): per target its stage, size, the headline numbers of its validation (KL mean,
+    top-1 agreement, perplexity change), its toolchain (STAND-IN when a stand-in made it) and age.
+    --compatible adds whether it fits this host and, when not, why. Exit 0; 2 for a missing store
+    or bad input.
     """
+    from trtbuild import configured_store
     from trtbuild import published as listing
     from trtbuild.store.local import open_store
-
-    from trtbuild import configured_store
 
     loaded = _load(recipe) if recipe is not None else None
     if loaded is not None:
