@@ -172,7 +172,7 @@ def test_push_without_a_remote_store_is_one_line_and_exit_2(tmp_path, monkeypatc
     a = host(tmp_path, "a", monkeypatch)
     result = a.build(run, *FAST, "--store", tmp_path / "folder", "--push")
     assert (result.exit_code, result.stdout, result.stderr) == (
-        2, "", "--push: needs a remote store to publish to (--store s3://BUCKET/PREFIX)\n")
+        2, "", "--push: needs a remote store to publish to (--store s3://BUCKET/PREFIX, or the recipe's `publish.store`)\n")
     assert not (tmp_path / "folder").exists()
 
 

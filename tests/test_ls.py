@@ -175,7 +175,7 @@ def test_ls_refuses_a_missing_store_and_a_bad_recipe_with_one_line_and_exit_2(fo
         2, "", f"{bad}:2:7: name: 'Bad Name' does not match ^[a-z0-9][a-z0-9._-]*$\n")
     nostore = run("ls")
     assert (nostore.exit_code, nostore.stderr) == (
-        2, "Usage: cli ls [OPTIONS] [RECIPE]\nTry 'cli ls --help' for help.\n\nError: Missing option '--store'.\n")
+        2, "ls: no store to list: pass --store URL (or a RECIPE whose `publish.store` names one)\n")
 
 
 @pytest.fixture(scope="module")

@@ -168,3 +168,46 @@ def test_push_refuses_while_gc_holds_a_lease_and_sends_nothing(project, bucket):
     assert str(caught.value) == (f"store {bucket}: cache gc is removing objects; push again when it ends "
                                  f"(lease {store.describe_object(rel)}, ci pid 7, until {until:%Y-%m-%dT%H:%M:%SZ})")
     assert store.list_objects("") == [rel]
+
+
+def test_every_pushed_lock_keeps_its_pins_after_a_newer_lock_of_the_recipe_is_pushed(project, run, bucket):  # noqa: F811
+    """Lock A is pushed; the recipe is rebuilt (its artifact changed) and lock B pushed: gc keeps what
+    A pins, and both locks stay in the store (the newest also at locks/<recipe>.lock)."""
+    import hashlib
+
+    project.add("base-tp1")
+    project.add("base-tp1:validate", "validate", gates_passed=True)
+    project.write_lock()
+    lock_a = project.lock_path.read_bytes()
+    pinned_by_a = project.targets["base-tp1"].digest
+    assert run("push", project.recipe, "--store", bucket).exit_code == 0
+    rebuilt = make_artifact(project.local, project.tmp / "rebuilt", three_files("rebuilt"), "base-tp1", 60)
+    project.targets["base-tp1"] = project.targets["base-tp1"].model_copy(
+        update={"key": rebuilt.key, "digest": rebuilt.digest, "size": rebuilt.size})  # another artifact of the target
+    project.write_lock()
+    lock_b = project.lock_path.read_bytes()
+    assert lock_b != lock_a
+    assert run("push", project.recipe, "--store", bucket).exit_code == 0
+    store = S3Store(bucket)
+    assert store.list_objects("locks/") == sorted([
+        "locks/tiny.lock", *(f"locks/tiny/{hashlib.sha256(data).hexdigest()}.lock" for data in (lock_a, lock_b))])
+    assert store.read_object("locks/tiny.lock") == lock_b
+    real = run("cache", "gc", "--store", bucket, "--yes")
+    assert (real.exit_code, real.stderr) == (0, "")
+    live = [project.local.get_manifest(t.digest) for t in project.targets.values()] + [project.local.get_manifest(pinned_by_a)]
+    assert real.stdout == f"removed 0 records, 0 manifests, 0 blobs (0 B), 0 checkouts; store now {format_bytes(blob_bytes(live))}\n"
+    assert store.artifact_problem(pinned_by_a) is None
+    assert store.read_ref("tiny", "base-tp1").digest == project.targets["base-tp1"].digest
+
+
+def test_a_malformed_pushed_lock_of_the_history_makes_gc_refuse_and_remove_nothing(project, run, bucket):  # noqa: F811
+    store, _, _, _ = published(project, run, bucket)
+    rel = "locks/tiny/" + "0" * 64 + ".lock"
+    store.write_object(rel, b"schema: [\n")
+    before = objects(store)
+    for args in ((), ("--yes",)):
+        refused = run("cache", "gc", "--store", bucket, *args)
+        assert (refused.exit_code, refused.stdout) == (1, "")
+        assert refused.stderr == (f"{store.describe_object(rel)}: not a trtbuild lock file; cache gc removed nothing "
+                                  "(what it pins is unknown): push that recipe again or remove it\n")
+        assert objects(store) == before

@@ -147,9 +147,11 @@ def _load(recipe: Path | None):
 @click.option("--store", "store_url", metavar="URL",
               help="Artifact store: a folder (default: $TRTBUILD_CACHE, else ./cache), or s3://BUCKET/PREFIX: a "
                    "remote behind the local store, whose action cache is read when the local store misses (the "
-                   "artifact is pulled and verified instead of built).")
+                   "artifact is pulled and verified instead of built). Without --store, the recipe's publish.store "
+                   "is that remote when it is s3:// (a folder publish.store is for push and pull only).")
 @click.option("--push", "push_after", is_flag=True,
-              help="Then publish what the build made to the --store s3:// remote, refusing what `trtbuild push` refuses.")
+              help="Then publish what the build made to the s3:// remote (--store, else publish.store), refusing "
+                   "what `trtbuild push` refuses.")
 @click.option("--allow-unvalidated", is_flag=True, help="With --push: also publish targets of a --no-validate build.")
 @click.option("--require-all", is_flag=True, help="Targets this host cannot build (or impossible ones) fail instead of being skipped.")
 @click.option("--locked", is_flag=True, help="Refuse to run if the recipe or its source no longer match the lock file.")
@@ -172,13 +174,14 @@ def build(recipe: Path | None, targets, until, gpu, store_url, push_after, allow
     from trtbuild.progress import ConsoleReporter
     from trtbuild.store.local import open_store
 
-    from trtbuild import remote_cache
+    from trtbuild import configured_store, remote_cache
 
     loaded = _load(recipe)
-    remote_cache.require_remote(store_url, push_after)
+    store_url, remote_url = configured_store.build_remote(store_url, loaded, push_after)
+    remote_cache.require_remote(remote_url, push_after)
     remote = None
-    if store_url and store_url.startswith("s3://"):  # the local store in front of the remote one
-        remote = open_store(store_url, create=True)
+    if remote_url:  # the local store in front of the remote one
+        remote = open_store(remote_url, create=True)
         remote.create()  # credentials, bucket, endpoint: one line now, not after the first stage
         store = open_store(None, create=True)
     else:
@@ -206,7 +209,7 @@ def build(recipe: Path | None, targets, until, gpu, store_url, push_after, allow
             for target in outcome.pushed["pushed"]:
                 click.echo(f"pushed {target}")
             click.echo(f"{moved['blobs']} blobs ({format_bytes(moved['bytes'])}) sent, {moved['skipped_blobs']} already "
-                       f"there; {moved['records']} records, {moved['refs']} refs -> {store_url}")
+                       f"there; {moved['records']} records, {moved['refs']} refs -> {remote_url}")
         for line in moved["divergences"]:
             click.echo(f"divergence: {line}", err=True)
         for line in outcome.pushed["refused"]:
@@ -266,9 +269,11 @@ def check(engine_dir: Path, lock_path: Path | None, as_json: bool) -> None:
     raise click.exceptions.Exit(result.exit_code)
 
 
-REMOTE_OPTION = click.option("--store", "store_url", metavar="URL", required=True,
-                             help="The shared store: a folder or s3://bucket/prefix (AWS_ENDPOINT_URL for another S3-compatible server; the standard AWS credentials). The local "
-                                  "store is $TRTBUILD_CACHE, else ./cache.")
+REMOTE_OPTION = click.option("--store", "store_url", metavar="URL",
+                             help="The shared store: a folder or s3://bucket/prefix (AWS_ENDPOINT_URL for another "
+                                  "S3-compatible server; the standard AWS credentials); default: the recipe's "
+                                  "publish.store (for a lock file: the one it records). The local store is "
+                                  "$TRTBUILD_CACHE, else ./cache.")
 
 
 @cli.command()
@@ -278,24 +283,29 @@ REMOTE_OPTION = click.option("--store", "store_url", metavar="URL", required=Tru
 @click.option("--allow-unvalidated", is_flag=True, help="Also push targets of a build run with --no-validate.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was pushed, refused and moved as JSON.")
 def push(recipe: Path, targets, store_url, allow_unvalidated, as_json) -> None:
-    """Publish RECIPE's built targets (as its lock file names them) from the local store to --store,
-    with their validation reports: blobs the store lacks, then manifests, then action records (the
-    first writer of a key wins), then refs. Refused, one line each: a target that failed a gate,
-    one built with --no-validate (unless --allow-unvalidated), one a stand-in toolchain made.
-    Exit 0 when everything chosen was pushed, 1 when a target was refused, 2 on invalid input.
+    """Publish RECIPE's built targets (as its lock file names them) from the local store to --store
+    (default: the recipe's publish.store), with their validation reports: blobs the store lacks,
+    then manifests, then action records (the first writer of a key wins), then refs. Refused, one
+    line each: a target that failed a gate, one built with --no-validate (unless
+    --allow-unvalidated), one a stand-in toolchain made. A bar of bytes is drawn on stderr when it
+    is a terminal (never with --json). Exit 0 when everything chosen was pushed, 1 when a target
+    was refused, 2 on invalid input.
     """
     from trtbuild import lockfile
     from trtbuild.estimate import format_bytes
     from trtbuild.pipeline import recipe_identity
     from trtbuild.publish import plan_push
     from trtbuild.store.local import open_store
+    from trtbuild import configured_store
     from trtbuild.store.transfer import push as run_push
 
     loaded = _load(recipe)
+    named = "--store" if store_url else f"{recipe}: publish.store"
+    store_url = configured_store.shared(store_url, configured_store.of_recipe(loaded), recipe, "push to")
     local = open_store(None)
     remote = open_store(store_url, create=True)
     if getattr(remote, "root", None) == getattr(local, "root", object()):
-        raise InvalidInput(f"--store {store_url}: that is the local store; push to another one")
+        raise InvalidInput(f"{named} {store_url}: that is the local store; push to another one")
     lock_path = lockfile.lock_path_for(loaded, local, embedded=False)
     lock = lockfile.read(lock_path)
     if lock is None:
@@ -309,8 +319,11 @@ def push(recipe: Path, targets, store_url, allow_unvalidated, as_json) -> None:
     if chosen.items:
         remote.create()
         remote.claim_recipe(lock.recipe.name, recipe_identity(loaded, embedded=False))
-        with local.using(), remote.using():
-            moved = run_push(local, remote, chosen.items, lock=(lock.recipe.name, lock_path.read_bytes()))
+        from trtbuild.transferbar import bar
+
+        with local.using(), remote.using(), bar("push", enabled=not as_json) as progress:
+            moved = run_push(local, remote, chosen.items, lock=(lock.recipe.name, lock_path.read_bytes()),
+                             progress=progress)
     if as_json:
         import json
 
@@ -344,31 +357,37 @@ def push(recipe: Path, targets, store_url, allow_unvalidated, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the choice, every target's fit and the path as JSON.")
 def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, as_json) -> None:
     """Download a target of LOCK_OR_RECIPE (a `.lock` file, or a recipe beside its lock) from --store
-    into the local store, verifying every blob, and print where it is. With --target auto, choose
-    for this host: engines of its SM and exact tensorrt_llm / tensorrt, hf-checkpoints a runtime
-    here serves on its SM, what fits in memory, then --prefer, then the recipe's variant order.
-    Exit 0 pulled, 1 nothing fits (every target is listed with the reason) or the store is damaged,
-    2 on invalid input.
+    (default: the recipe's publish.store; for a lock, the one it records) into the local store,
+    verifying every blob, and print where it is. With --target auto, choose for this host: engines
+    of its SM and exact tensorrt_llm / tensorrt, hf-checkpoints a runtime here serves on its SM,
+    what fits in memory, then --prefer, then the recipe's variant order. A bar of bytes is drawn on
+    stderr when it is a terminal (never with --json). Exit 0 pulled, 1 nothing fits (every target
+    is listed with the reason) or the store is damaged, 2 on invalid input.
     """
     from trtbuild import lockfile
     from trtbuild.pullselect import Host, build_hint, choose, no_fit_lines, targets_of
     from trtbuild.store.checkout import materialize
     from trtbuild.store.local import open_store
     from trtbuild.store.transfer import materialize_to
+    from trtbuild import configured_store
     from trtbuild.store.transfer import pull as run_pull
 
-    remote = open_store(store_url)
     local = open_store(None, create=True)
     variants = None
     if lock_or_recipe.suffix == ".lock":
         lock_path, recipe_path = lock_or_recipe, lock_or_recipe.with_suffix(".yaml")
     else:
         loaded = _load(lock_or_recipe)
+        store_url = configured_store.shared(store_url, configured_store.of_recipe(loaded), lock_or_recipe, "pull from")
         lock_path, recipe_path = lockfile.lock_path_for(loaded, local, embedded=False), lock_or_recipe
         variants = loaded.recipe.variants
     lock = lockfile.read(lock_path)
     if lock is None:
         raise InvalidInput(f"{lock_path}: no lock file (pull reads the lock that `trtbuild build` wrote)")
+    if lock_or_recipe.suffix == ".lock":  # the store the lock records
+        store_url = configured_store.shared(store_url, configured_store.of_lock(lock.recipe.publish_store, lock_path),
+                                            lock_path, "pull from", lock=True)
+    remote = open_store(store_url)
 
     def formats(target_id, entry):  # an hf-checkpoint's format: the recipe's variant, else its record
         from trtbuild.pullselect import variant_of
@@ -397,9 +416,12 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, as
     if record is None and not remote.has_manifest(entry.digest):
         raise TrtbuildError(f"{name}: artifact {entry.digest} is not in store {store_url}; "
                             f"push it first (`trtbuild push {recipe_path} --store {store_url}`)")
+    from trtbuild.transferbar import bar
+
     with local.using():
-        digest, moved = run_pull(remote, local, entry.key if record is not None and record.digest == entry.digest
-                                 else entry.digest)
+        with bar(f"pull {name}", enabled=not as_json) as progress:  # bytes on a terminal's stderr, else nothing
+            digest, moved = run_pull(remote, local, entry.key if record is not None and record.digest == entry.digest
+                                     else entry.digest, progress)
         path = materialize_to(local, digest, dest) if dest is not None else materialize(local, digest)
     if as_json:
         import json
@@ -420,15 +442,21 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, as
               help="Judge each target against this host's GPUs and runtimes (the rules of `pull --target auto`).")
 @click.option("--json", "as_json", is_flag=True, help="Print every published target, its validations and fit as JSON.")
 def ls(recipe: Path | None, store_url, compatible, as_json) -> None:
-    """List what --store publishes (its refs; with RECIPE, only that recipe's): per target its stage,
-    size, the headline numbers of its validation (KL mean, top-1 agreement, perplexity change), its
-    toolchain (STAND-IN when a stand-in made it) and age. --compatible adds whether it fits this host
-    and, when not, why. Exit 0; 2 for a missing store or bad input.
+    """List what --store (default: RECIPE's publish.store) publishes (its refs; with RECIPE, only
+    that recipe's): per target its stage, size, the headline numbers of its validation (KL mean,
+    top-1 agreement, perplexity change), its toolchain (STAND-IN when a stand-in made it) and age.
+    --compatible adds whether it fits this host and, when not, why. Exit 0; 2 for a missing store
+    or bad input.
     """
+    from trtbuild import configured_store
     from trtbuild import published as listing
     from trtbuild.store.local import open_store
 
     loaded = _load(recipe) if recipe is not None else None
+    if loaded is not None:
+        store_url = configured_store.shared(store_url, configured_store.of_recipe(loaded), recipe, "list")
+    elif not store_url:
+        raise InvalidInput("ls: no store to list: pass --store URL (or a RECIPE whose `publish.store` names one)")
     store = open_store(store_url)
     published = listing.list_published(store, loaded.recipe.name if loaded else None)
     host = None
@@ -518,7 +546,8 @@ def cache_gc(store_url, keep_last, max_size, dry_run, yes, as_json) -> None:
     """Remove what nothing needs. Never removes the artifact a ref points at, nor anything a lock
     file in use names (one written by `trtbuild build` against this store that still exists).
     On s3://: keeps what each ref points at now (with --keep-last N, the last N of its history) and
-    what the lock files `push` published name; lists every object it would remove and removes them
+    what every lock file `push` ever published names (locks/<recipe>/<sha256>.lock; delete one to
+    release its pins); lists every object it would remove and removes them
     only with --yes; refuses while a push holds a lease there."""
     from trtbuild import lockfile
     from trtbuild.store.gc import gc, remote_gc

@@ -30,6 +30,9 @@ class LockedRecipe(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(description="The recipe's `name:`.")
     digest: str = Field(description="sha256 of the validated recipe (comments and formatting do not count).")
+    publish_store: Optional[str] = Field(None, description="The recipe's `publish.store` as written (a folder is "
+                                         "relative to the lock file): the default store of `trtbuild pull LOCK`. "
+                                         "No action key holds it; absent when the recipe sets none.")
 
 
 class LockedPlatform(BaseModel):
@@ -153,9 +156,12 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
             if platform:
                 entry.platform = LockedPlatform.model_validate(platform)
             targets[r.id] = entry
-    lock = LockFile(recipe=LockedRecipe(name=loaded.recipe.name, digest=digest), source=source, toolchain=toolchains,
+    recipe = LockedRecipe(name=loaded.recipe.name, digest=digest, publish_store=loaded.recipe.publish.store)
+    lock = LockFile(recipe=recipe, source=source, toolchain=toolchains,
                     targets=targets, validation="run" if validated else "skipped (--no-validate)")
     data = lock.model_dump(mode="json", by_alias=True)
+    if data["recipe"]["publish_store"] is None:  # a recipe without publish.store: its lock as before
+        del data["recipe"]["publish_store"]
     for entry in data["targets"].values():  # only validations carry numbers, only engines a platform
         for name in ("metrics", "gates_passed", "platform"):
             if entry[name] is None:

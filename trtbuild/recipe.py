@@ -247,8 +247,22 @@ class Validate(_Strict):
         "only their checkpoints")
 
 
+S3_STORE_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
+
+
 class Publish(_Strict):
-    store: Optional[str] = Field(None, min_length=1, description="store URL: a folder or s3://bucket/prefix (default: the local store)")
+    store: Optional[str] = Field(
+        None, min_length=1, description="the shared store: s3://BUCKET/PREFIX or a folder (relative to the recipe). "
+        "push, pull and ls use it when --store is not given; build reads through it (and --push publishes there) "
+        "when it is s3://; the lock file records it")
+
+    @field_validator("store")
+    @classmethod
+    def _a_store(cls, value: Optional[str]) -> Optional[str]:
+        # A folder has no scheme; an s3:// URL names a valid bucket. Anything else is a typo.
+        if value is not None and ("://" in value and not re.match(S3_STORE_PATTERN, value)):
+            raise ValueError(f"{value!r} is not a store: a folder or s3://BUCKET/PREFIX")
+        return value
 
 
 class Recipe(_Strict):

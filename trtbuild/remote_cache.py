@@ -91,7 +91,8 @@ def push_build(remote: Store, local: Store, plan: PushPlan, recipe: str, identit
 
 def require_remote(url: Optional[str], push_asked: bool) -> None:
     if push_asked and not (url or "").startswith("s3://"):
-        raise InvalidInput("--push: needs a remote store to publish to (--store s3://BUCKET/PREFIX)")
+        raise InvalidInput("--push: needs a remote store to publish to (--store s3://BUCKET/PREFIX, or the recipe's "
+                           "`publish.store`)")
 
 
 def publish_build(outcome, loaded, local: Store, remote: Store, patterns: list[str], allow_unvalidated: bool,

@@ -6,8 +6,8 @@ unprotected records go until the store fits) and gives the live set; `sweep` rem
 outside it: records, manifests, blobs, checkouts, tmp leftovers and failures of keys built since.
 `--dry-run` runs the same sweep, counting instead of removing.
 
-On a remote store (S3) `remote_gc` roots what refs point at now and the lock files push published
-(locks/), and takes a lease instead of the store lock (store/lease.py)."""
+On a remote store (S3) `remote_gc` roots what refs point at now and every lock file push published
+(locks/<recipe>/<sha256>.lock, all of them), and takes a lease instead of the store lock (store/lease.py)."""
 
 from __future__ import annotations
 
@@ -150,8 +150,10 @@ def gc(store: Store, pinned: set[str], keep_last: Optional[int] = None, max_size
 # ---- a remote store (S3): no lock any host could hold, so leases (store/lease.py) -------------------
 
 def pushed_pins(store: Store) -> set[str]:
-    """Every artifact the lock files push published (locks/<recipe>.lock) name. One that cannot be
-    read stops gc: what it pins is unknown."""
+    """Every artifact any lock file push ever published names: each push keeps its lock at
+    locks/<recipe>/<sha256>.lock (and the newest at locks/<recipe>.lock), so a newer push of a
+    recipe does not release what an older lock, still in use on some deploy host, pins. One that
+    cannot be read stops gc: what it pins is unknown."""
     import yaml
     from pydantic import ValidationError
 

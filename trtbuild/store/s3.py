@@ -201,7 +201,8 @@ class S3Store(Store):
       (across hosts the first record written wins).
     - state is an in-memory stat cache; state_db_path is None.
     - register_lockfile does nothing (a lock file on one host cannot pin a shared store; push
-      publishes the lock file under locks/ instead, through write_object, beside leases/);
+      publishes each lock file under locks/<recipe>/<sha256>.lock instead, and the newest at
+      locks/<recipe>.lock, through write_object, beside leases/);
       registered_lockfiles, failures and checkouts are empty.
     - keep_failure, checkout_path, checkout_lock, remove_checkout, report_dir, embedded_lock_path
       and exclusive using() (gc, repair) raise TrtbuildError "s3://...: <operation> needs a local store".

@@ -22,8 +22,9 @@ from trtbuild.records import ActionRecord
 from trtbuild.store import lease
 from trtbuild.store.base import CorruptStore, Store
 from trtbuild.store.checkout import checkout
-from trtbuild.store.hash import CHUNK
+from trtbuild.store.hash import CHUNK, bytes_sha256
 from trtbuild.store.tree import Manifest
+from trtbuild.transferbar import ByteProgress
 
 
 @dataclass
@@ -52,13 +53,18 @@ class PushItem:
 
 # ---- push ------------------------------------------------------------------------------------------
 
-def _push_blobs(local: Store, remote: Store, manifest: Manifest, moved: Moved) -> None:
+def _push_blobs(local: Store, remote: Store, manifest: Manifest, moved: Moved, progress=None) -> None:
+    missing = []
+    for entry in {e.sha256: e for e in manifest.entries}.values():
+        if remote.has_blob(entry.sha256):  # content-addressed: there means whole (the store verifies its own)
+            moved.skipped_blobs += 1
+        else:
+            missing.append(entry)
+    if progress is not None:
+        progress.expect(sum(e.size for e in missing))
     work = local.tmpdir("push")
     try:
-        for entry in {e.sha256: e for e in manifest.entries}.values():
-            if remote.has_blob(entry.sha256):  # content-addressed: there means whole (the store verifies its own)
-                moved.skipped_blobs += 1
-                continue
+        for entry in missing:
             local.verify_blob(entry.sha256)  # never publish bytes this store no longer vouches for
             staged = work / entry.sha256
             local.place_blob(entry.sha256, staged, False)  # a link where the store allows: no copy here
@@ -66,38 +72,50 @@ def _push_blobs(local: Store, remote: Store, manifest: Manifest, moved: Moved) -
             staged.unlink()
             moved.blobs += 1
             moved.bytes += entry.size
+            if progress is not None:
+                progress.advance(entry.size)  # a blob at a time: Store.put_blob reports no bytes
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def lock_object(recipe: str) -> str:
-    """Where push publishes a recipe's lock file in a remote store (remote `cache gc` keeps its pins)."""
+    """Where push publishes a recipe's newest lock file in a remote store (overwritten by the next push)."""
     return f"locks/{recipe}.lock"
 
 
-def push(local: Store, remote: Store, items: list[PushItem], lock: Optional[tuple[str, bytes]] = None) -> Moved:
+def kept_lock_object(recipe: str, data: bytes) -> str:
+    """Where every lock file push published stays, by its sha256: the next push of the recipe does
+    not overwrite it, so remote `cache gc` keeps what each one pins (a deploy host may still pull by it)."""
+    return f"locks/{recipe}/{bytes_sha256(data)}.lock"
+
+
+def push(local: Store, remote: Store, items: list[PushItem], lock: Optional[tuple[str, bytes]] = None,
+         progress: Optional[ByteProgress] = None) -> Moved:
     """Publish each item's artifact, then its record, then its ref; returns what moved. A record
     the remote already holds for the key with another artifact stays there (first writer wins); the
     divergence is reported, and the ref still names the artifact pushed, whose bytes are there.
     `lock` (recipe name, the lock file's bytes) is published last, on a store with objects (S3).
-    All of it under a push lease (store/lease.py), so a remote `cache gc` never runs meanwhile."""
+    All of it under a push lease (store/lease.py), so a remote `cache gc` never runs meanwhile.
+    `progress` hears the bytes of the blobs to send (expect) and of each one sent (advance)."""
     remote.create()
     with lease.hold(remote, "push", blocked_by="gc",
                     refusal="cache gc is removing objects; push again when it ends") as held:
-        moved = _push_items(local, remote, items, held)
+        moved = _push_items(local, remote, items, held, progress)
         if lock is not None and lease.supported(remote):
-            remote.write_object(lock_object(lock[0]), lock[1])
+            recipe, data = lock
+            remote.write_object(kept_lock_object(recipe, data), data)  # the history first: gc's pins never lapse
+            remote.write_object(lock_object(recipe), data)
     return moved
 
 
-def _push_items(local: Store, remote: Store, items: list[PushItem], held) -> Moved:
+def _push_items(local: Store, remote: Store, items: list[PushItem], held, progress=None) -> Moved:
     moved = Moved()
     for item in items:
         record = item.record
         digest = record.digest
         manifest = local.get_manifest(digest)
         if not remote.has_manifest(digest):
-            _push_blobs(local, remote, manifest, moved)
+            _push_blobs(local, remote, manifest, moved, progress)
             remote.put_manifest(manifest)
         else:
             moved.skipped_blobs += len({e.sha256 for e in manifest.entries})
@@ -119,7 +137,7 @@ def _push_items(local: Store, remote: Store, items: list[PushItem], held) -> Mov
 
 # ---- pull ------------------------------------------------------------------------------------------
 
-def _copy_verified(remote: Store, digest: str, dest: Path) -> int:
+def _copy_verified(remote: Store, digest: str, dest: Path, progress=None) -> int:
     """Stream the remote blob into `dest`, hashing each byte as it is read (read once); a blob
     that does not hash to its name is refused, naming it."""
     sha, size = hashlib.sha256(), 0
@@ -131,6 +149,8 @@ def _copy_verified(remote: Store, digest: str, dest: Path) -> int:
             sha.update(chunk)
             out.write(chunk)
             size += len(chunk)
+            if progress is not None:
+                progress.advance(len(chunk))
         out.flush()
         os.fsync(out.fileno())
     if sha.hexdigest() != digest:
@@ -149,21 +169,27 @@ def _local_has(local: Store, digest: str) -> bool:
         return False  # a damaged local copy: the pulled bytes replace it
 
 
-def pull_artifact(remote: Store, local: Store, digest: str) -> Moved:
+def pull_artifact(remote: Store, local: Store, digest: str, progress: Optional[ByteProgress] = None) -> Moved:
     """Copy the artifact (its manifest's blobs, then the manifest) into `local`, verifying every
-    blob before anything names it there."""
+    blob before anything names it there. `progress` hears the bytes of the blobs `local` lacks
+    (expect, once) and each chunk as it is read (advance)."""
     moved = Moved()
     manifest = remote.get_manifest(digest)  # checked against its digest and for unsafe paths
     local.create()
+    missing = []
+    for entry in {e.sha256: e for e in manifest.entries}.values():
+        if _local_has(local, entry.sha256):
+            moved.skipped_blobs += 1
+        else:
+            missing.append(entry)
+    if progress is not None:
+        progress.expect(sum(e.size for e in missing))
     work = local.tmpdir("pull")
     try:
         fetched: list[tuple[Path, str]] = []
-        for entry in {e.sha256: e for e in manifest.entries}.values():
-            if _local_has(local, entry.sha256):
-                moved.skipped_blobs += 1
-                continue
+        for entry in missing:
             staged = work / entry.sha256
-            moved.bytes += _copy_verified(remote, entry.sha256, staged)
+            moved.bytes += _copy_verified(remote, entry.sha256, staged, progress)
             moved.blobs += 1
             fetched.append((staged, entry.sha256))
         for staged, blob in fetched:  # only once every blob checked out: a bad one leaves nothing behind
@@ -174,14 +200,14 @@ def pull_artifact(remote: Store, local: Store, digest: str) -> Moved:
     return moved
 
 
-def pull(remote: Store, local: Store, key_or_digest: str) -> tuple[str, Moved]:
+def pull(remote: Store, local: Store, key_or_digest: str, progress: Optional[ByteProgress] = None) -> tuple[str, Moved]:
     """Pull what an action key records (its artifact, then the record), or an artifact by its
     digest; returns the artifact's digest and what moved."""
     record = remote.get_record(key_or_digest)
     if record is None and not remote.has_manifest(key_or_digest):
         raise TrtbuildError(f"{key_or_digest}: neither an action record nor an artifact in {remote.describe_record(key_or_digest)}")
     digest = record.digest if record is not None else key_or_digest
-    moved = pull_artifact(remote, local, digest)
+    moved = pull_artifact(remote, local, digest, progress)
     if record is not None:
         local.put_record(record)
         moved.records += 1
