@@ -282,6 +282,28 @@ def test_pull_auto_on_a_recorded_h100_materializes_the_sm90_engine_into_dest(pro
     assert (again.exit_code, again.stdout) == (0, f"{deploy.checkout_path(project.targets['base-tp1-sm90'].digest)}\n")
 
 
+def test_pull_dry_run_prints_the_choice_and_downloads_nothing(project, run, recorded_gpu, installed_packages,
+                                                             tmp_path, monkeypatch):
+    import json
+
+    engine_project(project)
+    assert run("push", project.recipe, "--store", project.remote).exit_code == 0
+    recorded_gpu("H100")
+    installed_packages(tensorrt_llm=TRTLLM, tensorrt=TRT)
+    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "deploy-store"))
+    dest = tmp_path / "serve"
+    digest = project.targets["base-tp1-sm90"].digest
+    result = run("pull", project.lock_path, "--store", project.remote, "--dest", dest, "--dry-run")
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        0, f"would pull base-tp1-sm90 (trtllm-engine, 1 GPU): artifact {digest}\n", "")
+    as_json = run("pull", project.lock_path, "--store", project.remote, "--dry-run", "--json")
+    out = json.loads(as_json.stdout)
+    assert (as_json.exit_code, out["target"], out["digest"], out["runtime"], out["path"], out["moved"]) == (
+        0, "base-tp1-sm90", digest, "trtllm-engine", None, None)
+    assert [(c["target"], c["fits"]) for c in out["candidates"]] == [("base-tp1", False), ("base-tp1-sm90", True)]
+    assert not dest.exists() and not (tmp_path / "deploy-store").exists()  # nothing downloaded, no store made
+
+
 def test_pull_exits_1_listing_every_target_when_nothing_fits(project, run, recorded_gpu, installed_packages):
     engine_project(project)
     run("push", project.recipe, "--store", project.remote)
