@@ -404,6 +404,40 @@ def seaweed():
         yield server
 
 
+def test_a_pull_from_s3_hashes_each_blob_once_in_the_stores_verifying_stream(seaweed, tmp_path, monkeypatch):
+    """S3Store streams a blob verified against its name; pull must not hash the same bytes again."""
+    import types
+    import uuid
+
+    from trtbuild.store import transfer
+    from trtbuild.store.s3 import S3Store
+
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    bucket = f"once-{uuid.uuid4().hex[:12]}"
+    seaweed.client().create_bucket(Bucket=bucket)
+    remote = S3Store(f"s3://{bucket}/store", local_root=tmp_path / "s3-local")
+    local = LocalStore(tmp_path / "local")
+    record = make_artifact(local, tmp_path / "a", three_files("a"), "base-tp1", 1)
+    push(local, remote, [PushItem(record)])
+
+    def second_hash(*_args, **_kwargs):
+        raise AssertionError("pull hashed bytes the store had already verified")
+
+    monkeypatch.setattr(transfer, "hashlib", types.SimpleNamespace(sha256=second_hash))
+    fresh = LocalStore(tmp_path / "fresh")
+    digest, moved = pull(remote, fresh, record.key)
+    assert (digest, moved.blobs) == (record.digest, 3) and fresh.artifact_problem(digest) is None
+
+    victim = next(e for e in local.get_manifest(record.digest).entries if e.path == "rank0.safetensors")
+    seaweed.client().put_object(Bucket=bucket, Key=remote.blob_key(victim.sha256), Body=b"X" * victim.size)
+    with pytest.raises(CorruptStore) as caught:
+        pull(remote, LocalStore(tmp_path / "second"), record.key)
+    actual = hashlib.sha256(b"X" * victim.size).hexdigest()
+    assert str(caught.value) == (f"blob {remote.describe_blob(victim.sha256)} is corrupt: its sha256 is {actual}; "
+                                 f"run `trtbuild cache verify --store {remote.url}`")
+
+
 def test_push_and_pull_through_s3_verify_every_blob_and_move_nothing_twice(project, run, recorded_gpu, installed_packages,
                                                                            seaweed, tmp_path, monkeypatch):
     """The CI job pushes to the bucket; a deploy host with no hub access and a fresh store pulls the
