@@ -67,9 +67,10 @@ class SeaweedS3:
         config.write_text(json.dumps({"identities": [{"name": "admin", "credentials": [
             {"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}], "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}))
         s3, master, volume, filer, admin = _ports(5)
-        # weed makes these gRPC sockets at fixed /tmp paths (no flag moves them): removed on exit
-        self.fixed_sockets = [Path(f"/tmp/seaweedfs-s3-grpc-{s3 + 10000}.sock"),
-                              Path(f"/tmp/seaweedfs-admin-grpc-{admin + 10000}.sock")]
+        # weed makes these gRPC sockets at fixed /tmp paths (no flag moves them): removed on exit (it
+        # usually removes those of master, volume and filer itself, but not always)
+        self.fixed_sockets = [Path(f"/tmp/seaweedfs-{role}-grpc-{port + 10000}.sock") for role, port in
+                              (("s3", s3), ("admin", admin), ("master", master), ("volume", volume), ("filer", filer))]
         (self.dir / "data").mkdir()
         self.log = open(self.dir / "weed.log", "wb")
         self.proc = subprocess.Popen(

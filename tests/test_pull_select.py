@@ -201,3 +201,22 @@ def test_a_gpu_host_without_an_engine_of_its_sm_is_told_to_add_it(host):
         "  base-tp1-sm80: sm: the engine is for sm80; this host has sm90 (1x NVIDIA H100 80GB HBM3)",
         "to make one: add sm90 to the recipe's `gpus:`, then run `trtbuild build x.yaml --gpu auto` on this host",
     ]
+
+
+@pytest.mark.skipif(not getattr(__import__("yaml"), "__with_libyaml__", False), reason="PyYAML without libyaml")
+def test_a_lock_file_is_parsed_by_libyaml_not_the_pure_python_loader(tmp_path, monkeypatch):
+    """`pull --target auto` reads the whole lock before it chooses: PyYAML's pure-Python loader
+    took 0.47 s for benchmarks/s3_speed.py's lock of 200 targets on a busy 2-core host, libyaml 0.03 s."""
+    import yaml
+
+    from trtbuild import lockfile
+
+    path = tmp_path / "tiny.lock"
+    lock = matrix()
+    path.write_text(lockfile.HEADER + yaml.safe_dump(lock.model_dump(mode="json", by_alias=True)))
+
+    def pure_python(*_args, **_kwargs):
+        raise AssertionError("the pure-Python SafeLoader was used")
+
+    monkeypatch.setattr(yaml.SafeLoader, "__init__", pure_python)
+    assert lockfile.read(path) == lock

@@ -103,6 +103,30 @@ def test_a_blob_round_trips_verified_and_lands_in_the_local_layout(store, bucket
     assert store.rehash_blob(digest) == digest
 
 
+def test_a_blob_download_is_hashed_by_trtbuild_alone_not_again_by_botocore(store, tmp_path, monkeypatch):
+    """Every blob is verified against its name as it streams; botocore's own response checksum
+    (validation "when_supported") would hash each byte a second time."""
+    from botocore.httpchecksum import StreamingChecksumBody
+
+    source, digest = blob_file(tmp_path, os.urandom(1 * MiB))
+    store.put_blob(source, digest)
+    checked: list[int] = []
+    original = StreamingChecksumBody.read
+
+    def counted(self, *args, **kwargs):
+        data = original(self, *args, **kwargs)
+        checked.append(len(data))
+        return data
+
+    monkeypatch.setattr(StreamingChecksumBody, "read", counted)
+    with store.open_blob(digest) as f:
+        assert f.read() == source.read_bytes()
+    dest = tmp_path / "placed"
+    store.place_blob(digest, dest, executable=False)
+    assert dest.read_bytes() == source.read_bytes()
+    assert checked == []
+
+
 def store_b64(digest: str) -> str:
     import base64
 

@@ -282,6 +282,28 @@ def test_pull_auto_on_a_recorded_h100_materializes_the_sm90_engine_into_dest(pro
     assert (again.exit_code, again.stdout) == (0, f"{deploy.checkout_path(project.targets['base-tp1-sm90'].digest)}\n")
 
 
+def test_pull_dry_run_prints_the_choice_and_downloads_nothing(project, run, recorded_gpu, installed_packages,
+                                                             tmp_path, monkeypatch):
+    import json
+
+    engine_project(project)
+    assert run("push", project.recipe, "--store", project.remote).exit_code == 0
+    recorded_gpu("H100")
+    installed_packages(tensorrt_llm=TRTLLM, tensorrt=TRT)
+    monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "deploy-store"))
+    dest = tmp_path / "serve"
+    digest = project.targets["base-tp1-sm90"].digest
+    result = run("pull", project.lock_path, "--store", project.remote, "--dest", dest, "--dry-run")
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        0, f"would pull base-tp1-sm90 (trtllm-engine, 1 GPU): artifact {digest}\n", "")
+    as_json = run("pull", project.lock_path, "--store", project.remote, "--dry-run", "--json")
+    out = json.loads(as_json.stdout)
+    assert (as_json.exit_code, out["target"], out["digest"], out["runtime"], out["path"], out["moved"]) == (
+        0, "base-tp1-sm90", digest, "trtllm-engine", None, None)
+    assert [(c["target"], c["fits"]) for c in out["candidates"]] == [("base-tp1", False), ("base-tp1-sm90", True)]
+    assert not dest.exists() and not (tmp_path / "deploy-store").exists()  # nothing downloaded, no store made
+
+
 def test_pull_exits_1_listing_every_target_when_nothing_fits(project, run, recorded_gpu, installed_packages):
     engine_project(project)
     run("push", project.recipe, "--store", project.remote)
@@ -380,6 +402,40 @@ def seaweed():
 
     with SeaweedS3() as server:
         yield server
+
+
+def test_a_pull_from_s3_hashes_each_blob_once_in_the_stores_verifying_stream(seaweed, tmp_path, monkeypatch):
+    """S3Store streams a blob verified against its name; pull must not hash the same bytes again."""
+    import types
+    import uuid
+
+    from trtbuild.store import transfer
+    from trtbuild.store.s3 import S3Store
+
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    bucket = f"once-{uuid.uuid4().hex[:12]}"
+    seaweed.client().create_bucket(Bucket=bucket)
+    remote = S3Store(f"s3://{bucket}/store", local_root=tmp_path / "s3-local")
+    local = LocalStore(tmp_path / "local")
+    record = make_artifact(local, tmp_path / "a", three_files("a"), "base-tp1", 1)
+    push(local, remote, [PushItem(record)])
+
+    def second_hash(*_args, **_kwargs):
+        raise AssertionError("pull hashed bytes the store had already verified")
+
+    monkeypatch.setattr(transfer, "hashlib", types.SimpleNamespace(sha256=second_hash))
+    fresh = LocalStore(tmp_path / "fresh")
+    digest, moved = pull(remote, fresh, record.key)
+    assert (digest, moved.blobs) == (record.digest, 3) and fresh.artifact_problem(digest) is None
+
+    victim = next(e for e in local.get_manifest(record.digest).entries if e.path == "rank0.safetensors")
+    seaweed.client().put_object(Bucket=bucket, Key=remote.blob_key(victim.sha256), Body=b"X" * victim.size)
+    with pytest.raises(CorruptStore) as caught:
+        pull(remote, LocalStore(tmp_path / "second"), record.key)
+    actual = hashlib.sha256(b"X" * victim.size).hexdigest()
+    assert str(caught.value) == (f"blob {remote.describe_blob(victim.sha256)} is corrupt: its sha256 is {actual}; "
+                                 f"run `trtbuild cache verify --store {remote.url}`")
 
 
 def test_push_and_pull_through_s3_verify_every_blob_and_move_nothing_twice(project, run, recorded_gpu, installed_packages,

@@ -354,15 +354,17 @@ def push(recipe: Path, targets, store_url, allow_unvalidated, as_json) -> None:
 @click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Materialize into this folder (atomically); default: the local store's read-only checkout.")
 @REMOTE_OPTION
+@click.option("--dry-run", is_flag=True, help="Only choose: print the target pull would take and download nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the choice, every target's fit and the path as JSON.")
-def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, as_json) -> None:
+def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dry_run, as_json) -> None:
     """Download a target of LOCK_OR_RECIPE (a `.lock` file, or a recipe beside its lock) from --store
     (default: the recipe's publish.store; for a lock, the one it records) into the local store,
     verifying every blob, and print where it is. With --target auto, choose for this host: engines
     of its SM and exact tensorrt_llm / tensorrt, hf-checkpoints a runtime here serves on its SM,
-    what fits in memory, then --prefer, then the recipe's variant order. A bar of bytes is drawn on
-    stderr when it is a terminal (never with --json). Exit 0 pulled, 1 nothing fits (every target
-    is listed with the reason) or the store is damaged, 2 on invalid input.
+    what fits in memory, then --prefer, then the recipe's variant order. --dry-run only chooses: it
+    prints the target it would pull and downloads nothing. A bar of bytes is drawn on stderr when it
+    is a terminal (never with --json). Exit 0 pulled (or chosen), 1 nothing fits (every target is
+    listed with the reason) or the store is damaged, 2 on invalid input.
     """
     from trtbuild import lockfile
     from trtbuild.pullselect import Host, build_hint, choose, no_fit_lines, targets_of
@@ -412,6 +414,21 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, as
             raise InvalidInput(f"--target {target}: not a target of {lock_path} ({', '.join(servable) or 'none'})")
         name = target
     entry = lock.targets[name]
+    chosen = next((c for c in selection.candidates if c.target == name), None)
+    if dry_run:  # the choice alone (a deploy script's question), without touching the artifact
+        if as_json:
+            import json
+
+            click.echo(json.dumps({"target": name, "digest": entry.digest, "path": None,
+                                   "runtime": chosen.runtime if chosen else None, "moved": None,
+                                   "host": host.as_json(), "candidates": [c.as_json() for c in selection.candidates]},
+                                  indent=2))
+        else:
+            gpus = f", {chosen.world_size} GPU{'s' if chosen.world_size != 1 else ''}" \
+                if chosen and chosen.world_size else ""
+            runtime_of = f" ({chosen.runtime}{gpus})" if chosen and chosen.runtime else ""
+            click.echo(f"would pull {name}{runtime_of}: artifact {entry.digest}")
+        return
     record = remote.get_record(entry.key)
     if record is None and not remote.has_manifest(entry.digest):
         raise TrtbuildError(f"{name}: artifact {entry.digest} is not in store {store_url}; "
@@ -426,7 +443,6 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, as
     if as_json:
         import json
 
-        chosen = next((c for c in selection.candidates if c.target == name), None)
         click.echo(json.dumps({"target": name, "digest": digest, "path": str(path),
                                "runtime": chosen.runtime if chosen else None, "moved": moved.as_json(),
                                "host": host.as_json(), "candidates": [c.as_json() for c in selection.candidates]},

@@ -237,8 +237,12 @@ class S3Store(Store):
             import boto3
             from botocore.config import Config
 
+            # response_checksum_validation: every blob is hashed against its name as it streams and
+            # every manifest against its digest; botocore checking its own checksum too ("when_supported")
+            # would hash each downloaded byte a second time.
             config = Config(retries={"mode": self.retry_mode, "total_max_attempts": self.max_attempts},
-                            max_pool_connections=max(10, 2 * self.concurrency))
+                            max_pool_connections=max(10, 2 * self.concurrency),
+                            response_checksum_validation="when_required")
             try:
                 self._client = boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, config=config)
             except Exception as exc:

@@ -139,7 +139,21 @@ def _push_items(local: Store, remote: Store, items: list[PushItem], held, progre
 
 def _copy_verified(remote: Store, digest: str, dest: Path, progress=None) -> int:
     """Stream the remote blob into `dest`, hashing each byte as it is read (read once); a blob
-    that does not hash to its name is refused, naming it."""
+    that does not hash to its name is refused, naming it. A store that verifies as it streams
+    (S3Store.read_blob_into) is left to do it: hashing the same bytes again here costs a second
+    pass over every byte pulled."""
+    streams_verified = getattr(remote, "read_blob_into", None)
+    if streams_verified is not None:
+        with open(dest, "wb") as out:
+            def write(chunk: bytes) -> None:
+                out.write(chunk)
+                if progress is not None:
+                    progress.advance(len(chunk))
+
+            size = streams_verified(digest, write)  # CorruptStore, naming the blob, when it does not hash
+            out.flush()
+            os.fsync(out.fileno())
+        return size
     sha, size = hashlib.sha256(), 0
     with remote.open_blob(digest) as source, open(dest, "wb") as out:
         while True:
