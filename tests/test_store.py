@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -545,3 +546,21 @@ def test_a_store_reads_as_existing_only_once_every_folder_is_there(tmp_path, mon
     assert store.exists()
     with store.using():
         pass
+
+
+def test_blobs_of_an_owned_folder_stay_trusted_after_the_folder_is_removed(store, tmp_path, monkeypatch):
+    """A stage's output (tmp/) and a pull's staged blobs are the store's own: once ingested and
+    their folder removed, a checkout hashes nothing again (a hard link dropping to one name moves
+    the blob's ctime, which would make the stat cache re-hash every byte)."""
+    store.create()
+    work = store.tmpdir("stage")
+    out = make_tree(work / "out", {"a.bin": b"x" * 5000, "b.bin": b"y" * 7000})
+    manifest = store.ingest(out)
+    shutil.rmtree(work)
+    monkeypatch.setattr(state_module.time, "time_ns", lambda: 2**62)  # every entry is settled
+    reads = []
+    monkeypatch.setattr(state_module, "file_sha256", lambda p, progress=None: reads.append(p))
+    for entry in manifest.entries:
+        store.verify_blob(entry.sha256)
+    materialize(store, manifest.digest)
+    assert reads == []

@@ -172,6 +172,12 @@ def _failure_reason(log: Path, returncode: int) -> str:
     return f"stage process exited with status {returncode}"
 
 
+def _summary(out: Path) -> dict:
+    """The artifact's report (read before ingest: the store takes the files of `out`)."""
+    report = next((out / name for name in SUMMARY_FILES if (out / name).exists()), None)
+    return json.loads(report.read_text()) if report is not None else {}
+
+
 def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path], reporter) -> Executed:
     """Run the node's stage into a fresh folder under the store's tmp/ and ingest the result. The
     stage's log is written beside that folder, not in it: it is stored as a blob of its own and
@@ -211,6 +217,7 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
                 raise StageFailed(f"{reason} (log: {store.keep_failure(key, work / 'logs')})", tail)
             measured = json.loads((work / "execution.json").read_text())
             peak_rss_mib, figures = measured["peak_rss_mib"], measured["figures"]
+            summary = _summary(out)
             manifest = store.ingest(out, progress=reporter.advance)
         else:
             ctx = StageContext(out=out, inputs=inputs, params=node.param_values(), runtime=runtime, state=store.state)
@@ -221,15 +228,12 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
             except Exception as exc:
                 raise StageFailed(" ".join(f"{type(exc).__name__}: {exc}".split())) from exc
             figures = ctx.figures
+            summary = _summary(out)
             if ctx.adopted is not None:
                 manifest = store.ingest(ctx.adopted["folder"], progress=reporter.advance, include=ctx.adopted["include"],
                                         links_within=ctx.adopted["links_within"], link=ctx.adopted["link"])
             else:
                 manifest = store.ingest(out, progress=reporter.advance)
-        summary = {}
-        report = next((out / name for name in SUMMARY_FILES if (out / name).exists()), None)
-        if report is not None:
-            summary = json.loads(report.read_text())
         if timing:
             timing.store_new(store)
         logs: dict[str, Digest] = {}

@@ -78,9 +78,10 @@ class Store(abc.ABC):
     def has_blob(self, digest: str) -> bool: ...
 
     @abc.abstractmethod
-    def put_blob(self, source: Path, digest: str, owned: bool = False) -> None:
+    def put_blob(self, source: Path, digest: str, owned: bool = False, link: bool = False) -> None:
         """Store `source`, whose sha256 is `digest`, read-only; `owned`: the file is the store's own
-        (it may be linked rather than copied)."""
+        and the store may take it (it may be gone from `source` afterwards); `link`: it may be
+        linked rather than copied, and stays."""
 
     @abc.abstractmethod
     def open_blob(self, digest: str) -> BinaryIO: ...

@@ -217,12 +217,15 @@ class LocalStore(Store):
     def has_blob(self, digest: str) -> bool:
         return self.blob_path(digest).exists()
 
-    def put_blob(self, source: Path, digest: str, owned: bool = False) -> None:
-        """Put `source` (whose sha256 is `digest`) into cas/. Files the store owns (stage outputs in
-        tmp/) are hard-linked, so ingest moves no bytes; anything else is copied and re-verified.
-        The blob is protected (0444) before its stat cache entry is written, so the entry holds the
-        ctime of the protected file and later reads trust it without re-hashing (dvc-data's
-        protect() then state.save())."""
+    def put_blob(self, source: Path, digest: str, owned: bool = False, link: bool = False) -> None:
+        """Put `source` (whose sha256 is `digest`) into cas/. `owned`: the file is the store's own
+        (a stage's output or a pulled blob in tmp/) and the store takes it: it is renamed into cas/,
+        so ingest moves no bytes and no second name is left to be removed later (dropping a hard
+        link moves the blob's ctime, and the stat cache would re-hash it on every later read).
+        `link`: a file of a download cache, which stays where it is: hard-linked. Anything else is
+        copied and re-verified. The blob is protected (0444) before its stat cache entry is
+        written, so the entry holds the ctime of the protected file and later reads trust it
+        without re-hashing (dvc-data's protect() then state.save())."""
         self._writing()
         blob = self.blob_path(digest)
         if blob.exists():
@@ -232,16 +235,16 @@ class LocalStore(Store):
         blob.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.root / "tmp" / f"blob-{digest[:16]}-{os.getpid()}-{os.urandom(4).hex()}"
         try:
-            linked = False
-            if owned:
+            placed = False
+            if owned or link:
                 try:
-                    os.link(source, tmp)
+                    (os.replace if owned else os.link)(source, tmp)
                     with open(tmp, "rb") as f:
                         os.fsync(f.fileno())
-                    linked = True
+                    placed = True
                 except OSError:
-                    linked = False
-            if not linked:
+                    placed = False
+            if not placed:
                 copied = copy_with_sha256(source, tmp)
                 if copied != digest:
                     raise CorruptStore(f"{source}: changed while it was stored (sha256 {copied}, expected {digest})")
@@ -327,16 +330,17 @@ class LocalStore(Store):
     def ingest(self, folder: Path, progress: Progress = None, include=None, links_within: Optional[Path] = None,
                link: bool = False) -> Manifest:
         """Store the files of `folder` (those `include` accepts) and their manifest; returns the
-        manifest (its digest names the artifact). Files under tmp/ are the store's own and are
-        linked in place, and so are files of a download cache (`link`); anything else, such as a
-        user's model folder, is copied, hashing while copying."""
+        manifest (its digest names the artifact). Files under tmp/ are the store's own: the store
+        takes them (they are gone from `folder` afterwards); files of a download cache (`link`) are
+        hard-linked and stay; anything else, such as a user's model folder, is copied, hashing
+        while copying."""
         self._writing()
         folder = Path(os.path.abspath(folder))
-        owned = link or folder.is_relative_to(self.root / "tmp")
+        owned = not link and folder.is_relative_to(self.root / "tmp")
         manifest, sources = build_manifest(folder, self.state, include=include, progress=progress,
                                            links_within=links_within)
         for entry in manifest.entries:
-            self.put_blob(sources[entry.path], entry.sha256, owned)
+            self.put_blob(sources[entry.path], entry.sha256, owned=owned, link=link)
         self.put_manifest(manifest)
         return manifest
 
@@ -395,9 +399,9 @@ class LocalStore(Store):
 
     def put_file_blob(self, path: Path) -> Digest:
         """Store one file (a stage's log) as a blob; returns its digest with its size."""
-        digest = self.state.sha256(path)
+        digest, size = self.state.sha256(path), path.stat().st_size
         self.put_blob(path, digest, owned=Path(os.path.abspath(path)).is_relative_to(self.root / "tmp"))
-        return Digest(hash=digest, size_bytes=path.stat().st_size)
+        return Digest(hash=digest, size_bytes=size)
 
     def read_manifest_bytes(self, digest: str) -> bytes:
         return self.manifest_path(digest).read_bytes()

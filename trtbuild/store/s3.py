@@ -429,7 +429,7 @@ class S3Store(Store):
         head = self._head(self.blob_key(digest))
         return None if head is None else head["ContentLength"]
 
-    def put_blob(self, source: Path, digest: str, owned: bool = False) -> None:
+    def put_blob(self, source: Path, digest: str, owned: bool = False, link: bool = False) -> None:
         """Upload `source` (whose sha256 is `digest`) unless a blob of its size is there already (a
         re-push moves no bytes; one whose full-object SHA-256 says otherwise is uploaded again). One PUT carries the digest as its SHA-256 checksum, so the server
         refuses bytes that do not hash to the name; a multipart upload sends a SHA-256 per part,
