@@ -484,3 +484,53 @@ def test_push_and_pull_through_s3_verify_every_blob_and_move_nothing_twice(proje
     denied = run("pull", project.lock_path, "--store", url)
     assert (denied.exit_code, denied.stderr) == (2, f"{url}/: access denied (403): check AWS_ACCESS_KEY_ID/"
                                                     "AWS_SECRET_ACCESS_KEY and the bucket policy\n")
+
+
+def test_large_blobs_go_up_in_parts_and_come_down_in_ranges_and_nothing_is_hashed_again_after(
+        seaweed, tmp_path, monkeypatch):
+    """Push sends every blob through one transfer manager (a multi-part upload for a blob above
+    part_size, SHA-256 per part) reading the local store's own files in place; pull fetches a large
+    blob as parallel ranged GETs, hashed once. Afterwards neither store re-hashes a byte to trust
+    its blobs: the pushing store's stat cache still vouches for them, and so does the pulling one's."""
+    import uuid
+
+    from trtbuild.store import state as state_module
+    from trtbuild.store.checkout import materialize
+    from trtbuild.store.s3 import MiB, S3Store
+
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    bucket = f"parts-{uuid.uuid4().hex[:12]}"
+    seaweed.client().create_bucket(Bucket=bucket)
+    remote = S3Store(f"s3://{bucket}/store", local_root=tmp_path / "s3-local", part_size=5 * MiB, concurrency=4,
+                     download_chunk=2 * MiB)
+    local = LocalStore(tmp_path / "local")
+    big = os.urandom(13 * MiB + 17)
+    files = {"config.json": b'{"a": 1}', "rank0.safetensors": big, "rank1.safetensors": big[::-1]}
+    record = make_artifact(local, tmp_path / "a", files, "base-tp1", 1)
+    ranges = []
+    original_range = remote._get_range
+    monkeypatch.setattr(remote, "_get_range", lambda key, etag, first, last: ranges.append(last + 1 - first)
+                        or original_range(key, etag, first, last))
+    monkeypatch.setattr(state_module.time, "time_ns", lambda: 2**62)  # every stat cache entry is settled
+    hashed = []
+    real_file_sha256 = state_module.file_sha256
+    monkeypatch.setattr(state_module, "file_sha256", lambda p, progress=None: hashed.append(Path(p).name)
+                        or real_file_sha256(p, progress))
+
+    moved = push(local, remote, [PushItem(record, ("tiny", "base-tp1"))])
+    assert (moved.blobs, moved.bytes) == (3, sum(len(v) for v in files.values()))
+    head = seaweed.client().head_object(Bucket=bucket, Key=remote.blob_key(hashlib.sha256(big).hexdigest()),
+                                        ChecksumMode="ENABLED")
+    assert head["ETag"].strip('"').endswith("-3")  # 13 MiB in 5 MiB parts
+    for entry in local.get_manifest(record.digest).entries:
+        local.verify_blob(entry.sha256)
+    assert hashed == []  # the pushing store still trusts its blobs
+
+    fresh = LocalStore(tmp_path / "fresh")
+    digest, pulled = pull(remote, fresh, record.key)
+    assert (digest, pulled.blobs) == (record.digest, 3)
+    assert sorted(ranges) == sorted([2 * MiB] * 6 + [MiB + 17] + [2 * MiB] * 6 + [MiB + 17])
+    out = materialize(fresh, digest)
+    assert (out / "rank0.safetensors").read_bytes() == big and (out / "rank1.safetensors").read_bytes() == big[::-1]
+    assert hashed == []  # the pulled blobs were hashed as they arrived, once

@@ -83,6 +83,21 @@ class Store(abc.ABC):
         and the store may take it (it may be gone from `source` afterwards); `link`: it may be
         linked rather than copied, and stays."""
 
+    def blob_file(self, digest: str) -> Optional[Path]:
+        """A local file holding the blob's bytes, to read and never change (the local store's own
+        cas/ file), or None for a store without local files."""
+        return None
+
+    def put_blobs(self, sources: list[tuple[Path, str]], progress=None) -> None:
+        """Store several blobs, each (file, sha256) already verified by the caller (push checks its
+        local copy first); `progress` (transferbar.ByteProgress) hears the bytes as they go. One at
+        a time here; S3Store sends them through one transfer manager, all in flight together."""
+        for source, digest in sources:
+            size = Path(source).stat().st_size
+            self.put_blob(source, digest)
+            if progress is not None:
+                progress.advance(size)
+
     @abc.abstractmethod
     def open_blob(self, digest: str) -> BinaryIO: ...
 

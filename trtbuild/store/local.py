@@ -217,6 +217,9 @@ class LocalStore(Store):
     def has_blob(self, digest: str) -> bool:
         return self.blob_path(digest).exists()
 
+    def blob_file(self, digest: str) -> Optional[Path]:
+        return self.blob_path(digest)
+
     def put_blob(self, source: Path, digest: str, owned: bool = False, link: bool = False) -> None:
         """Put `source` (whose sha256 is `digest`) into cas/. `owned`: the file is the store's own
         (a stage's output or a pulled blob in tmp/) and the store takes it: it is renamed into cas/,

@@ -453,9 +453,44 @@ class S3Store(Store):
         except _Absent:
             raise self._error(self.url_of(key), RuntimeError("upload failed")) from None
         except Exception as exc:
-            if "BadDigest" in str(exc) or "XAmzContentSHA256Mismatch" in str(exc) or "InvalidDigest" in str(exc):
-                raise CorruptStore(f"{source}: its bytes do not hash to {digest} (refused by {self.url_of(key)})") from None
-            raise
+            raise self._upload_error(source, key, digest, exc) from None
+
+    def _upload_error(self, source: Path, key: str, digest: str, exc: Exception) -> Exception:
+        if "BadDigest" in str(exc) or "XAmzContentSHA256Mismatch" in str(exc) or "InvalidDigest" in str(exc):
+            return CorruptStore(f"{source}: its bytes do not hash to {digest} (refused by {self.url_of(key)})")
+        return exc if isinstance(exc, TrtbuildError) else self._error(self.url_of(key), exc)
+
+    def put_blobs(self, sources: list[tuple[Path, str]], progress=None) -> None:
+        """Upload every (file, sha256) through one boto3 transfer manager: all files and all their
+        parts share `concurrency` requests in flight (one blob at a time would leave a 4-part file
+        with 4). Each small blob carries its digest as its SHA-256 checksum, each part of a large
+        one its own SHA-256; the caller has verified the files (push checks its local copy), so
+        they are not hashed again here. `progress` hears the bytes as they are sent."""
+        if not sources:
+            return
+        from boto3.s3.transfer import create_transfer_manager
+        from s3transfer.subscribers import BaseSubscriber
+
+        class _Bytes(BaseSubscriber):
+            def on_progress(self, bytes_transferred, **kwargs):
+                progress.advance(bytes_transferred)
+
+        self._call(self.key(""), lambda: None)  # the bucket, once: a missing one is one clear line
+        subscribers = [_Bytes()] if progress is not None else None
+        with create_transfer_manager(self.client, self._transfer_config()) as manager:
+            sent = []
+            for source, digest in sources:
+                key = self.blob_key(digest)
+                extra = {"ChecksumAlgorithm": "SHA256"}
+                if Path(source).stat().st_size < self.part_size:
+                    extra["ChecksumSHA256"] = _b64(digest)
+                sent.append((source, key, digest, manager.upload(str(source), self.bucket, key, extra_args=extra,
+                                                                 subscribers=subscribers)))
+            for source, key, digest, future in sent:
+                try:
+                    future.result()
+                except Exception as exc:
+                    raise self._upload_error(Path(source), key, digest, exc) from None
 
     _add_blob = put_blob
 
@@ -539,7 +574,17 @@ class S3Store(Store):
             finally:
                 fcntl.flock(out, fcntl.LOCK_UN)
 
-    def _fetch(self, digest: str, out: BinaryIO, start: int, hashed) -> None:
+    def download_blob(self, digest: str, dest: Path, progress: Progress = None) -> int:
+        """Write the blob into `dest` (a new file), verified while it arrives: a large blob in
+        parallel ranged GETs (`concurrency` at once), each byte hashed once. CorruptStore, naming
+        the blob, when the bytes do not hash to its name. Returns its size."""
+        with open(dest, "wb") as out:
+            self._fetch(digest, out, 0, hashlib.sha256(), progress)
+            out.flush()
+            os.fsync(out.fileno())
+            return out.tell()
+
+    def _fetch(self, digest: str, out: BinaryIO, start: int, hashed, progress: Progress = None) -> None:
         """Append the blob's bytes after `start` to `out`, verified: small ones in one stream, large
         ones in parallel ranged GETs of one ETag, hashed and written in order as they arrive."""
         key = self.blob_key(digest)
@@ -550,7 +595,7 @@ class S3Store(Store):
         if size - start <= self.download_chunk or self.concurrency < 2:
             reader = _VerifiedBlobReader(self, digest, start, hashed)
             reader.size, reader.etag = size, etag
-            self._stream(reader, out.write)
+            self._stream(reader, out.write, progress)
             return
         offsets = iter(range(start, size, self.download_chunk))
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
@@ -570,6 +615,8 @@ class S3Store(Store):
                     refill()
                     hashed.update(data)
                     out.write(data)
+                    if progress:
+                        progress(len(data))
             finally:
                 for future in window:
                     future.cancel()

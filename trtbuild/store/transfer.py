@@ -64,16 +64,17 @@ def _push_blobs(local: Store, remote: Store, manifest: Manifest, moved: Moved, p
         progress.expect(sum(e.size for e in missing))
     work = local.tmpdir("push")
     try:
+        staged = []
         for entry in missing:
             local.verify_blob(entry.sha256)  # never publish bytes this store no longer vouches for
-            staged = work / entry.sha256
-            local.place_blob(entry.sha256, staged, False)  # a link where the store allows: no copy here
-            remote.put_blob(staged, entry.sha256)
-            staged.unlink()
-            moved.blobs += 1
-            moved.bytes += entry.size
-            if progress is not None:
-                progress.advance(entry.size)  # a blob at a time: Store.put_blob reports no bytes
+            source = local.blob_file(entry.sha256)  # read in place: a link made and dropped would move its ctime
+            if source is None:
+                source = work / entry.sha256
+                local.place_blob(entry.sha256, source, False)
+            staged.append((source, entry.sha256))
+        remote.put_blobs(staged, progress)  # all in flight together (S3: one transfer manager)
+        moved.blobs += len(missing)
+        moved.bytes += sum(e.size for e in missing)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -138,22 +139,14 @@ def _push_items(local: Store, remote: Store, items: list[PushItem], held, progre
 # ---- pull ------------------------------------------------------------------------------------------
 
 def _copy_verified(remote: Store, digest: str, dest: Path, progress=None) -> int:
-    """Stream the remote blob into `dest`, hashing each byte as it is read (read once); a blob
-    that does not hash to its name is refused, naming it. A store that verifies as it streams
-    (S3Store.read_blob_into) is left to do it: hashing the same bytes again here costs a second
-    pass over every byte pulled."""
-    streams_verified = getattr(remote, "read_blob_into", None)
-    if streams_verified is not None:
-        with open(dest, "wb") as out:
-            def write(chunk: bytes) -> None:
-                out.write(chunk)
-                if progress is not None:
-                    progress.advance(len(chunk))
-
-            size = streams_verified(digest, write)  # CorruptStore, naming the blob, when it does not hash
-            out.flush()
-            os.fsync(out.fileno())
-        return size
+    """Copy the remote blob into `dest`, hashing each byte once as it is read; a blob that does not
+    hash to its name is refused, naming it. A store that downloads verified (S3Store.download_blob:
+    parallel ranged GETs, hashed in order) is left to do it: hashing the same bytes again here
+    would cost a second pass over every byte pulled."""
+    advance = progress.advance if progress is not None else None
+    download = getattr(remote, "download_blob", None)
+    if download is not None:
+        return download(digest, dest, advance)  # CorruptStore, naming the blob, when it does not hash
     sha, size = hashlib.sha256(), 0
     with remote.open_blob(digest) as source, open(dest, "wb") as out:
         while True:
@@ -163,8 +156,8 @@ def _copy_verified(remote: Store, digest: str, dest: Path, progress=None) -> int
             sha.update(chunk)
             out.write(chunk)
             size += len(chunk)
-            if progress is not None:
-                progress.advance(len(chunk))
+            if advance is not None:
+                advance(len(chunk))
         out.flush()
         os.fsync(out.fileno())
     if sha.hexdigest() != digest:
