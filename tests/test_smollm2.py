@@ -47,7 +47,7 @@ def test_the_demo_recipe_builds_every_checkpoint(demo):
     algos = {n: json.loads((Path(targets[n]["path"]) / "config.json").read_text())["quantization"]
              for n in ("base-tp1", "int4-wo-tp1", "fp8-tp1")}
     assert algos["base-tp1"]["quant_algo"] is None
-    assert (algos["int4-wo-tp1"]["quant_algo"], algos["int4-wo-tp1"]["group_size"]) == ("W4A16_AWQ", 64)
+    assert (algos["int4-wo-tp1"]["quant_algo"], algos["int4-wo-tp1"]["group_size"]) == ("W4A16_AWQ", 32)
     assert (algos["fp8-tp1"]["quant_algo"], algos["fp8-tp1"]["kv_cache_quant_algo"]) == ("FP8", "FP8")
     for name in ("base-hf", "int4-wo-hf", "fp8-hf"):
         assert targets[name]["status"] == "built", (name, targets[name]["reason"])
