@@ -170,24 +170,28 @@ limits: {{max_input_len: 128, max_seq_len: 256}}
                 assert config["qwen_type"] == "qwen2" and config["rotary_base"] == 1e6
 
 
-def test_int8_wo_builds_only_its_hf_checkpoint(tmp_path, tokenizer):
-    """TensorRT-LLM 1.2 cannot load ModelOpt's int8 weight-only values (tests/test_trtllm_loading_rules.py):
-    the plan refuses its TensorRT-LLM checkpoint and engines, the Hugging Face checkpoint is built."""
+def test_int8_wo_builds_nothing_and_int4_wo_builds_its_hf_checkpoint(tmp_path, tokenizer):
+    """TensorRT-LLM 1.2 cannot load ModelOpt's int8 weight-only values (tests/test_trtllm_loading_rules.py)
+    and no serving runtime claims its Hugging Face checkpoint (reference/serving.md): every int8_wo target
+    is impossible. int4_wo (exported as W4A16_AWQ, which TensorRT-LLM's PyTorch backend serves) is built."""
     make_model(tmp_path / "model", "llama", tokenizer)
     recipe = write(tmp_path, """
 schema: 1
-name: tiny-int8-wo
+name: tiny-weight-only
 source: {path: model}
-variants: {w8: {quant: int8_wo}}
+variants: {w8: {quant: int8_wo}, w4: {quant: int4_wo, group_size: 32}}
 calibration: {samples: 2, seq_len: 32}
 gpus: [sm90]
 limits: {max_input_len: 128, max_seq_len: 256}
 backends: [engine, hf-checkpoint]
+exclude: [{variant: w4, backend: engine}]
 """)
     built = run(recipe, tmp_path / "store")
     reason = built["w8-tp1"]["reason"]
     assert built["w8-tp1"]["status"] == "impossible" and reason.startswith("INT8 weight-only has no TensorRT-LLM 1.2")
     assert built["w8-tp1-sm90"]["reason"] == f"needs checkpoint w8-tp1, which is impossible: {reason}"
-    assert built["w8-hf"]["status"] == "built"
-    config = json.loads((Path(built["w8-hf"]["path"]) / "config.json").read_text())
-    assert config["quantization_config"]["quant_algo"] == "W8A16"
+    assert built["w8-hf"]["status"] == "impossible"
+    assert built["w8-hf"]["reason"].startswith("no runtime serves INT8 weight-only on sm90: trtllm>=1.3: not claimed: ")
+    assert built["w4-hf"]["status"] == "built"
+    config = json.loads((Path(built["w4-hf"]["path"]) / "config.json").read_text())
+    assert config["quantization_config"]["quant_algo"] == "W4A16_AWQ"

@@ -66,7 +66,7 @@ def test_plan_without_arguments_plans_the_embedded_demo(run):
     assert data["recipe"] == "smollm2-135m-demo"
     assert data["model"]["architecture"] == "LlamaForCausalLM"
     assert data["model"]["parameters"]["total"] == 134_515_008  # SmolLM2-135M, tied embeddings
-    assert {t["name"] for t in data["targets"]} >= {"base-tp1", "fp8-tp1-sm90", "int8-wo-hf"}
+    assert {t["name"] for t in data["targets"]} >= {"base-tp1", "fp8-tp1-sm90", "int4-wo-hf"}
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
@@ -219,7 +219,8 @@ def test_github_matrix_of_the_embedded_recipe_has_an_empty_recipe_that_build_rea
     result = run("plan", "--format", "github-matrix")
     assert result.exit_code == 0
     include = json.loads(result.stdout)["include"]
-    assert [e["target"] for e in include] == ["base-tp1-sm89", "fp8-tp1-sm89", "base-tp1-sm90", "fp8-tp1-sm90"]
+    assert [e["target"] for e in include] == ["base-tp1-sm89", "int4-wo-tp1-sm89", "fp8-tp1-sm89", "base-tp1-sm90",
+                                              "int4-wo-tp1-sm90", "fp8-tp1-sm90"]
     assert {e["recipe"] for e in include} == {""}  # `trtbuild build ${{ matrix.recipe }} ...` builds the embedded one
 
 

@@ -254,7 +254,7 @@ DEMO_LIKE = """
     dtype: bfloat16
     variants:
       base: {}
-      int8-wo: {quant: int8_wo}
+      int4-wo: {quant: int4_wo}
       fp8: {quant: fp8, kv_cache: fp8}
     parallelism:
       - {tp: 1}

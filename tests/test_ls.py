@@ -112,13 +112,13 @@ def test_ls_compatible_marks_what_fits_a_recorded_h100_and_says_why_the_rest_doe
     checkpoint = "no: a TensorRT-LLM checkpoint: no runtime serves it as it is (the engines built from it do)"
     wide = len(TABLE[1])  # the toolchain column is as wide as the checkpoints' versions; FITS comes after it
     expected = [
-        f"host: 1x NVIDIA H100 80GB HBM3 (sm90, 79.6 GiB), tensorrt_llm {TRTLLM}, tensorrt {TRT}, no vllm",
+        f"host: 1x NVIDIA H100 80GB HBM3 (sm90, 79.6 GiB), tensorrt_llm {TRTLLM}, tensorrt {TRT}, no vllm, no sglang",
         TABLE[0].ljust(wide) + "  FITS",
         TABLE[1] + "  " + checkpoint,
         TABLE[2] + "  " + checkpoint,
         TABLE[3].ljust(wide) + "  yes (trtllm-engine, 1 GPU)",
         TABLE[4].ljust(wide) + "  no: made by a stand-in toolchain (modelopt): never for real use; trtllm: 1.2.1 is "
-        "installed; its PyTorch backend serves hf-checkpoints from 1.3 on; vllm: not installed",
+        "installed; its PyTorch backend serves hf-checkpoints from 1.3 on; vllm: not installed; sglang: not installed",
     ]
     assert result.stdout == "\n".join(expected) + "\n"
 
@@ -232,7 +232,7 @@ def test_ls_compatible_reads_an_hf_checkpoints_format_from_its_record(folder_sto
     assert [(p["target"], p["fits"], p["runtime"], p["world_size"], p["reasons"]) for p in data["published"]] == [
         ("fp8-hf", True, "vllm", 1, []),
         ("fp8-standin-hf", False, None, None, ["made by a stand-in toolchain (modelopt): never for real use"]),
-        ("int4-hf", False, None, None, ["trtllm: not installed", "vllm: does not serve int4_awq on sm90"])]
+        ("int4-hf", False, None, None, ["trtllm: not installed", "vllm: does not serve int4_awq on sm90", "sglang: not installed"])]
 
 
 def test_ls_names_a_ref_whose_action_record_is_gone(folder_store, tmp_path, run, fixed_now, recorded_gpu):

@@ -150,10 +150,11 @@ def test_int4_weight_only_group_size_is_in_the_checkpoint_keys(ws):
     assert "group_size" not in graph.node("w8-tp1").params
 
 
-@pytest.mark.parametrize("variant, what", [
-    ("{quant: fp8}", "FP8"), ("{quant: int8_sq}", "INT8 SmoothQuant"), ("{kv_cache: fp8}", "an FP8 KV cache"),
+@pytest.mark.parametrize("variant, what, hf_served", [
+    ("{quant: fp8}", "FP8", True), ("{quant: int8_sq}", "INT8 SmoothQuant", False),
+    ("{kv_cache: fp8}", "an FP8 KV cache", False),  # serving.md: no runtime claims these Hugging Face checkpoints
 ])
-def test_float32_with_a_quantized_trtllm_checkpoint_is_impossible(ws, variant, what):
+def test_float32_with_a_quantized_trtllm_checkpoint_is_impossible(ws, variant, what, hf_served):
     """ModelOpt 0.47's TensorRT-LLM export writes unquantized tensors in float16 when asked for
     float32 (torch_to_tensorrt_llm_checkpoint); the checkpoint would then fail its verification."""
     plan = plan_of(ws, f"dtype: float32\nvariants: {{base: {{}}, q: {variant}}}\nbackends: [engine, hf-checkpoint]")
@@ -162,7 +163,11 @@ def test_float32_with_a_quantized_trtllm_checkpoint_is_impossible(ws, variant, w
                           f"bfloat16 only; dtype float32 is not supported with {what}: use bfloat16 or float16")
     assert s["q-tp1-sm90"][0] == "impossible"
     # trtbuild's own converter writes float32, and the Hugging Face export keeps the model's dtype
-    assert s["base-tp1"] == ("ok", None) and s["q-hf"] == ("ok", None)
+    assert s["base-tp1"] == ("ok", None)
+    if hf_served:
+        assert s["q-hf"] == ("ok", None)
+    else:  # impossible for the serving table, never for its dtype
+        assert s["q-hf"][0] == "impossible" and s["q-hf"][1].startswith("no runtime serves ")
     assert statuses(plan_of(ws, f"dtype: bfloat16\nvariants: {{q: {variant}}}"))["q-tp1"] == ("ok", None)
 
 

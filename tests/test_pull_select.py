@@ -13,8 +13,8 @@ from trtbuild.toolchain import package_version
 GIB = 1024 ** 3
 TRTLLM, TRT = "1.2.1", "10.13.2"
 
-if package_version("vllm") is not None:  # a real vllm would be found where the tests assume none
-    pytest.skip("assumes a host without vllm", allow_module_level=True)
+if package_version("vllm") is not None or package_version("sglang") is not None:  # found where the tests assume none
+    pytest.skip("assumes a host without vllm and sglang", allow_module_level=True)
 
 
 def digest(n: int) -> str:
@@ -114,7 +114,7 @@ def test_vllm_serves_the_hf_checkpoint_when_asked_for_it(host):
     selection = choose(matrix(), h, runtime="vllm", formats=formats, variant_order=VARIANTS)
     assert (selection.chosen.target, selection.chosen.runtime, selection.chosen.world_size) == ("base-hf", "vllm", 1)
     reasons = {c.target: c.reasons for c in selection.candidates}
-    assert reasons["awq-hf"] == ["vllm: does not serve int4_awq on sm80"]
+    assert reasons["awq-hf"] == ["vllm: does not serve int4_awq on sm80"]  # --runtime vllm: vllm's reason only
     assert reasons["fp8-hf"] == []
     assert reasons["base-tp1-sm80"] == ["runtime: --runtime vllm does not load TensorRT engines"]
 
@@ -131,7 +131,7 @@ def test_tensorrt_llm_before_1_3_serves_no_hf_checkpoint_and_1_3_serves_awq_on_s
     assert old.chosen is None
     assert old.candidates[0].reasons == [
         "trtllm: 1.2.1 is installed; its PyTorch backend serves hf-checkpoints from 1.3 on",
-        "vllm: not installed"]
+        "vllm: not installed", "sglang: not installed"]
 
 
 def test_tensorrt_llm_1_3_serves_awq_on_sm89(host):
@@ -144,7 +144,8 @@ def test_an_hf_checkpoint_larger_than_one_gpu_needs_several(host):
     lock = lock_of({"big-hf": hf(23, size=100 * GIB)})
     one = choose(lock, host("L40S", vllm="0.33.0"), formats=formats)
     assert one.candidates[0].reasons == ["trtllm: not installed",
-                                        "memory: the checkpoint is 100.0 GiB; this host's 1 GPU holds 45.0 GiB each"]
+                                        "memory: the checkpoint is 100.0 GiB; this host's 1 GPU holds 45.0 GiB each",
+                                        "sglang: not installed"]
     three = choose(lock, host("L40S", count=3, gpu_filter="auto"), formats=formats)
     assert (three.chosen.target, three.chosen.world_size) == ("big-hf", 3)
 
@@ -161,7 +162,7 @@ def test_gpu_sm_counts_only_this_hosts_gpus_of_that_sm(host):
     h = host("H100", gpu_filter="sm80", tensorrt_llm=TRTLLM, tensorrt=TRT)
     selection = choose(matrix(), h, formats=formats, variant_order=VARIANTS)
     assert selection.chosen is None
-    assert h.describe() == "no sm80 GPU, tensorrt_llm 1.2.1, tensorrt 10.13.2, no vllm"
+    assert h.describe() == "no sm80 GPU, tensorrt_llm 1.2.1, tensorrt 10.13.2, no vllm, no sglang"
     assert build_hint("x.yaml", matrix(), h) == ("to make one: run `trtbuild build x.yaml --gpu auto` on a host with "
                                                 "an sm80 GPU and tensorrt_llm")
 
@@ -173,7 +174,7 @@ def test_no_gpu_lists_every_target_with_why_and_the_build_that_would_make_one(ho
     assert selection.chosen is None
     no_gpu = "this host has no NVIDIA GPU (NVML sees none)"
     assert no_fit_lines(selection, h, "recipes/tiny.lock", build_hint("recipes/tiny.yaml", lock, h)) == [
-        "no target of recipes/tiny.lock fits this host (no NVIDIA GPU, tensorrt_llm 1.2.1, tensorrt 10.13.2, no vllm):",
+        "no target of recipes/tiny.lock fits this host (no NVIDIA GPU, tensorrt_llm 1.2.1, tensorrt 10.13.2, no vllm, no sglang):",
         "  base-tp1: a TensorRT-LLM checkpoint: no runtime serves it as it is (the engines built from it do)",
         f"  base-tp1-sm80: sm: the engine is for sm80; {no_gpu}",
         f"  base-tp1-sm89: sm: the engine is for sm89; {no_gpu}",
@@ -197,7 +198,7 @@ def test_a_gpu_host_without_an_engine_of_its_sm_is_told_to_add_it(host):
     selection = choose(lock, h, formats=formats)
     assert no_fit_lines(selection, h, "x.lock", build_hint("x.yaml", lock, h)) == [
         "no target of x.lock fits this host (1x NVIDIA H100 80GB HBM3 (sm90, 79.6 GiB), tensorrt_llm 1.2.1, "
-        "tensorrt 10.13.2, no vllm):",
+        "tensorrt 10.13.2, no vllm, no sglang):",
         "  base-tp1-sm80: sm: the engine is for sm80; this host has sm90 (1x NVIDIA H100 80GB HBM3)",
         "to make one: add sm90 to the recipe's `gpus:`, then run `trtbuild build x.yaml --gpu auto` on this host",
     ]
@@ -220,3 +221,29 @@ def test_a_lock_file_is_parsed_by_libyaml_not_the_pure_python_loader(tmp_path, m
 
     monkeypatch.setattr(yaml.SafeLoader, "__init__", pure_python)
     assert lockfile.read(path) == lock
+
+
+def test_sglang_serves_fp8_on_an_l40s_but_not_awq(host):
+    """reference/serving.md section 3: SGLang takes FP8 from compute capability 89 and no W4A16_AWQ."""
+    h = host("L40S", sglang="0.5.23")
+    selection = choose(matrix(), h, formats=formats, variant_order=["fp8", "base", "awq"])
+    assert (selection.chosen.target, selection.chosen.runtime) == ("fp8-hf", "sglang")
+    reasons = {c.target: c.reasons for c in selection.candidates}
+    assert reasons["awq-hf"] == ["trtllm: not installed", "vllm: not installed", "sglang: does not serve int4_awq on sm89"]
+
+
+def test_sglang_does_not_serve_fp8_on_an_a100_where_vllm_does_on_marlin(host):
+    lock = lock_of({"fp8-hf": hf(21)})
+    only_sglang = choose(lock, host("A100", sglang="0.5.23"), formats=formats)
+    assert only_sglang.chosen is None
+    assert only_sglang.candidates[0].reasons == ["trtllm: not installed", "vllm: not installed",
+                                                 "sglang: does not serve fp8 on sm80"]
+
+
+def test_tensorrt_llm_1_3_serves_fp8_on_sm89_but_not_on_sm80(host):
+    lock = lock_of({"fp8-hf": hf(21)})
+    assert choose(lock, host("L40S", tensorrt_llm="1.3.0"), formats=formats).chosen.runtime == "trtllm"
+    a100 = choose(lock, host("A100"), formats=formats)  # the same packages
+    assert a100.chosen is None
+    assert a100.candidates[0].reasons == ["trtllm: does not serve fp8 on sm80", "vllm: not installed",
+                                          "sglang: not installed"]

@@ -38,18 +38,18 @@ def test_the_demo_recipe_builds_every_checkpoint(demo):
     store, _, targets = demo
     assert targets["source"]["status"] == "cached"  # built once for the whole session
     config = hf_config(targets)
-    assert "int8-wo-tp1" not in targets  # int8_wo: Hugging Face checkpoint only (the recipe's exclude)
-    for name in ("base-tp1", "fp8-tp1"):
+    for name in ("base-tp1", "int4-wo-tp1", "fp8-tp1"):
         assert targets[name]["status"] == "built", (name, targets[name]["reason"])
         ckpt = Path(targets[name]["path"])
         verify_trtllm_checkpoint(ckpt, config)
         trt = json.loads((ckpt / "config.json").read_text())
         assert trt["rotary_base"] == 100000.0 and trt["num_key_value_heads"] == 3
     algos = {n: json.loads((Path(targets[n]["path"]) / "config.json").read_text())["quantization"]
-             for n in ("base-tp1", "fp8-tp1")}
+             for n in ("base-tp1", "int4-wo-tp1", "fp8-tp1")}
     assert algos["base-tp1"]["quant_algo"] is None
+    assert (algos["int4-wo-tp1"]["quant_algo"], algos["int4-wo-tp1"]["group_size"]) == ("W4A16_AWQ", 32)
     assert (algos["fp8-tp1"]["quant_algo"], algos["fp8-tp1"]["kv_cache_quant_algo"]) == ("FP8", "FP8")
-    for name in ("base-hf", "int8-wo-hf", "fp8-hf"):
+    for name in ("base-hf", "int4-wo-hf", "fp8-hf"):
         assert targets[name]["status"] == "built", (name, targets[name]["reason"])
     report = json.loads((Path(targets["fp8-quantized"]["path"]) / "report.json").read_text())
     assert report["device"] == AUTO_DEVICE and "seconds" not in report and "peak_rss_mib" not in report
@@ -67,8 +67,8 @@ def test_the_demo_built_into_a_fresh_store_gives_the_same_digest_for_every_artif
     store, env, targets = demo
     fresh = build({**env, "TRTBUILD_CACHE": str(tmp_path / "fresh")})
     done = {name: t for name, t in targets.items() if t["status"] in ("built", "cached")}
-    assert set(done) == {"source", "calibration", "fp8-quantized", "int8-wo-quantized", "base-tp1",
-                         "fp8-tp1", "base-hf", "int8-wo-hf", "fp8-hf"}
+    assert set(done) == {"source", "calibration", "fp8-quantized", "int4-wo-quantized", "base-tp1",
+                         "int4-wo-tp1", "fp8-tp1", "base-hf", "int4-wo-hf", "fp8-hf"}
     assert {n: (fresh[n]["status"], fresh[n]["key"], fresh[n]["digest"]) for n in done} == {
         n: ("built", t["key"], t["digest"]) for n, t in done.items()}
     assert not any(os.scandir(tmp_path / "fresh" / "tmp"))
@@ -132,14 +132,16 @@ validate: {samples: 2, seq_len: 128}
 
 def test_the_demo_engines_on_a_recorded_h100_with_the_standin_toolchain(demo):
     """The issue's promise, as far as this machine can keep it: on a host whose NVML says H100 and
-    whose tensorrt_llm is the stand-in, every engine of the demo for sm90 is built, validated (its
+    whose tensorrt_llm is the stand-in, every engine of the demo for sm90 that it computes is built, validated (its
     twin through the stand-in LLM API), reused on a second run, and explain shows its command; the
     sm89 engines are skipped naming what they need. Everything made says it was a stand-in."""
     import shlex
 
     _, env, _ = demo
     h100 = standin_toolchain_env(env, "H100")
-    first = build(h100, "--target", "*-sm*", until=None)  # the engines and what they need
+    # the engines the stand-in computes (unquantized, FP8; it builds no W4A16_AWQ engine) and what they need
+    engines = ("--target", "base-tp1-sm*", "--target", "fp8-tp1-sm*")
+    first = build(h100, *engines, until=None)
     for variant in ("base", "fp8"):
         for name in (f"{variant}-tp1-sm90:twin", f"{variant}-tp1-sm90:validate", f"{variant}-tp1-sm90"):
             assert first[name]["status"] == "built", (name, first[name]["reason"])
@@ -148,7 +150,7 @@ def test_the_demo_engines_on_a_recorded_h100_with_the_standin_toolchain(demo):
         assert first[f"{variant}-tp1-sm89"]["status"] == "skipped"
         assert first[f"{variant}-tp1-sm89"]["reason"].startswith(
             "needs sm89 GPU with tensorrt_llm 1.2.x (this machine: sm90 GPU, tensorrt_llm 1.2.0+standin)")
-    second = build(h100, "--target", "*-sm*", until=None)
+    second = build(h100, *engines, until=None)
     assert {n: t["status"] for n, t in second.items() if t["status"] != "skipped"} == {
         n: "cached" for n, t in first.items() if t["status"] == "built" or t["status"] == "cached"}
     facts = json.loads((Path(first["fp8-tp1-sm90"]["path"]) / "trtbuild.json").read_text())

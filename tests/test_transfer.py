@@ -313,7 +313,7 @@ def test_pull_exits_1_listing_every_target_when_nothing_fits(project, run, recor
     assert result.exit_code == 1
     assert result.stderr == (
         f"no target of {project.lock_path} fits this host (1x NVIDIA L40S (sm89, 45.0 GiB), tensorrt_llm {TRTLLM}, "
-        f"tensorrt {TRT}, no vllm):\n"
+        f"tensorrt {TRT}, no vllm, no sglang):\n"
         "  base-tp1: a TensorRT-LLM checkpoint: no runtime serves it as it is (the engines built from it do)\n"
         "  base-tp1-sm90: sm: the engine is for sm90; this host has sm89 (1x NVIDIA L40S)\n"
         f"to make one: add sm89 to the recipe's `gpus:`, then run `trtbuild build {project.recipe} --gpu auto` on this host\n")
@@ -354,7 +354,7 @@ def test_pull_auto_reads_an_hf_checkpoints_format_from_the_stores_record_and_pri
     assert (out["target"], out["runtime"], out["digest"]) == ("fp8-hf", "vllm", digest)
     assert out["path"] == str(LocalStore(tmp_path / "deploy-store").checkout_path(digest))
     assert [(c["target"], c["fits"], c["reasons"]) for c in out["candidates"]] == [
-        ("awq-hf", False, ["trtllm: not installed", "vllm: does not serve int4_awq on sm80"]),
+        ("awq-hf", False, ["trtllm: not installed", "vllm: does not serve int4_awq on sm80", "sglang: not installed"]),
         ("fp8-hf", True, [])]
 
 

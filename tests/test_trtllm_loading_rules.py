@@ -130,12 +130,14 @@ def test_int8_wo_is_refused_for_engines_at_plan_time(ws):
     reason = ("INT8 weight-only has no TensorRT-LLM 1.2 checkpoint layout: TensorRT-LLM quantizes W8A16 weights "
               "itself at load, from float weights (per channel, scale max/128, clipped to [-128, 127]), and no float "
               "weights give back ModelOpt's int8 values (scale max/127) in a channel whose largest weight is "
-              "negative; build it with the hf-checkpoint backend")
+              "negative; and no serving runtime claims its Hugging Face checkpoint (trtbuild/serving.py): use int4_wo "
+              "or fp8")
     ckpt = plan.target("w8-tp1")
     assert (ckpt.status, ckpt.reason) == ("impossible", reason)
     engine = plan.target("w8-tp1-sm90")
     assert (engine.status, engine.reason) == ("impossible", f"needs checkpoint w8-tp1, which is impossible: {reason}")
-    assert plan.target("w8-hf").ok
+    hf = plan.target("w8-hf")  # reference/serving.md: no runtime claims W8A16 (trtllm's loader reads it, unmatrixed)
+    assert (hf.status, hf.reason.split(": trtllm>=1.3: ")[0]) == ("impossible", "no runtime serves INT8 weight-only on sm90")
 
 
 def test_weight_only_checkpoint_in_tensorrt_llms_layout_passes(int8_wo_export, tiny, tmp_path):

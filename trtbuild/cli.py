@@ -347,8 +347,9 @@ def push(recipe: Path, targets, store_url, allow_unvalidated, as_json) -> None:
               help="The target to pull, or auto: the one that fits this host best.")
 @click.option("--gpu", default="auto", show_default=True, metavar="auto|SM",
               help="auto: every GPU NVML sees; an SM: only this host's GPUs of that SM count.")
-@click.option("--runtime", type=click.Choice(["auto", "trtllm-engine", "trtllm", "vllm"]), default="auto", show_default=True,
-              help="What will serve it: a TensorRT engine, or an hf-checkpoint on TensorRT-LLM's PyTorch backend or vLLM.")
+@click.option("--runtime", type=click.Choice(["auto", "trtllm-engine", "trtllm", "vllm", "sglang"]), default="auto",
+              show_default=True, help="What will serve it: a TensorRT engine, or an hf-checkpoint on TensorRT-LLM's "
+              "PyTorch backend (1.3+), vLLM or SGLang.")
 @click.option("--prefer", type=click.Choice(["throughput", "latency"]), default="throughput", show_default=True,
               help="Among targets that fit: the fewest GPUs (throughput) or the most (latency).")
 @click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=None,

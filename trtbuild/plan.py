@@ -9,7 +9,7 @@ import fnmatch
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Optional, Union
 
-from trtbuild import engine_flags, estimate, hardware, quantformats, trtllm
+from trtbuild import engine_flags, estimate, hardware, quantformats, serving, trtllm
 from trtbuild.errors import InvalidInput
 from trtbuild.modelconfig import ModelSpec, load_config, parse_config
 from trtbuild.recipe import LoadedRecipe, Recipe, Variant
@@ -31,6 +31,10 @@ class Target:
     depends_on: tuple[str, ...] = ()
     estimate: Optional[estimate.Estimate] = None
     warnings: tuple[str, ...] = ()
+    # hf-checkpoints only: {runtime: SMs of the recipe's GPUs it serves on} and {runtime: {sm: note}}
+    # (trtbuild/serving.py's table)
+    serves: Optional[dict[str, tuple[str, ...]]] = field(default=None, hash=False)
+    serve_notes: Optional[dict[str, dict[str, str]]] = field(default=None, hash=False)
 
     @property
     def ok(self) -> bool:
@@ -43,7 +47,22 @@ class Target:
             "depends_on": list(self.depends_on),
             "estimate": self.estimate.as_json() if self.estimate else None,
             "warnings": list(self.warnings),
+            "serves": {r: list(sms) for r, sms in self.serves.items()} if self.serves is not None else None,
+            "serve_notes": self.serve_notes,
         }
+
+    def serves_line(self) -> Optional[str]:
+        """`trtllm>=1.3 sm89 sm90; vllm sm89 sm90` (`none`), with fallback notes; None off hf-checkpoints."""
+        if self.serves is None:
+            return None
+        text = "; ".join(" ".join([serving.RUNTIME_INFO[r].label, *sms]) for r, sms in self.serves.items() if sms)
+        notes = []
+        for runtime, by_sm in (self.serve_notes or {}).items():
+            grouped: dict[str, list[str]] = {}
+            for sm, note in by_sm.items():
+                grouped.setdefault(note, []).append(sm)
+            notes += [" ".join([serving.RUNTIME_INFO[runtime].label, *sms]) + f": {note}" for note, sms in grouped.items()]
+        return (text or "none") + (f" ({'; '.join(notes)})" if notes else "")
 
 
 @dataclass
@@ -313,11 +332,21 @@ def _engine_target(plan: Plan, ckpt: Target, variant: Variant, cards: SmCards) -
     )
 
 
+def serving_sms_of(recipe: Recipe) -> list[str]:
+    """The SMs an hf-checkpoint must be served on: the recipe's `gpus:` (all of them, whatever
+    `--gpu` filters: a checkpoint is built once, for every GPU), or every SM when it names none."""
+    sms = {c.sm for c in recipe.gpu_choices()} or set(hardware.SM_ARCHES)
+    return sorted(sms, key=hardware.sm_number)
+
+
 def _hf_target(plan: Plan, vname: str, variant: Variant) -> Target:
     reason = _model_rules(plan.model, variant, 1, 1) or _limit_rules(plan)
     if reason is None and variant.kv_cache and not quantformats.KV_FORMATS[variant.kv_cache].hf_export:
         reason = (f"{quantformats.KV_FORMATS[variant.kv_cache].label} has no Hugging Face checkpoint form: ModelOpt 0.47's "
                   "export_hf_checkpoint rejects it (use fp8, or the engine backend)")
+    sms = serving_sms_of(plan.recipe)
+    serves = {r: tuple(serving.serving_sms(r, variant.quant, variant.kv_cache, sms)) for r in serving.RUNTIMES}
+    reason = reason or serving.unservable_reason(variant.quant, variant.kv_cache, sms)
     est = estimate.Estimate(
         weights_bytes_per_gpu=estimate.weights_bytes_per_gpu(
             plan.model, 1, 1, variant.quant, plan.dtype, variant.effective_group_size or 128, hf_layout=True),
@@ -326,6 +355,7 @@ def _hf_target(plan: Plan, vname: str, variant: Variant) -> Target:
     return Target(
         name=hf_name(vname), kind=HF_CHECKPOINT, variant=vname, tp=None, pp=None, gpu=None,
         backend=HF_CHECKPOINT, status="impossible" if reason else "ok", reason=reason, estimate=est,
+        serves=serves, serve_notes=serving.serve_notes(variant.quant, variant.kv_cache, sms),
     )
 
 

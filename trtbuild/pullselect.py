@@ -7,8 +7,8 @@ The rules, in order:
 2. An engine needs this host's SM and exactly the tensorrt_llm and tensorrt that built it, enough
    GPUs of that SM for its world size and room for one rank on each: engine_check.differences,
    the same comparison `trtbuild check` makes.
-3. An hf-checkpoint needs a runtime installed here that serves its format on this SM (HF_SERVES,
-   from reference/trtllm.md section 10) and enough GPUs of that SM to hold its bytes (it counts
+3. An hf-checkpoint needs a runtime installed here that serves its format on this SM (the support
+   table of trtbuild/serving.py, cited in reference/serving.md) and enough GPUs of that SM to hold its bytes (it counts
    as the fewest GPUs that do: the runtime shards it at load time, so that is its world size).
 4. Among those that fit: the fewest GPUs (--prefer throughput: more replicas per host) or the most
    (--prefer latency), then the recipe's variant order (without the recipe: the lock's order), then
@@ -25,46 +25,31 @@ from typing import Callable, Optional
 
 from packaging.version import InvalidVersion, Version
 
-from trtbuild import hardware
+from trtbuild import hardware, serving
 from trtbuild.engine_check import EngineFacts, HostFacts, differences
 from trtbuild.estimate import format_bytes
 from trtbuild.lockfile import LockedTarget, LockFile
+from trtbuild.serving import serving_sms
 from trtbuild.toolchain import EngineToolchain, package_version, probe_engine_toolchain
 
-RUNTIMES = ("trtllm-engine", "trtllm", "vllm")  # --runtime's choices besides auto, in preference order
+RUNTIMES = ("trtllm-engine", *serving.RUNTIMES)  # --runtime's choices besides auto, in preference order
 PREFER = ("throughput", "latency")
 SERVABLE_STAGES = ("engine", "hf-checkpoint")
 TARGET_STAGES = ("checkpoint", "hf-checkpoint", "engine")
 
-_ALL_SMS = frozenset(hardware.SM_ARCHES)
-# Which Hugging Face checkpoint formats (quant, kv_cache) a runtime serves on which SMs: only what
-# reference/trtllm.md section 10 records for this project's exports (the consumers' loading code,
-# and the PyTorch backend's support-by-GPU matrix). A format missing here is not claimed.
-HF_SERVES: dict[str, dict[Optional[str], frozenset[str]]] = {
-    # TensorRT-LLM's PyTorch backend (1.3 line): base everywhere; FP8 from Ada (Hopper, SM100 "FP4 +
-    # FP8"); W4A16 AWQ on Ampere, Ada and Hopper (SM100 and SM120: "no AWQ/GPTQ"); int8_sq is
-    # rejected ("unsupported quant mode"); int8_wo loads but is outside the support matrix.
-    "trtllm": {None: _ALL_SMS, "fp8": frozenset({"sm89", "sm90", "sm100"}),
-               "int4_awq": frozenset({"sm80", "sm86", "sm89", "sm90"})},
-    # vLLM 0.33's ModelOpt loader: base and FP8 ("FP8 min capability 80"); int4_awq, int8_sq, int8_wo rejected.
-    "vllm": {None: _ALL_SMS, "fp8": _ALL_SMS},
-}
-HF_KV_SERVES: dict[str, frozenset[Optional[str]]] = {
-    "trtllm": frozenset({None, "fp8"}),  # "Ampere W4A16 AWQ + FP8 KV"
-    "vllm": frozenset({None, "fp8"}),  # k/v scales land on self_attn.attn.*_scale
-}
 TRTLLM_PYTORCH_MIN = Version("1.3")  # hf-checkpoints are served by the PyTorch backend of the 1.3 line
 
 
 @dataclass(frozen=True)
 class Host:
-    """What this host offers: GPUs (NVML), the engine toolchain and vllm (package metadata)."""
+    """What this host offers: GPUs (NVML), the engine toolchain, vllm and sglang (package metadata)."""
 
     gpus: tuple[hardware.DetectedGpu, ...]
     tensorrt_llm: Optional[str]
     tensorrt: Optional[str]
     vllm: Optional[str]
     gpu_filter: Optional[str] = None  # --gpu SM: only this host's GPUs of that SM count
+    sglang: Optional[str] = None
 
     @classmethod
     def probe(cls, gpu: str = "auto") -> "Host":
@@ -74,7 +59,7 @@ class Host:
             sm = _parse_sm(gpu)
             gpus = tuple(g for g in gpus if g.sm == sm)
         engine = probe_engine_toolchain()
-        return cls(gpus, engine.tensorrt_llm, engine.tensorrt, package_version("vllm"), sm)
+        return cls(gpus, engine.tensorrt_llm, engine.tensorrt, package_version("vllm"), sm, package_version("sglang"))
 
     def engine_host(self) -> HostFacts:
         return HostFacts(self.gpus, EngineToolchain(tensorrt_llm=self.tensorrt_llm, tensorrt=self.tensorrt))
@@ -88,14 +73,15 @@ class Host:
         else:
             gpus = f"no {self.gpu_filter} GPU" if self.gpu_filter else "no NVIDIA GPU"
         parts = [gpus]
-        for name in ("tensorrt_llm", "tensorrt", "vllm"):
+        for name in ("tensorrt_llm", "tensorrt", "vllm", "sglang"):
             version = getattr(self, name)
             parts.append(f"{name} {version}" if version else f"no {name}")
         return ", ".join(parts)
 
     def as_json(self) -> dict:
         return {"gpus": [{"index": g.index, "name": g.name, "sm": g.sm, "memory_bytes": g.memory_bytes} for g in self.gpus],
-                "tensorrt_llm": self.tensorrt_llm, "tensorrt": self.tensorrt, "vllm": self.vllm, "gpu": self.gpu_filter}
+                "tensorrt_llm": self.tensorrt_llm, "tensorrt": self.tensorrt, "vllm": self.vllm, "sglang": self.sglang,
+                "gpu": self.gpu_filter}
 
 
 def _parse_sm(value: str) -> str:
@@ -169,7 +155,8 @@ def _hf_candidate(cand: Candidate, target: LockedTarget, fmt: Optional[tuple[Opt
     quant, kv = fmt
     label = _format_label(quant, kv)
     installed = {"trtllm": _trtllm_serves_hf(host.tensorrt_llm),
-                 "vllm": None if host.vllm else "not installed"}
+                 "vllm": None if host.vllm else "not installed",
+                 "sglang": None if host.sglang else "not installed"}
     if not host.gpus:
         cand.reasons.append("gpu: " + (f"this host has no {host.gpu_filter} GPU" if host.gpu_filter
                                        else "this host has no NVIDIA GPU (NVML sees none)"))
@@ -181,8 +168,8 @@ def _hf_candidate(cand: Candidate, target: LockedTarget, fmt: Optional[tuple[Opt
         if problem:
             reasons.append(f"{runtime}: {problem}")
             continue
-        serving = [sm for sm in sms if sm in HF_SERVES[runtime].get(quant, frozenset())]
-        if not serving or kv not in HF_KV_SERVES[runtime]:
+        serving = serving_sms(runtime, quant, kv, sms)
+        if not serving:
             reasons.append(f"{runtime}: does not serve {label} on {'/'.join(sms)}")
             continue
         gpus = [g for g in host.gpus if g.sm in serving]
@@ -224,7 +211,7 @@ def choose(lock: LockFile, host: Host, runtime: str = "auto", prefer: str = "thr
             else:
                 _engine_candidate(cand, target, host)
         else:
-            hf_runtimes = tuple(r for r in runtimes if r in HF_SERVES)
+            hf_runtimes = tuple(r for r in runtimes if r in serving.RUNTIMES)
             if not hf_runtimes:
                 cand.reasons.append(f"runtime: --runtime {runtime} does not serve Hugging Face checkpoints")
             else:

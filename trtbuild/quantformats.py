@@ -118,7 +118,8 @@ _DYNAMIC_BLOCK_CUDA_ONLY = ("NVFP4 uses dynamic block quantization (FP4 values w
 _W8A16_REFUSED = ("INT8 weight-only has no TensorRT-LLM 1.2 checkpoint layout: TensorRT-LLM quantizes W8A16 weights "
                   "itself at load, from float weights (per channel, scale max/128, clipped to [-128, 127]), and no "
                   "float weights give back ModelOpt's int8 values (scale max/127) in a channel whose largest weight "
-                  "is negative; build it with the hf-checkpoint backend")
+                  "is negative; and no serving runtime claims its Hugging Face checkpoint (trtbuild/serving.py): use "
+                  "int4_wo or fp8")
 
 FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     QuantFormat("fp8", "FP8", "8bit", "FP8_DEFAULT_CFG", QuantAlgo.FP8,

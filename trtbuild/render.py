@@ -64,7 +64,7 @@ def print_table(plan: Plan, console) -> None:
     for t in plan.targets:
         est = t.estimate
         status = "[green]ok[/]" if t.ok else "[red]impossible[/]"
-        notes = t.reason or "; ".join(t.warnings)
+        notes = t.reason or "; ".join(([f"serves: {t.serves_line()}"] if t.serves is not None else []) + list(t.warnings))
         if t.ok and t.warnings:
             status = "[yellow]ok[/]"
         table.add_row(
@@ -80,6 +80,8 @@ def print_table(plan: Plan, console) -> None:
     for t in plan.targets:  # whole, where the table's column folds them
         if not t.ok:
             console.print(f"- {t.name}: {escape(t.reason or '')}", highlight=False, soft_wrap=True)
+        elif t.serves is not None:
+            console.print(f"- {t.name} serves: {escape(t.serves_line())}", highlight=False, soft_wrap=True)
 
 
 # Validation metrics the build table shows: (summary["metrics"] name, column, format).
