@@ -179,3 +179,26 @@ def test_a_format_the_serving_table_rules_out_is_not_loaded(recorded_gpu, instal
     assert vllm_runner.available("int4_awq", None) == (
         "vllm does not serve this checkpoint on this machine's sm90 GPU: quant_algo W4A16_AWQ is not accepted")
     assert vllm_runner.available("fp8", "fp8") is None
+
+
+def test_every_hf_checkpoint_gets_a_vllm_validation_after_its_torch_one(tmp_path):
+    from conftest import TINY_LLAMA
+    from trtbuild.graph import VllmRunner, build_graph
+    from trtbuild.plan import plan_recipe
+    from trtbuild.recipe import load_recipe
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(TINY_LLAMA))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("schema: 1\nname: r\nsource: {path: model}\ngpus: [sm90]\nbackends: [hf-checkpoint]\n"
+                      "variants: {bf16: {}, fp8: {quant: fp8, kv_cache: fp8}}\n"
+                      "limits: {max_input_len: 64, max_seq_len: 128}\n")
+    graph = build_graph(plan_recipe(load_recipe(recipe)))
+    node = graph.node("fp8-hf:validate-vllm")
+    assert (node.kind, node.stage.id, node.serves, node.after) == ("validate", "validate:vllm", "fp8-hf", ["fp8-hf:validate"])
+    assert node.inputs == {"reference": "reference", "hf_checkpoint": "fp8-hf", "calibration": "calibration"}
+    assert {k: p.value for k, p in node.params.items() if k != "gates"} == {
+        "runner": "vllm", "dtype": "bfloat16", "quant": "fp8", "kv_cache": "fp8", "max_seq_len": 128}
+    assert node.host == VllmRunner("fp8", "fp8")
+    assert graph.node("bf16-hf:validate-vllm").inputs == {"reference": "reference", "hf_checkpoint": "bf16-hf"}
+    assert not any(n.id.endswith(":validate-vllm") for n in build_graph(plan_recipe(load_recipe(recipe)), validate=False).nodes)
