@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from trtbuild import toolchain as _toolchain
 from trtbuild.cli import cli
 
 # Tests never reach a real hub: offline by default, and an endpoint on loopback where nothing
@@ -36,6 +37,8 @@ def _this_host() -> tuple[tuple, "str | None"]:
 
 
 _GPUS, _TRTLLM = _this_host()
+_VLLM = _toolchain.package_version("vllm")
+needs_no_vllm = pytest.mark.skipif(_VLLM is not None, reason=f"assumes a host without vllm; this one has {_VLLM}")
 # Tests that assert what a host without a GPU (or without tensorrt_llm) does: skipped, not failed,
 # where those exist (an NVIDIA host, the release container).
 needs_no_gpu = pytest.mark.skipif(bool(_GPUS), reason=f"assumes a host without an NVIDIA GPU; this one has "
@@ -239,15 +242,18 @@ def installed_packages(tmp_path, monkeypatch):
     toolchain.package_version.cache_clear()
 
 
-def standin_toolchain_env(env: dict, gpu: "str | None" = "H100", count: int = 1, bin_first: "Path | None" = None) -> dict:
+def standin_toolchain_env(env: dict, gpu: "str | None" = "H100", count: int = 1, bin_first: "Path | None" = None,
+                          vllm: bool = False) -> dict:
     """`env` as a GPU build host would have it, with stand-ins for what this machine cannot have:
     NVML answering as `count` recorded `gpu`s (tests/standin_nvml; None: no driver), tensorrt_llm
     1.2.0+standin importable (tests/standin_trtllm) and its `trtllm-build` on PATH (after
-    `bin_first`'s programs, for a test's own fake). Torch stays the CPU build, so `device: auto`
-    resolves to cpu."""
+    `bin_first`'s programs, for a test's own fake), and with `vllm` vllm 0.33.0+standin importable
+    (tests/standin_vllm). Torch stays the CPU build, so `device: auto` resolves to cpu."""
     env = {k: v for k, v in env.items() if not k.startswith("STANDIN_NVML")}
     standin = ROOT / "tests" / "standin_trtllm"
     paths = [str(standin), str(STANDIN_NVML), str(ROOT)]
+    if vllm:
+        paths.insert(0, str(ROOT / "tests" / "standin_vllm"))
     env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env["PATH"] = os.pathsep.join(([str(bin_first)] if bin_first else []) + [str(standin / "bin"), env["PATH"]])
     env["OMP_NUM_THREADS"] = "1"

@@ -185,7 +185,7 @@ def test_until_and_target_globs(recipe, tmp_path):
     data = build_json(recipe, store, "--target", "fp8-*", "--until", "source")
     assert set(by_name(data)) == {"source", "calibration", "fp8-quantized", "fp8-tp1", "fp8-tp1-sm90", "fp8-hf",
                                   "reference", "fp8-tp1:validate", "fp8-hf:validate", "fp8-tp1-sm90:twin",
-                                  "fp8-tp1-sm90:validate", "fp8-hf:validate-trtllm"}
+                                  "fp8-tp1-sm90:validate", "fp8-hf:validate-trtllm", "fp8-hf:validate-vllm"}
     result = trtbuild("build", recipe, "--until", "publishing", store=store)
     assert result.returncode == 2
     assert re.fullmatch(r"--until publishing: not a stage \(source(, [a-z-]+)+\)", result.stderr.strip()), result.stderr

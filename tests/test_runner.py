@@ -216,7 +216,8 @@ def test_recipe_graph_rebuilds_only_the_changed_variants_subtree(store, tmp_path
                 "checkpoint:convert": stagekit.RECORD_CHECKPOINT, "checkpoint:export": stagekit.RECORD_CHECKPOINT,
                 "hf-checkpoint:convert": stagekit.RECORD_HF, "hf-checkpoint:export": stagekit.RECORD_HF,
                 "engine": stagekit.RECORD_ENGINE, "reference": stagekit.RECORD_REFERENCE,
-                "validate": stagekit.RECORD_VALIDATE, "validate:trtllm": stagekit.RECORD_VALIDATE}
+                "validate": stagekit.RECORD_VALIDATE, "validate:trtllm": stagekit.RECORD_VALIDATE,
+                "validate:vllm": stagekit.RECORD_VALIDATE}
     registry = {**STAGES, **stand_in}
 
     def build(kv: str) -> dict[str, str]:
@@ -240,8 +241,8 @@ backends: [engine, hf-checkpoint]
     first = build("fp8")
     # source, calibration, fp8-quantized, reference; per variant 2 checkpoints, 4 engines, their 4
     # validation twins and 4 engine validations, 1 HF checkpoint, 3 checkpoint validations (fp8's three
-    # share one key: 1 built, 2 cached) and the HF checkpoint's TensorRT-LLM validation
-    assert len(first) == 4 + 2 * (2 + 4 + 4 + 4 + 1 + 3 + 1)
+    # share one key: 1 built, 2 cached) and the HF checkpoint's TensorRT-LLM and vLLM validations
+    assert len(first) == 4 + 2 * (2 + 4 + 4 + 4 + 1 + 3 + 2)
     assert [n for n, st in first.items() if st != "built"] == ["fp8-tp2:validate", "fp8-hf:validate"]
     second = build("null")  # fp8 without the FP8 KV cache
     rebuilt = {name for name, status in second.items() if status == "built"}
@@ -249,7 +250,7 @@ backends: [engine, hf-checkpoint]
     # one key (its quantized model), built once
     engines = {f"fp8-tp{tp}-{sm}" for tp in (1, 2) for sm in ("sm89", "sm90")}
     assert rebuilt == {"fp8-quantized", "fp8-tp1", "fp8-tp2", "fp8-hf", "fp8-tp1:validate", "fp8-hf:validate-trtllm",
-                       *engines, *{f"{e}:twin" for e in engines}, *{f"{e}:validate" for e in engines}}
+                       "fp8-hf:validate-vllm", *engines, *{f"{e}:twin" for e in engines}, *{f"{e}:validate" for e in engines}}
     assert {name for name, status in second.items() if status == "cached"} == set(first) - rebuilt
     assert counts(runs)["bf16-tp1-sm90"] == 1 and counts(runs)["fp8-tp1-sm90"] == 2
 

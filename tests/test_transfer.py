@@ -394,6 +394,18 @@ def test_push_refuses_a_target_whose_validation_a_stand_in_made(project, run):
     assert not project.remote.exists()
 
 
+def test_push_refuses_a_target_whose_vllm_validation_a_stand_in_made(project, run):
+    project.add("base-hf", "hf-checkpoint")
+    project.add("base-hf:validate", "validate", gates_passed=True)
+    project.add("base-hf:validate-vllm", "validate", gates_passed=True,
+                toolchain={"vllm": "0.33.0+standin", "torch": "2.13.0", "cuda": None})
+    project.write_lock()
+    result = run("push", project.recipe, "--store", project.remote)
+    assert (result.exit_code, result.stderr) == (1, "base-hf: its validation base-hf:validate-vllm: made by a stand-in "
+                                                    "toolchain (vllm); stand-ins are never pushed\n")
+    assert not project.remote.exists()
+
+
 # ---- through a real S3 server (SeaweedFS on 127.0.0.1, credentials enforced) ----------------------------
 
 @pytest.fixture(scope="module")

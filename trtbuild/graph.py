@@ -39,6 +39,11 @@ def trtllm_validate_id(target: str) -> str:
     return f"{target}:validate-trtllm"
 
 
+def vllm_validate_id(target: str) -> str:
+    """An hf-checkpoint's validation as vLLM loads it."""
+    return f"{target}:validate-vllm"
+
+
 def twin_id(engine: str) -> str:
     """The engine built with --gather_context_logits only to be validated."""
     return f"{engine}:twin"
@@ -116,6 +121,19 @@ class TrtllmRunner(HostNeed):
         from trtbuild.validate import trtllm_runner
 
         return trtllm_runner.available(self.backend, self.series)
+
+
+@dataclass(frozen=True)
+class VllmRunner(HostNeed):
+    """vLLM on a GPU that it serves the variant's format on (validate:vllm)."""
+
+    quant: Optional[str]
+    kv_cache: Optional[str]
+
+    def problem(self) -> Optional[str]:
+        from trtbuild.validate import vllm_runner
+
+        return vllm_runner.available(self.quant, self.kv_cache)
 
 
 @dataclass(frozen=True)
@@ -357,6 +375,7 @@ class GraphBuilder:
             self.validations[target.name] = self.torch_validation(target, inputs)
             if target.kind == HF_CHECKPOINT:
                 self.trtllm_validation(target.name, target.variant, "hf", target.name, {})
+                self.vllm_validation(target.name, target.variant)
         return node.id
 
     def torch_validation(self, target: Target, target_inputs: dict[str, str]) -> str:
@@ -446,6 +465,27 @@ class GraphBuilder:
         node.runtime = {"target": target}
         series = ".".join(self.recipe.toolchain.tensorrt_llm.split(".")[:2])  # engines: the recipe's pinned line
         node.host = TrtllmRunner(backend, series)
+        self._add(node)
+        return node.id
+
+    def vllm_validation(self, target: str, vname: str) -> str:
+        """The packaged hf-checkpoint as vLLM loads it (its serving/vllm_args.json, or options derived
+        from the recipe's values below), against the same reference and gates as its checkpoint."""
+        inputs = {"reference": self.reference(), "hf_checkpoint": target}
+        if vname in self.quantized:  # to say when evaluation and calibration windows overlap
+            inputs["calibration"] = self.calibration_of[self.quantized[vname]]
+        node = Node(vllm_validate_id(target), "validate", self.registry.get("validate:vllm"), inputs=inputs,
+                    after=[validate_id(target)], serves=target)
+        node.params["gates"] = self._gates(vname)
+        node.params["runner"] = Param("vllm", "trtbuild: hf-checkpoints are validated as vLLM loads them")
+        node.params["dtype"] = self._dtype()
+        self._variant_params(node, vname)
+        limits = self.recipe.limits
+        node.params["max_seq_len"] = Param(self.plan.max_seq_len, "recipe: limits.max_seq_len" if limits.max_seq_len
+                                           else "model config (max_position_embeddings x rope factor)")
+        node.runtime = {"target": target}
+        variant = self.recipe.variants[vname]
+        node.host = VllmRunner(variant.quant, variant.kv_cache)
         self._add(node)
         return node.id
 

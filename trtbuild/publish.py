@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtbuild.errors import InvalidInput
-from trtbuild.graph import trtllm_validate_id, validate_id
+from trtbuild.graph import trtllm_validate_id, validate_id, vllm_validate_id
 from trtbuild.lockfile import LockFile
 from trtbuild.pullselect import targets_of
 from trtbuild.store.base import Store
@@ -31,7 +31,7 @@ class PushPlan:
 
 def validations(lock: LockFile, target_id: str) -> list[str]:
     """The lock's validations of a target: its own, and for an engine its checkpoint's."""
-    ids = [validate_id(target_id), trtllm_validate_id(target_id)]
+    ids = [validate_id(target_id), trtllm_validate_id(target_id), vllm_validate_id(target_id)]
     target = lock.targets[target_id]
     if target.stage == "engine" and target.platform is not None:
         checkpoint = target_id.removesuffix(f"-{target.platform.sm}")

@@ -16,7 +16,7 @@ from typing import Optional
 from pydantic import ValidationError
 
 from trtbuild.estimate import format_bytes
-from trtbuild.graph import trtllm_validate_id, validate_id
+from trtbuild.graph import trtllm_validate_id, validate_id, vllm_validate_id
 from trtbuild.lockfile import LockedPlatform, LockedRecipe, LockedTarget, LockFile
 from trtbuild.pullselect import TARGET_STAGES, Host, choose, variant_of
 from trtbuild.records import ActionRecord, Ref
@@ -104,7 +104,7 @@ def platform_of(record: ActionRecord) -> Optional[LockedPlatform]:
 
 def _validation_ids(target: str, record: Optional[ActionRecord]) -> list[str]:
     """A target's validations, its own first; an engine's also its checkpoint's (as publish.validations)."""
-    ids = [validate_id(target), trtllm_validate_id(target)]
+    ids = [validate_id(target), trtllm_validate_id(target), vllm_validate_id(target)]
     platform = platform_of(record) if record is not None and record.stage.startswith("engine") else None
     if platform is not None:
         ids.append(validate_id(target.removesuffix(f"-{platform.sm}")))

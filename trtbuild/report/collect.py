@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from trtbuild.graph import trtllm_validate_id, validate_id
+from trtbuild.graph import trtllm_validate_id, validate_id, vllm_validate_id
 from trtbuild.lockfile import LockedTarget, LockFile
 from trtbuild.plan import Plan
 from trtbuild.store.local import LocalStore
@@ -23,8 +23,9 @@ def rows(plan: Plan, store: LocalStore, lock: Optional[LockFile]) -> list[dict]:
         variant = plan.recipe.variants[target.variant]
         entry = locked.get(target.name)
         record = store.get_record(entry.key) if entry else None
-        # an hf-checkpoint's numbers as TensorRT-LLM serves it, when a GPU host measured them
-        validation = locked.get(trtllm_validate_id(target.name)) or locked.get(validate_id(target.name))
+        # an hf-checkpoint's numbers as TensorRT-LLM (else vLLM) serves it, when a GPU host measured them
+        validation = (locked.get(trtllm_validate_id(target.name)) or locked.get(vllm_validate_id(target.name))
+                      or locked.get(validate_id(target.name)))
         summary = _summary(store, validation)
         if not target.ok:
             status = "impossible"

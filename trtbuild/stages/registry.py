@@ -42,6 +42,10 @@ STAGES: dict[str, Optional[Stage]] = {
     # cannot (trtllm_runner.available) before the needs are checked.
     "validate:trtllm": Stage("validate", 1, "trtbuild.stages.validate:validate_trtllm",
                              toolchain=("tensorrt_llm", "tensorrt", "cuda"), needs=("tensorrt_llm",)),
+    # A packaged hf-checkpoint as vLLM loads it (its serving/vllm_args.json); the node's host need
+    # (vllm_runner.available) says why a host cannot before the needs are checked.
+    "validate:vllm": Stage("validate", 1, "trtbuild.stages.validate:validate_vllm",
+                           toolchain=("vllm", "torch", "cuda"), needs=("vllm",)),
 }
 
 # Each stage knows its registry name: the lock file records the toolchain per stage id.

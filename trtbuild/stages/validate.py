@@ -103,6 +103,29 @@ def validate_trtllm(ctx: StageContext) -> None:
     _write_report(ctx, windows, comparison, started, extra, warnings)
 
 
+def validate_vllm(ctx: StageContext) -> None:
+    """A packaged Hugging Face checkpoint loaded by vLLM with its serve options, on this host's GPU."""
+    from trtbuild import toolchain
+    from trtbuild.validate import vllm_runner
+
+    started = time.monotonic()
+    windows, ref = _load_reference(ctx)
+    folder = ctx.inputs["hf_checkpoint"]
+    options, origin = vllm_runner.load_options(folder, ctx.params)
+    candidate = vllm_runner.run(folder, windows, ref["topk_ids"], options)
+    comparison = vllm_runner.compare(candidate, ref)
+    lumped = float(np.isnan(candidate["logp_at_reference"]).mean())
+    ctx.measure(gpus=candidate["gpus"])  # this host's products: the record's, not the artifact's
+    extra = {"runner": f"vllm {toolchain.package_version('vllm')}", "device": candidate["device"],
+             "load_options": options, "load_options_from": origin, "logits_path": "prompt_logprobs",
+             "reference_topk_lumped": lumped}
+    warnings = []
+    if lumped > 0:
+        warnings.append(f"{lumped:.1%} of the reference's top-{ref['topk_ids'].shape[-1]} tokens were outside vLLM's "
+                        "returned top-k and were lumped into the tail (KL divergence a lower bound)")
+    _write_report(ctx, windows, comparison, started, extra, warnings)
+
+
 def _write_report(ctx: StageContext, windows: np.ndarray, comparison, started: float, runner: dict,
                   warnings: Optional[list] = None) -> None:
     from trtbuild.validate import metrics

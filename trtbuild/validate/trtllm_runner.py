@@ -76,7 +76,6 @@ tensorrt_llm/version.py):
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +85,7 @@ import numpy as np
 
 from trtbuild.errors import TrtbuildError
 from trtbuild.modelconfig import read_json_object
+from trtbuild.validate import prompt_logprobs
 
 NEEDS = {"engine": "needs tensorrt_llm 1.2.x and an NVIDIA GPU",  # the TensorRT engine backend ends with 1.2
          "hf": "needs tensorrt_llm (PyTorch backend, 1.0 or later) and an NVIDIA GPU"}
@@ -216,30 +216,6 @@ def to_llm_api(requests: Sequence[LogprobRequest]) -> tuple[list, list]:
 # Parsing RequestOutput objects
 # --------------------------------------------------------------------------------------------
 
-def _check_outputs(outputs, windows: np.ndarray, what: str) -> list:
-    outputs = list(outputs)
-    if len(outputs) != len(windows):
-        raise TrtbuildError(f"{what}: {len(outputs)} request outputs for {len(windows)} windows")
-    for i, (out, window) in enumerate(zip(outputs, windows)):
-        prompt = getattr(out, "prompt_token_ids", None)
-        if prompt is not None and [int(x) for x in prompt] != [int(x) for x in window]:
-            raise TrtbuildError(f"{what}: output {i} is for a prompt of {len(prompt)} tokens that is not window {i} "
-                                f"({len(window)} tokens): outputs must come in the order of the windows")
-    return outputs
-
-
-def _empty(S: int, n: int, k: int, ref_ids: Optional[np.ndarray]) -> dict[str, np.ndarray]:
-    result = {"topk_ids": np.full((S, n, k), -1, dtype=np.int32),
-              "topk_logp": np.full((S, n, k), -np.inf, dtype=np.float32),
-              "target_logp": np.full((S, n), np.nan, dtype=np.float32),
-              "target_found": np.zeros((S, n), dtype=bool)}
-    if ref_ids is not None:
-        if ref_ids.shape[:2] != (S, n):
-            raise TrtbuildError(f"reference top-k ids of shape {list(ref_ids.shape)} do not fit {S} windows of {n + 1} tokens")
-        result["logp_at_reference"] = np.full(ref_ids.shape, np.nan, dtype=np.float32)
-    return result
-
-
 def parse_prompt_logprobs(outputs, windows: np.ndarray, k: int,
                           ref_ids: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:
     """The arrays of the module docstring from `RequestOutput`s of the prompt_logprobs path
@@ -250,8 +226,8 @@ def parse_prompt_logprobs(outputs, windows: np.ndarray, k: int,
     candidate did not return that token)."""
     windows = np.asarray(windows)
     S, L = windows.shape
-    outputs = _check_outputs(outputs, windows, "prompt_logprobs")
-    result = _empty(S, L - 1, k, ref_ids)
+    outputs = prompt_logprobs.check_outputs(outputs, windows, "prompt_logprobs")
+    result = prompt_logprobs.empty(S, L - 1, k, ref_ids)
     for i, out in enumerate(outputs):
         completions = getattr(out, "outputs", None) or []
         entries = getattr(completions[0], "prompt_logprobs", None) if completions else None
@@ -264,36 +240,8 @@ def parse_prompt_logprobs(outputs, windows: np.ndarray, k: int,
         if len(entries) != L:
             raise TrtbuildError(f"prompt_logprobs: output {i} has {len(entries)} positions for a window of {L} tokens "
                                 f"(TensorRT-LLM returns one per prompt token)")
-        for t in range(L - 1):
-            entry = entries[t]
-            if not isinstance(entry, dict):
-                raise TrtbuildError(f"prompt_logprobs: output {i} position {t}: expected a dict "
-                                    f"{{token_id: Logprob}}, got {type(entry).__name__}")
-            # By rank (TensorRT-LLM's 1..k); a token added beyond the top k has a larger rank and
-            # is left out; entries without a rank come last, by log-prob.
-            ranked = sorted((_rank(lp), -_logprob(lp), int(tok)) for tok, lp in entry.items())
-            top = [(tok, -neg) for rank, neg, tok in ranked if rank == math.inf or rank <= k][:k]
-            for j, (tok, logp) in enumerate(top):
-                result["topk_ids"][i, t, j] = tok
-                result["topk_logp"][i, t, j] = logp
-            target = int(windows[i, t + 1])
-            if target in entry:
-                result["target_logp"][i, t] = _logprob(entry[target])
-                result["target_found"][i, t] = True
-            if ref_ids is not None:
-                for j, tok in enumerate(ref_ids[i, t]):
-                    if int(tok) in entry:
-                        result["logp_at_reference"][i, t, j] = _logprob(entry[int(tok)])
+        prompt_logprobs.fill_window(result, i, entries[:L - 1], windows[i], k, ref_ids, "prompt_logprobs")
     return result
-
-
-def _logprob(value) -> float:
-    return float(value.logprob if hasattr(value, "logprob") else value)
-
-
-def _rank(value) -> float:
-    rank = getattr(value, "rank", None)
-    return math.inf if rank is None else int(rank)
 
 
 def parse_context_logits(outputs, windows: np.ndarray, k: int, vocab_size: Optional[int] = None,
@@ -305,8 +253,8 @@ def parse_context_logits(outputs, windows: np.ndarray, k: int, vocab_size: Optio
 
     windows = np.asarray(windows)
     S, L = windows.shape
-    outputs = _check_outputs(outputs, windows, "context_logits")
-    result = _empty(S, L - 1, k, ref_ids)
+    outputs = prompt_logprobs.check_outputs(outputs, windows, "context_logits")
+    result = prompt_logprobs.empty(S, L - 1, k, ref_ids)
     for i, out in enumerate(outputs):
         logits = getattr(out, "context_logits", None)
         if logits is None:
@@ -416,12 +364,4 @@ def run(folder: Path, windows: np.ndarray, ref_ids: np.ndarray, backend: str, pa
 
 def compare(candidate: dict, ref: dict):
     """metrics.Comparison of the runner's arrays against the reference artifact's."""
-    from trtbuild.validate.metrics import Comparison, kl_lumped
-
-    if not candidate["target_found"].all():
-        raise TrtbuildError("TensorRT-LLM validation runner: the actual next token's log-prob is missing at "
-                            f"{int((~candidate['target_found']).sum())} positions")
-    return Comparison(kl=kl_lumped(ref["topk_logp"], candidate["logp_at_reference"]),
-                      top1=(candidate["topk_ids"][..., 0] == ref["topk_ids"][..., 0]).astype(np.float64),
-                      ref_nll=-ref["target_logp"].astype(np.float64),
-                      cand_nll=-candidate["target_logp"].astype(np.float64))
+    return prompt_logprobs.compare(candidate, ref, "TensorRT-LLM")

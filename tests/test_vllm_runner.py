@@ -1,0 +1,204 @@
+"""The vLLM smoke load (`{variant}-hf:validate-vllm`): the runner turns vLLM's prompt log-probs
+into the gates' inputs (exactly), takes its load options from the artifact's serving/vllm_args.json
+or derives them from the recipe, and `trtbuild build` runs it through a stand-in vllm
+(tests/standin_vllm, version 0.33.0+standin) on a recorded GPU, gated and marked stand-in; without
+vllm the node is skipped with the reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import needs_no_vllm, standin_toolchain_env
+from tinymodels import make_model, make_tokenizer
+from trtbuild.errors import TrtbuildError
+from trtbuild.validate import vllm_runner
+
+
+def lp(logprob: float, rank: int) -> SimpleNamespace:
+    return SimpleNamespace(logprob=logprob, rank=rank, decoded_token=None)
+
+
+# ---- the runner on plain data ---------------------------------------------------------------
+
+def known_output():
+    """One window [5, 7, 9] and what vLLM returns for it with prompt_logprobs=2: None for token 0;
+    entry 1 scores token 7 (inside the top 2); entry 2 scores token 9 (outside: added with rank 4)."""
+    windows = np.array([[5, 7, 9]], dtype=np.int32)
+    entries = [None,
+               {7: lp(-0.5, 1), 3: lp(-1.5, 2)},
+               {2: lp(-0.25, 1), 4: lp(-2.0, 2), 9: lp(-3.0, 4)}]
+    return windows, [SimpleNamespace(prompt_token_ids=[5, 7, 9], prompt_logprobs=entries, outputs=[])]
+
+
+def test_prompt_logprobs_become_the_exact_gate_inputs():
+    windows, outputs = known_output()
+    ref_ids = np.array([[[7, 8], [2, 9]]], dtype=np.int32)
+    ref = {"topk_ids": ref_ids, "topk_logp": np.log(np.array([[[0.5, 0.25], [0.75, 0.125]]])),
+           "target_logp": np.array([[-0.75, -2.5]], dtype=np.float32)}
+    got = vllm_runner.parse_prompt_logprobs(outputs, windows, 2, ref_ids)
+    assert got["topk_ids"].tolist() == [[[7, 3], [2, 4]]]
+    assert got["topk_logp"].tolist() == [[[-0.5, -1.5], [-0.25, -2.0]]]
+    assert got["target_logp"].tolist() == [[-0.5, -3.0]]
+    assert got["target_found"].tolist() == [[True, True]]
+    at = got["logp_at_reference"]
+    assert at[0, 0, 0] == -0.5 and np.isnan(at[0, 0, 1]) and at[0, 1].tolist() == [-0.25, -3.0]
+
+    comparison = vllm_runner.compare(got, ref)
+    assert comparison.top1.tolist() == [[1.0, 1.0]]
+    assert comparison.ref_nll.tolist() == [[0.75, 2.5]]
+    assert comparison.cand_nll.tolist() == [[0.5, 3.0]]
+    # position 0: token 8 unknown, lumped with the tail; position 1: both known, tail lumped
+    p0_head = 0.5 * (np.log(0.5) + 0.5)
+    p0_tail = 0.5 * (np.log(0.5) - np.log(1 - np.exp(-0.5)))
+    p1_head = 0.75 * (np.log(0.75) + 0.25) + 0.125 * (np.log(0.125) + 3.0)
+    p1_tail = 0.125 * (np.log(0.125) - np.log(1 - np.exp(-0.25) - np.exp(-3.0)))
+    assert comparison.kl[0].tolist() == pytest.approx([p0_head + p0_tail, p1_head + p1_tail], rel=1e-12)
+
+
+def test_an_output_in_tensorrt_llm_alignment_is_refused():
+    windows, outputs = known_output()
+    outputs[0].prompt_logprobs = outputs[0].prompt_logprobs[1:] + [{}]
+    with pytest.raises(TrtbuildError) as err:
+        vllm_runner.parse_prompt_logprobs(outputs, windows, 2)
+    assert str(err.value) == ("vLLM prompt_logprobs: output 0 does not start with None (vLLM's entry t scores prompt "
+                              "token t, so the first has no distribution)")
+
+
+def test_requests_are_token_ids_with_one_generated_token():
+    assert vllm_runner.prompts(np.array([[1, 2, 3]])) == [{"prompt_token_ids": [1, 2, 3]}]
+    assert vllm_runner.sampling(20) == {"max_tokens": 1, "prompt_logprobs": 20, "detokenize": False}
+
+
+def test_load_options_come_from_the_artifact_or_the_recipe(tmp_path):
+    params = {"quant": "fp8", "kv_cache": "fp8", "dtype": "bfloat16", "max_seq_len": 128}
+    assert vllm_runner.load_options(tmp_path, params) == (
+        {"quantization": "modelopt", "kv_cache_dtype": "fp8", "tensor_parallel_size": 1, "max_model_len": 128,
+         "dtype": "bfloat16"}, "derived from the recipe (the artifact has no serving/vllm_args.json)")
+    assert vllm_runner.load_options(tmp_path, {**params, "quant": None, "kv_cache": None})[0] == {
+        "kv_cache_dtype": "auto", "tensor_parallel_size": 1, "max_model_len": 128, "dtype": "bfloat16"}
+    (tmp_path / "serving").mkdir()
+    (tmp_path / "serving" / "vllm_args.json").write_text(json.dumps(
+        {"--quantization": "modelopt", "--kv-cache-dtype": "auto", "--tensor-parallel-size": 2,
+         "--max-model-len": 64, "--port": 8000, "max_num_seqs": 4}))
+    assert vllm_runner.load_options(tmp_path, params) == (
+        {"quantization": "modelopt", "kv_cache_dtype": "auto", "tensor_parallel_size": 2, "max_model_len": 64,
+         "max_num_seqs": 4}, "serving/vllm_args.json")
+    (tmp_path / "serving" / "vllm_args.json").write_text("[]")
+    with pytest.raises(TrtbuildError) as err:
+        vllm_runner.load_options(tmp_path, params)
+    assert str(err.value) == f"{tmp_path / 'serving' / 'vllm_args.json'}: expected a JSON object of vllm serve options, got list"
+
+
+def test_availability_reads_metadata_and_nvml(recorded_gpu, installed_packages):
+    recorded_gpu(None)
+    if vllm_runner.vllm_version() is None:
+        assert vllm_runner.available() == "needs vllm on a CUDA GPU: this machine has no vllm and no NVIDIA GPU visible"
+    recorded_gpu("H100")
+    installed_packages(vllm="0.33.0")
+    assert vllm_runner.available() is None
+
+
+# ---- trtbuild build ---------------------------------------------------------------------------
+
+RECIPE = """
+schema: 1
+name: tiny-vllm
+source: {path: model}
+backends: [hf-checkpoint]
+variants: {bf16: {}, fp8: {quant: fp8}}
+calibration: {samples: 4, seq_len: 32}
+gpus: [sm90]
+limits: {max_batch_size: 4, max_input_len: 64, max_seq_len: 128, max_num_tokens: 256}
+validate: {samples: 2, seq_len: 32}
+"""
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("vllm-build")
+    make_model(folder / "model", "llama", make_tokenizer(folder / "tokenizer"))
+    (folder / "recipe.yaml").write_text(RECIPE)
+    return folder
+
+
+def build(env: dict, folder: Path) -> dict:
+    result = subprocess.run([sys.executable, "-m", "trtbuild", "build", "recipe.yaml", "--json"], capture_output=True,
+                            text=True, env=env, cwd=folder, timeout=900)
+    assert result.returncode in (0, 1), result.stderr
+    return {t["name"]: t for t in json.loads(result.stdout)["targets"]}
+
+
+def test_build_runs_validate_vllm_through_the_standin_and_marks_it(workspace):
+    env = standin_toolchain_env({**os.environ, "TRTBUILD_CACHE": str(workspace / "store")}, "H100", vllm=True)
+    targets = build(env, workspace)
+    for variant in ("bf16", "fp8"):
+        node = targets[f"{variant}-hf:validate-vllm"]
+        assert (node["stage"], node["status"]) == ("validate", "built"), node["reason"]
+        assert node["gates"] and all(gate["passed"] for gate in node["gates"].values())
+        assert node["standin"] == ["vllm"]
+        report = json.loads((Path(node["path"]) / "report.json").read_text())
+        assert report["runner"] == "vllm 0.33.0+standin" and report["device"] == "cuda:0"
+        assert report["load_options_from"] == "derived from the recipe (the artifact has no serving/vllm_args.json)"
+        assert report["load_options"] == {**({"quantization": "modelopt"} if variant == "fp8" else {}),
+                                          "kv_cache_dtype": "auto", "tensor_parallel_size": 1, "max_model_len": 128,
+                                          "dtype": "bfloat16"}
+    lock = yaml.safe_load((workspace / "recipe.lock").read_text())
+    assert lock["toolchain"]["validate:vllm"]["vllm"] == "0.33.0+standin"
+    assert lock["targets"]["fp8-hf:validate-vllm"]["gates_passed"] is True
+
+
+@needs_no_vllm
+def test_without_vllm_validate_vllm_is_skipped_with_the_reason(workspace):
+    env = standin_toolchain_env({**os.environ, "TRTBUILD_CACHE": str(workspace / "store")}, "H100")  # all else cached
+    targets = build(env, workspace)
+    for variant in ("bf16", "fp8"):
+        node = targets[f"{variant}-hf:validate-vllm"]
+        assert (node["stage"], node["status"], node["reason"]) == (
+            "validate", "skipped", "needs vllm on a CUDA GPU: this machine has no vllm")
+        assert "metrics" not in node
+
+
+def test_a_format_the_serving_table_rules_out_is_not_loaded(recorded_gpu, installed_packages, monkeypatch):
+    import types
+
+    recorded_gpu("H100")
+    installed_packages(vllm="0.33.0")
+    table = types.ModuleType("trtbuild.serving")  # the serving table's contract: support(runtime, quant, kv_cache, sm)
+    table.support = lambda runtime, quant, kv_cache, sm: SimpleNamespace(
+        serves=(runtime, quant, sm) != ("vllm", "int4_awq", "sm90"), reason="quant_algo W4A16_AWQ is not accepted")
+    monkeypatch.setitem(sys.modules, "trtbuild.serving", table)
+    assert vllm_runner.available("int4_awq", None) == (
+        "vllm does not serve this checkpoint on this machine's sm90 GPU: quant_algo W4A16_AWQ is not accepted")
+    assert vllm_runner.available("fp8", "fp8") is None
+
+
+def test_every_hf_checkpoint_gets_a_vllm_validation_after_its_torch_one(tmp_path):
+    from conftest import TINY_LLAMA
+    from trtbuild.graph import VllmRunner, build_graph
+    from trtbuild.plan import plan_recipe
+    from trtbuild.recipe import load_recipe
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(TINY_LLAMA))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("schema: 1\nname: r\nsource: {path: model}\ngpus: [sm90]\nbackends: [hf-checkpoint]\n"
+                      "variants: {bf16: {}, fp8: {quant: fp8, kv_cache: fp8}}\n"
+                      "limits: {max_input_len: 64, max_seq_len: 128}\n")
+    graph = build_graph(plan_recipe(load_recipe(recipe)))
+    node = graph.node("fp8-hf:validate-vllm")
+    assert (node.kind, node.stage.id, node.serves, node.after) == ("validate", "validate:vllm", "fp8-hf", ["fp8-hf:validate"])
+    assert node.inputs == {"reference": "reference", "hf_checkpoint": "fp8-hf", "calibration": "calibration"}
+    assert {k: p.value for k, p in node.params.items() if k != "gates"} == {
+        "runner": "vllm", "dtype": "bfloat16", "quant": "fp8", "kv_cache": "fp8", "max_seq_len": 128}
+    assert node.host == VllmRunner("fp8", "fp8")
+    assert graph.node("bf16-hf:validate-vllm").inputs == {"reference": "reference", "hf_checkpoint": "bf16-hf"}
+    assert not any(n.id.endswith(":validate-vllm") for n in build_graph(plan_recipe(load_recipe(recipe)), validate=False).nodes)

@@ -1,0 +1,198 @@
+"""The vLLM runner: a packaged Hugging Face checkpoint loaded as `vllm serve` would load it (the
+options of its serving/vllm_args.json), scored on the validation windows, in the arrays of
+validate/prompt_logprobs.py, which the gates compare with the reference.
+
+It runs only on a host with vllm installed and an NVIDIA GPU (`available()` says why not, from
+package metadata and NVML: nothing is imported at plan time); everything but `run` is plain Python
+on plain data, so it is tested without vllm.
+
+vLLM 0.33.0 facts used (the PyPI wheel vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl, read):
+- vllm/entrypoints/llm.py `LLM.__init__(model, ..., skip_tokenizer_init, tensor_parallel_size,
+  dtype, quantization, ..., **kwargs)`: the other engine arguments (kv_cache_dtype, max_model_len,
+  pipeline_parallel_size, max_num_seqs, ...) travel as keyword arguments to EngineArgs, under the
+  names of `vllm serve`'s options with `_` for `-`. `generate(prompts, sampling_params, use_tqdm)`.
+- vllm/inputs/llm.py `TokensPrompt`: {"prompt_token_ids": [...]} (with skip_tokenizer_init the
+  prompts must be token ids).
+- vllm/sampling_params.py: `prompt_logprobs` "Number of log probabilities to return per prompt
+  token"; `max_tokens`; `detokenize`.
+- vllm/outputs.py `RequestOutput.prompt_logprobs` (on the request, not on its completions) and
+  vllm/logprobs.py `create_prompt_logprobs`: the list starts with None ("logprob of first prompt
+  token is None"), then entry t is {token_id: Logprob(logprob, rank, decoded_token)} scoring prompt
+  token t: the top k plus the prompt token itself (whose rank may exceed k). So entry t+1 is the
+  distribution after tokens 0..t, and the actual next token is always there: `target_logp` is exact;
+  the reference's top-k tokens outside the candidate's top k are lumped into the KL tail.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from trtbuild.errors import TrtbuildError
+from trtbuild.validate import prompt_logprobs
+
+NEED = "needs vllm on a CUDA GPU"
+ARGS_FILE = Path("serving") / "vllm_args.json"
+# The engine arguments a smoke load takes from the artifact's serve options; the rest of `vllm
+# serve`'s options (host, port, ...) are the server's, not the loader's.
+LOAD_OPTIONS = ("quantization", "kv_cache_dtype", "tensor_parallel_size", "pipeline_parallel_size", "max_model_len",
+                "dtype", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "trust_remote_code")
+BATCH_WINDOWS = 8  # windows per generate() call
+
+
+def vllm_version() -> Optional[str]:
+    """The installed vllm version, from package metadata (no import); None when absent."""
+    from trtbuild import toolchain
+
+    return toolchain.package_version("vllm")
+
+
+def available(quant: Optional[str] = None, kv_cache: Optional[str] = None) -> Optional[str]:
+    """None when this host has vllm and a visible NVIDIA GPU that vLLM serves the format on, else
+    the reason."""
+    from trtbuild.validate import trtllm_runner
+
+    problems = []
+    if vllm_version() is None:
+        problems.append("no vllm")
+    if not trtllm_runner._gpu_visible():
+        problems.append("no NVIDIA GPU visible")
+    if problems:
+        return f"{NEED}: this machine has {' and '.join(problems)}"
+    return _unserved(quant, kv_cache)
+
+
+def _unserved(quant: Optional[str], kv_cache: Optional[str]) -> Optional[str]:
+    """Why vLLM does not serve the format on this host's GPU, by the serving table (trtbuild/serving.py,
+    when this version has it): a load that the table says fails is not run."""
+    from trtbuild import hardware
+
+    try:
+        from trtbuild.serving import support
+    except ImportError:
+        return None
+    sm = hardware.detect_gpus()[0].sm
+    cell = support("vllm", quant, kv_cache, sm)
+    return None if cell.serves else f"vllm does not serve this checkpoint on this machine's {sm} GPU: {cell.reason}"
+
+
+# --------------------------------------------------------------------------------------------
+# Load options
+# --------------------------------------------------------------------------------------------
+
+def derived_options(quant: Optional[str], kv_cache: Optional[str], dtype: str, max_seq_len: int) -> dict[str, Any]:
+    """The options a packaged checkpoint without serving/vllm_args.json is loaded with, from the
+    recipe's values: ModelOpt's loader for a quantized variant (the checkpoint's config names the
+    algorithm), an FP8 KV cache when the variant has one, one GPU, the plan's sequence length."""
+    return {"quantization": "modelopt" if quant else None, "kv_cache_dtype": "fp8" if kv_cache == "fp8" else "auto",
+            "tensor_parallel_size": 1, "max_model_len": int(max_seq_len), "dtype": dtype}
+
+
+def artifact_options(folder: Path) -> Optional[dict[str, Any]]:
+    """The load options of `folder`'s serving/vllm_args.json (a JSON object keyed by `vllm serve`
+    option names, `--kv-cache-dtype` or `kv_cache_dtype`), or None when the artifact has none."""
+    path = Path(folder) / ARGS_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise TrtbuildError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise TrtbuildError(f"{path}: expected a JSON object of vllm serve options, got {type(data).__name__}")
+    named = {key.lstrip("-").replace("-", "_"): value for key, value in data.items()}
+    return {name: named[name] for name in LOAD_OPTIONS if name in named}
+
+
+def load_options(folder: Path, params: dict) -> tuple[dict[str, Any], str]:
+    """(LLM keyword arguments, where they came from): the artifact's serve options when it has
+    them, else derived from the recipe's (`params`: quant, kv_cache, dtype, max_seq_len)."""
+    options = artifact_options(folder)
+    if options is not None:
+        origin = str(ARGS_FILE)
+    else:
+        options = derived_options(params.get("quant"), params.get("kv_cache"), params["dtype"], params["max_seq_len"])
+        origin = "derived from the recipe (the artifact has no serving/vllm_args.json)"
+    return {k: v for k, v in options.items() if v is not None}, origin
+
+
+# --------------------------------------------------------------------------------------------
+# Requests and outputs as plain data
+# --------------------------------------------------------------------------------------------
+
+def sampling(k: int) -> dict[str, Any]:
+    """SamplingParams keyword arguments: one token after the window (the least `generate` makes),
+    the top k log-probs of every prompt position, no detokenizing (no tokenizer is loaded)."""
+    if not isinstance(k, (int, np.integer)) or k < 1:
+        raise TrtbuildError(f"k must be a positive integer for prompt_logprobs, got {k!r}")
+    return {"max_tokens": 1, "prompt_logprobs": int(k), "detokenize": False}
+
+
+def prompts(windows: np.ndarray) -> list[dict]:
+    """One TokensPrompt per window [S, L]."""
+    windows = np.asarray(windows)
+    if windows.ndim != 2 or windows.shape[1] < 2:
+        raise TrtbuildError(f"windows: expected token ids [windows, length >= 2], got shape {list(windows.shape)}")
+    return [{"prompt_token_ids": [int(x) for x in row]} for row in windows]
+
+
+def parse_prompt_logprobs(outputs, windows: np.ndarray, k: int,
+                          ref_ids: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:
+    """The arrays of validate/prompt_logprobs.py from vLLM `RequestOutput`s: `prompt_logprobs` of
+    L entries, None first, entry t+1 the distribution after tokens 0..t."""
+    windows = np.asarray(windows)
+    S, L = windows.shape
+    outputs = prompt_logprobs.check_outputs(outputs, windows, "vLLM prompt_logprobs")
+    result = prompt_logprobs.empty(S, L - 1, k, ref_ids)
+    for i, out in enumerate(outputs):
+        entries = getattr(out, "prompt_logprobs", None)
+        if entries is None:
+            raise TrtbuildError(f"vLLM prompt_logprobs: output {i} has none (was SamplingParams.prompt_logprobs set?)")
+        entries = list(entries)
+        if len(entries) != L:
+            raise TrtbuildError(f"vLLM prompt_logprobs: output {i} has {len(entries)} positions for a window of {L} "
+                                "tokens (vLLM returns one per prompt token)")
+        if entries[0] is not None:
+            raise TrtbuildError(f"vLLM prompt_logprobs: output {i} does not start with None (vLLM's entry t scores "
+                                "prompt token t, so the first has no distribution)")
+        prompt_logprobs.fill_window(result, i, entries[1:], windows[i], k, ref_ids, "vLLM prompt_logprobs")
+    return result
+
+
+def compare(candidate: dict, ref: dict):
+    return prompt_logprobs.compare(candidate, ref, "vLLM")
+
+
+# --------------------------------------------------------------------------------------------
+# Running (GPU host with vllm only)
+# --------------------------------------------------------------------------------------------
+
+def run(folder: Path, windows: np.ndarray, ref_ids: np.ndarray, options: dict[str, Any]) -> dict:
+    """The packaged checkpoint `folder` loaded by vllm.LLM with `options`, scored on `windows`:
+    the arrays of validate/prompt_logprobs.py, plus `device` (CUDA devices by rank) and `gpus`
+    (which products those were here)."""
+    from trtbuild.validate.trtllm_runner import devices_used
+
+    reason = available()
+    if reason:
+        raise TrtbuildError(f"vLLM validation runner: {reason}")
+    from vllm import LLM, SamplingParams
+
+    windows = np.asarray(windows)
+    k = int(ref_ids.shape[-1])
+    llm = LLM(model=str(folder), skip_tokenizer_init=True, **options)
+    params = SamplingParams(**sampling(k))
+    parts = []
+    for s in range(0, len(windows), BATCH_WINDOWS):
+        rows = windows[s:s + BATCH_WINDOWS]
+        outs = llm.generate(prompts(rows), params, use_tqdm=False)
+        parts.append(parse_prompt_logprobs(outs, rows, k, ref_ids[s:s + BATCH_WINDOWS]))
+    del llm
+    result = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+    world_size = int(options.get("tensor_parallel_size", 1)) * int(options.get("pipeline_parallel_size", 1))
+    result["device"] = ", ".join(f"cuda:{rank}" for rank in range(world_size))
+    result["gpus"] = devices_used(world_size)
+    return result
