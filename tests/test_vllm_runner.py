@@ -167,17 +167,12 @@ def test_without_vllm_validate_vllm_is_skipped_with_the_reason(workspace):
         assert "metrics" not in node
 
 
-def test_a_format_the_serving_table_rules_out_is_not_loaded(recorded_gpu, installed_packages, monkeypatch):
-    import types
-
+def test_a_format_the_serving_table_rules_out_is_not_loaded(recorded_gpu, installed_packages):
     recorded_gpu("H100")
     installed_packages(vllm="0.33.0")
-    table = types.ModuleType("trtbuild.serving")  # the serving table's contract: support(runtime, quant, kv_cache, sm)
-    table.support = lambda runtime, quant, kv_cache, sm: SimpleNamespace(
-        serves=(runtime, quant, sm) != ("vllm", "int4_awq", "sm90"), reason="quant_algo W4A16_AWQ is not accepted")
-    monkeypatch.setitem(sys.modules, "trtbuild.serving", table)
     assert vllm_runner.available("int4_awq", None) == (
-        "vllm does not serve this checkpoint on this machine's sm90 GPU: quant_algo W4A16_AWQ is not accepted")
+        "vllm does not serve this checkpoint on this machine's sm90 GPU: its ModelOpt loader rejects quant_algo "
+        "W4A16_AWQ (it accepts FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, NVFP4, W4A16_NVFP4, MXFP8, MIXED_PRECISION)")
     assert vllm_runner.available("fp8", "fp8") is None
 
 

@@ -66,14 +66,11 @@ def available(quant: Optional[str] = None, kv_cache: Optional[str] = None) -> Op
 
 
 def _unserved(quant: Optional[str], kv_cache: Optional[str]) -> Optional[str]:
-    """Why vLLM does not serve the format on this host's GPU, by the serving table (trtbuild/serving.py,
-    when this version has it): a load that the table says fails is not run."""
+    """Why vLLM does not serve the format on this host's GPU, by the serving table
+    (trtbuild/serving.py): a load that the table says fails is not run."""
     from trtbuild import hardware
+    from trtbuild.serving import support
 
-    try:
-        from trtbuild.serving import support
-    except ImportError:
-        return None
     sm = hardware.detect_gpus()[0].sm
     cell = support("vllm", quant, kv_cache, sm)
     return None if cell.serves else f"vllm does not serve this checkpoint on this machine's {sm} GPU: {cell.reason}"
