@@ -131,7 +131,7 @@ RECORD_QUANTIZE = Stage("quantize", 1, "stagekit:record_params")
 RECORD_CHECKPOINT = Stage("checkpoint", 1, "stagekit:record_params")
 RECORD_REFERENCE = Stage("reference", 1, "stagekit:record_params")
 RECORD_VALIDATE = Stage("validate", 1, "stagekit:record_params")
-RECORD_HF = Stage("hf-checkpoint", 1, "stagekit:record_params")
+RECORD_HF = Stage("hf-export", 1, "stagekit:record_params")
 RECORD_ENGINE = Stage("engine", 1, "stagekit:record_params")
 
 

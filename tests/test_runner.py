@@ -214,7 +214,7 @@ def test_recipe_graph_rebuilds_only_the_changed_variants_subtree(store, tmp_path
     runs = tmp_path / "runs.log"
     stand_in = {"calibration": stagekit.RECORD_CALIBRATION, "quantize": stagekit.RECORD_QUANTIZE,
                 "checkpoint:convert": stagekit.RECORD_CHECKPOINT, "checkpoint:export": stagekit.RECORD_CHECKPOINT,
-                "hf-checkpoint:convert": stagekit.RECORD_HF, "hf-checkpoint:export": stagekit.RECORD_HF,
+                "hf-export:convert": stagekit.RECORD_HF, "hf-export:export": stagekit.RECORD_HF,
                 "engine": stagekit.RECORD_ENGINE, "reference": stagekit.RECORD_REFERENCE,
                 "validate": stagekit.RECORD_VALIDATE, "validate:trtllm": stagekit.RECORD_VALIDATE}
     registry = {**STAGES, **stand_in}
@@ -239,16 +239,18 @@ backends: [engine, hf-checkpoint]
 
     first = build("fp8")
     # source, calibration, fp8-quantized, reference; per variant 2 checkpoints, 4 engines, their 4
-    # validation twins and 4 engine validations, 1 HF checkpoint, 3 checkpoint validations (fp8's three
-    # share one key: 1 built, 2 cached) and the HF checkpoint's TensorRT-LLM validation
-    assert len(first) == 4 + 2 * (2 + 4 + 4 + 4 + 1 + 3 + 1)
+    # validation twins and 4 engine validations, 1 HF checkpoint (its export and its package, the real
+    # stage), 3 checkpoint validations (fp8's three share one key: 1 built, 2 cached) and the HF
+    # checkpoint's TensorRT-LLM validation
+    assert len(first) == 4 + 2 * (2 + 4 + 4 + 4 + 2 + 3 + 1)
     assert [n for n, st in first.items() if st != "built"] == ["fp8-tp2:validate", "fp8-hf:validate"]
     second = build("null")  # fp8 without the FP8 KV cache
     rebuilt = {name for name, status in second.items() if status == "built"}
     # the calibration set and the reference are the same: not rebuilt; fp8's three validations share
     # one key (its quantized model), built once
     engines = {f"fp8-tp{tp}-{sm}" for tp in (1, 2) for sm in ("sm89", "sm90")}
-    assert rebuilt == {"fp8-quantized", "fp8-tp1", "fp8-tp2", "fp8-hf", "fp8-tp1:validate", "fp8-hf:validate-trtllm",
+    assert rebuilt == {"fp8-quantized", "fp8-tp1", "fp8-tp2", "fp8-hf-export", "fp8-hf", "fp8-tp1:validate",
+                       "fp8-hf:validate-trtllm",
                        *engines, *{f"{e}:twin" for e in engines}, *{f"{e}:validate" for e in engines}}
     assert {name for name, status in second.items() if status == "cached"} == set(first) - rebuilt
     assert counts(runs)["bf16-tp1-sm90"] == 1 and counts(runs)["fp8-tp1-sm90"] == 2

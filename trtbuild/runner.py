@@ -20,7 +20,7 @@ from trtbuild import nodekeys, timingcache
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.graph import STAGE_ORDER, Blocker, Graph, Node
 from trtbuild.records import ActionRecord, Digest, Execution
-from trtbuild.stages.base import SUMMARY_FILES, StageContext
+from trtbuild.stages.base import OVERLAY_SUMMARY, SUMMARY_FILES, StageContext
 from trtbuild.stages.source import Resolved
 from trtbuild.stages.worker import ERROR_PREFIX, INPUT_ERROR_PREFIX, PROGRESS_PREFIX, load_entry
 from trtbuild.store.checkout import materialize
@@ -175,7 +175,8 @@ def _failure_reason(log: Path, returncode: int) -> str:
 def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path], reporter) -> Executed:
     """Run the node's stage into a fresh folder under the store's tmp/ and ingest the result. The
     stage's log is written beside that folder, not in it: it is stored as a blob of its own and
-    named in the action record, so the artifact holds only what the key's inputs determine."""
+    named in the action record, so the artifact holds only what the key's inputs determine. An
+    overlay stage's artifact is its input's plus what it wrote (_overlay)."""
     node, key = keyed.node, keyed.key
     stage = node.stage
     work = store.tmpdir(f"{node.kind}-{key[:12]}")
@@ -226,10 +227,10 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
                                         links_within=ctx.adopted["links_within"], link=ctx.adopted["link"])
             else:
                 manifest = store.ingest(out, progress=reporter.advance)
-        summary = {}
-        report = next((out / name for name in SUMMARY_FILES if (out / name).exists()), None)
-        if report is not None:
-            summary = json.loads(report.read_text())
+        if stage.overlay:
+            manifest, summary = _overlay(store, keyed.fields["inputs"][stage.overlay], inputs[stage.overlay], manifest, out)
+        else:
+            summary = _summary(out)
         if timing:
             timing.store_new(store)
         logs: dict[str, Digest] = {}
@@ -240,6 +241,29 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
         return Executed(manifest, summary, execution)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _summary(folder: Path) -> dict:
+    report = next((folder / name for name in SUMMARY_FILES if (folder / name).exists()), None)
+    return json.loads(report.read_text()) if report is not None else {}
+
+
+def _overlay(store: LocalStore, base_digest: str, base_folder: Path, written: Manifest, out: Path) -> tuple[Manifest, dict]:
+    """An overlay stage's artifact: its input's manifest (read from the store, never re-hashed: its
+    blobs are already there) plus the files the stage wrote, which may add files but replace none.
+    Its summary: the input's report updated with the stage's own (OVERLAY_SUMMARY)."""
+    base = store.get_manifest(base_digest)
+    clash = sorted({e.path for e in base.entries} & {e.path for e in written.entries})
+    if clash:
+        raise StageFailed(f"the stage wrote {', '.join(clash[:3])}, which its input {base_digest[:16]}... already has; "
+                          "an overlay may add files, never replace them")
+    merged = Manifest.from_entries(base.entries + written.entries)
+    store.put_manifest(merged)
+    summary = _summary(base_folder)
+    own = out / OVERLAY_SUMMARY
+    if own.exists():
+        summary.update(json.loads(own.read_text()))
+    return merged, summary
 
 
 @dataclass
