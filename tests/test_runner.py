@@ -365,3 +365,31 @@ def test_two_recipes_with_one_name_cannot_move_each_others_refs(store, tmp_path)
                                  f"{store.root}; give this recipe another `name:` (or remove "
                                  f"{store.root / 'refs' / 'diamond' / '.recipe.json'} to hand the name over)")
     assert counts(runs)["b"] == 1  # refused before anything ran
+
+
+@pytest.mark.parametrize("overlay", [stagekit.OVERLAY, stagekit.OVERLAY_ISOLATED], ids=["in-process", "isolated"])
+def test_an_overlay_stages_artifact_is_its_inputs_files_plus_what_it_wrote(store, tmp_path, overlay):
+    runs = tmp_path / "runs.log"
+    graph = Graph("g", [node("a", UPPER_INPROCESS, runs, inputs={"src": "w"}),
+                        node("b", overlay, runs, inputs={"base": "a"}, name="extra/note.txt", text="hi")])
+    graph.nodes.insert(0, node("w", WRITE, runs, text="alpha"))
+    results = {r.id: r for r in run_graph(graph, store).results}
+    assert {k: r.status for k, r in results.items()} == dict.fromkeys("wab", "built")
+    base, merged = store.get_manifest(results["a"].digest), store.get_manifest(results["b"].digest)
+    assert [e.path for e in merged.entries] == ["extra/note.txt", "report.json", "text.txt"]
+    assert [e for e in merged.entries if e.path != "extra/note.txt"] == list(base.entries)
+    out = materialize(store, results["b"].digest)
+    assert ((out / "text.txt").read_text(), (out / "extra/note.txt").read_text()) == ("ALPHA", "hi")
+    assert results["b"].summary == {"chars": 5}  # the input's report (the stage wrote no serving/report.json)
+    assert verify(store) == []
+
+
+def test_an_overlay_stage_may_not_replace_a_file_of_its_input(store, tmp_path):
+    graph = Graph("g", [node("w", WRITE, None, text="alpha"),
+                        node("b", stagekit.OVERLAY, None, inputs={"base": "w"}, name="text.txt", text="other")])
+    results = {r.id: r for r in run_graph(graph, store).results}
+    base = results["w"].digest
+    assert (results["b"].status, results["b"].reason) == (
+        "failed", f"the stage wrote text.txt, which its input {base[:16]}... already has; "
+                  "an overlay may add files, never replace them")
+    assert store.read_ref("g", "b") is None
