@@ -183,7 +183,7 @@ def test_until_and_target_globs(recipe, tmp_path):
     data = build_json(recipe, store, "--until", "source")
     assert by_name(data)["bf16-tp1"]["reason"] == "after --until source"
     data = build_json(recipe, store, "--target", "fp8-*", "--until", "source")
-    assert set(by_name(data)) == {"source", "calibration", "fp8-quantized", "fp8-tp1", "fp8-tp1-sm90", "fp8-hf",
+    assert set(by_name(data)) == {"source", "calibration", "fp8-quantized", "fp8-tp1", "fp8-tp1-sm90", "fp8-hf-export", "fp8-hf",
                                   "reference", "fp8-tp1:validate", "fp8-hf:validate", "fp8-tp1-sm90:twin",
                                   "fp8-tp1-sm90:validate", "fp8-hf:validate-trtllm"}
     result = trtbuild("build", recipe, "--until", "publishing", store=store)
