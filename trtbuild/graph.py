@@ -384,7 +384,7 @@ class GraphBuilder:
         origins = {name: field_param(limits, name, f"limits.{name}").origin for name in values}
         origins["max_seq_len"] = ("recipe: limits.max_seq_len" if limits.max_seq_len
                                   else "model config (max_position_embeddings x rope factor)")
-        node.params["limits"] = Param(values, "recipe: limits (see each)", parts=origins)
+        node.params["limits"] = Param(values, "; ".join(f"{k} {o}" for k, o in origins.items()), parts=origins)
         node.params["dtype"] = self._dtype()
         self._variant_params(node, target.variant)
         node.params["parallelism"] = Param([{"tp": p.tp, "pp": p.pp} for p in self.recipe.parallelism],
