@@ -212,6 +212,7 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
                 raise StageFailed(f"{reason} (log: {store.keep_failure(key, work / 'logs')})", tail)
             measured = json.loads((work / "execution.json").read_text())
             peak_rss_mib, figures = measured["peak_rss_mib"], measured["figures"]
+            summary = _summary(out, inputs[stage.overlay] if stage.overlay else None)
             manifest = store.ingest(out, progress=reporter.advance)
         else:
             ctx = StageContext(out=out, inputs=inputs, params=node.param_values(), runtime=runtime, state=store.state)
@@ -222,15 +223,14 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
             except Exception as exc:
                 raise StageFailed(" ".join(f"{type(exc).__name__}: {exc}".split())) from exc
             figures = ctx.figures
+            summary = _summary(out, inputs[stage.overlay] if stage.overlay else None)
             if ctx.adopted is not None:
                 manifest = store.ingest(ctx.adopted["folder"], progress=reporter.advance, include=ctx.adopted["include"],
                                         links_within=ctx.adopted["links_within"], link=ctx.adopted["link"])
             else:
                 manifest = store.ingest(out, progress=reporter.advance)
         if stage.overlay:
-            manifest, summary = _overlay(store, keyed.fields["inputs"][stage.overlay], inputs[stage.overlay], manifest, out)
-        else:
-            summary = _summary(out)
+            manifest = _overlay(store, keyed.fields["inputs"][stage.overlay], manifest)
         if timing:
             timing.store_new(store)
         logs: dict[str, Digest] = {}
@@ -243,15 +243,22 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _summary(folder: Path) -> dict:
-    report = next((folder / name for name in SUMMARY_FILES if (folder / name).exists()), None)
-    return json.loads(report.read_text()) if report is not None else {}
+def _summary(out: Path, overlaid: Optional[Path] = None) -> dict:
+    """The artifact's report, read before ingest takes the files. An overlay stage's is its input's
+    report (`overlaid`, the input's folder) updated with the stage's own (OVERLAY_SUMMARY)."""
+    if overlaid is None:
+        report = next((out / name for name in SUMMARY_FILES if (out / name).exists()), None)
+        return json.loads(report.read_text()) if report is not None else {}
+    summary = _summary(overlaid)
+    own = out / OVERLAY_SUMMARY
+    if own.exists():
+        summary.update(json.loads(own.read_text()))
+    return summary
 
 
-def _overlay(store: LocalStore, base_digest: str, base_folder: Path, written: Manifest, out: Path) -> tuple[Manifest, dict]:
+def _overlay(store: LocalStore, base_digest: str, written: Manifest) -> Manifest:
     """An overlay stage's artifact: its input's manifest (read from the store, never re-hashed: its
-    blobs are already there) plus the files the stage wrote, which may add files but replace none.
-    Its summary: the input's report updated with the stage's own (OVERLAY_SUMMARY)."""
+    blobs are already there) plus the files the stage wrote, which may add files but replace none."""
     base = store.get_manifest(base_digest)
     clash = sorted({e.path for e in base.entries} & {e.path for e in written.entries})
     if clash:
@@ -259,11 +266,7 @@ def _overlay(store: LocalStore, base_digest: str, base_folder: Path, written: Ma
                           "an overlay may add files, never replace them")
     merged = Manifest.from_entries(base.entries + written.entries)
     store.put_manifest(merged)
-    summary = _summary(base_folder)
-    own = out / OVERLAY_SUMMARY
-    if own.exists():
-        summary.update(json.loads(own.read_text()))
-    return merged, summary
+    return merged
 
 
 @dataclass
