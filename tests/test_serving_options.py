@@ -124,11 +124,16 @@ def test_several_parallelism_entries_get_a_folder_each(tmp_path, demo_graph):
                                  for f in ("llm_api_options.yaml", "vllm_args.json", "sglang_args.json")])
     options = yaml.safe_load((tmp_path / "serving/tp2-pp2/llm_api_options.yaml").read_text())
     assert (options["tensor_parallel_size"], options["pipeline_parallel_size"]) == (2, 2)
-    argv = json.loads((tmp_path / "serving/tp2/vllm_args.json").read_text())
-    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+    vllm = json.loads((tmp_path / "serving/tp2/vllm_args.json").read_text())
+    assert vllm == {"--quantization": "modelopt", "--kv-cache-dtype": "fp8", "--tensor-parallel-size": 2,
+                    "--pipeline-parallel-size": 1, "--max-model-len": 2048, "--max-num-seqs": 8,
+                    "--max-num-batched-tokens": 2048, "--gpu-memory-utilization": 0.9, "--dtype": "bfloat16"}
+    sglang = json.loads((tmp_path / "serving/tp2-pp2/sglang_args.json").read_text())
+    assert (sglang["--tp-size"], sglang["--pp-size"], sglang["--mem-fraction-static"]) == (2, 2, 0.9)
     readme = (tmp_path / "serving/README.md").read_text()
     assert "trtllm-serve DIR --extra_llm_api_options DIR/serving/tp2-pp2/llm_api_options.yaml" in readme
-    assert f"vllm serve DIR {' '.join(argv)}" in readme
+    argv = " ".join(f"{flag} {value}" for flag, value in vllm.items())
+    assert f"vllm serve DIR {argv}" in readme
 
 
 def test_one_parallelism_entry_writes_serving_itself_with_the_exact_commands(tmp_path, demo_graph):

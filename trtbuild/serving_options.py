@@ -162,7 +162,7 @@ def llm_api_options(s: Serving) -> dict:
 
 
 def vllm_args(s: Serving) -> list[str]:
-    """The arguments after `vllm serve DIR`."""
+    """The arguments after `vllm serve DIR` (vllm_args.json stores them as an object: as_object)."""
     argv = []
     if s.quant:  # an unquantized checkpoint has no quantization_config for a method to read
         argv += ["--quantization", VLLM_QUANTIZATION.get(s.quant, "modelopt")]
@@ -176,7 +176,7 @@ def vllm_args(s: Serving) -> list[str]:
 
 
 def sglang_args(s: Serving) -> list[str]:
-    """The arguments after `python -m sglang.launch_server --model-path DIR`."""
+    """The arguments after `python -m sglang.launch_server --model-path DIR` (stored as an object)."""
     argv = []
     if s.quant:
         argv += ["--quantization", SGLANG_QUANTIZATION.get(s.quant, "modelopt")]
@@ -186,6 +186,17 @@ def sglang_args(s: Serving) -> list[str]:
              "--mem-fraction-static", str(s.memory_fraction), "--dtype", s.dtype]
     check_argv(SGLANG_ARGS, argv)
     return argv
+
+
+def as_object(table: str, argv: Sequence[str]) -> dict[str, Any]:
+    """argv as the JSON object the artifact stores: flag -> value, typed as the runtime's parser
+    types it (an int, a float, else the string), so `LLM(**options)` can take it with `_` for `-`."""
+    flags, options = _flags(table), {}
+    for flag, value in zip(argv[::2], argv[1::2]):
+        kind = flags[flag]["type"] or ""
+        options[flag] = (int(value) if kind == "int" or kind.startswith("human_readable_int")
+                         else float(value) if kind == "float" else value)
+    return options
 
 
 def parallel_dir(tp: int, pp: int) -> str:
@@ -253,8 +264,8 @@ def write_serving(out: Path, params: dict) -> list[str]:
         folder = out / SERVING_DIR / sub if sub else out / SERVING_DIR
         folder.mkdir(parents=True, exist_ok=True)
         (folder / LLM_API_OPTIONS_FILE).write_text(yaml.safe_dump(llm_api_options(s), sort_keys=False))
-        (folder / VLLM_ARGS_FILE).write_text(json.dumps(vllm_args(s), indent=1) + "\n")
-        (folder / SGLANG_ARGS_FILE).write_text(json.dumps(sglang_args(s), indent=1) + "\n")
+        (folder / VLLM_ARGS_FILE).write_text(json.dumps(as_object(VLLM_ARGS, vllm_args(s)), indent=1) + "\n")
+        (folder / SGLANG_ARGS_FILE).write_text(json.dumps(as_object(SGLANG_ARGS, sglang_args(s)), indent=1) + "\n")
         written += [(folder / name).relative_to(out).as_posix()
                     for name in (LLM_API_OPTIONS_FILE, VLLM_ARGS_FILE, SGLANG_ARGS_FILE)]
     (out / SERVING_DIR / README_FILE).write_text(readme(entries))
