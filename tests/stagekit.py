@@ -79,6 +79,14 @@ def die(ctx: StageContext) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def add_file(ctx: StageContext) -> None:
+    """An overlay stage (Stage.overlay): writes params["name"] beside its input's files."""
+    _count(ctx)
+    target = ctx.out / ctx.params["name"]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(ctx.params["text"])
+
+
 WRITE = Stage("write", 1, "stagekit:write_text")
 UPPER = Stage("upper", 1, "stagekit:upper")
 CONCAT = Stage("concat", 1, "stagekit:concat")
@@ -86,6 +94,8 @@ BIG = Stage("big", 1, "stagekit:big")
 FAIL = Stage("fail", 1, "stagekit:fail")
 DIE = Stage("die", 1, "stagekit:die")
 UPPER_INPROCESS = Stage("upper", 1, "stagekit:upper", isolated=False)
+OVERLAY = Stage("overlay", 1, "stagekit:add_file", isolated=False, overlay="base")
+OVERLAY_ISOLATED = Stage("overlay", 1, "stagekit:add_file", overlay="base")
 
 
 def node(node_id: str, stage: Stage, runs: Path | None = None, inputs: dict | None = None, **params) -> Node:
@@ -131,7 +141,7 @@ RECORD_QUANTIZE = Stage("quantize", 1, "stagekit:record_params")
 RECORD_CHECKPOINT = Stage("checkpoint", 1, "stagekit:record_params")
 RECORD_REFERENCE = Stage("reference", 1, "stagekit:record_params")
 RECORD_VALIDATE = Stage("validate", 1, "stagekit:record_params")
-RECORD_HF = Stage("hf-checkpoint", 1, "stagekit:record_params")
+RECORD_HF = Stage("hf-export", 1, "stagekit:record_params")
 RECORD_ENGINE = Stage("engine", 1, "stagekit:record_params")
 
 

@@ -73,14 +73,15 @@ def by_name(data: dict) -> dict[str, dict]:
 def test_build_twice_the_second_builds_nothing_and_says_so(recipe, tmp_path):
     store = tmp_path / "store"
     first = trtbuild("build", recipe, store=store, check=True)
-    # source, calibration, fp8-quantized, two checkpoints, two HF checkpoints, the reference and
+    # source, calibration, fp8-quantized, two checkpoints, two HF checkpoints (each an export and its
+    # package), the reference and
     # three validations (fp8's checkpoint and HF checkpoint share one key: the second is cached);
     # skipped here: 2 engines, their 2 validation twins and 2 validations, and the 2 HF checkpoints'
     # TensorRT-LLM validations
-    assert "tiny: 11 built, 8 skipped, 1 cached" in first.stdout
+    assert "tiny: 13 built, 8 skipped, 1 cached" in first.stdout
     second = trtbuild("build", recipe, store=store, check=True)
     assert "Nothing was built: every buildable artifact was already in the store." in second.stdout
-    assert "tiny: 12 cached, 8 skipped" in second.stdout
+    assert "tiny: 14 cached, 8 skipped" in second.stdout
 
 
 def test_json_summary_statuses_and_read_only_paths(recipe, model, tmp_path):
@@ -183,7 +184,7 @@ def test_until_and_target_globs(recipe, tmp_path):
     data = build_json(recipe, store, "--until", "source")
     assert by_name(data)["bf16-tp1"]["reason"] == "after --until source"
     data = build_json(recipe, store, "--target", "fp8-*", "--until", "source")
-    assert set(by_name(data)) == {"source", "calibration", "fp8-quantized", "fp8-tp1", "fp8-tp1-sm90", "fp8-hf",
+    assert set(by_name(data)) == {"source", "calibration", "fp8-quantized", "fp8-tp1", "fp8-tp1-sm90", "fp8-hf-export", "fp8-hf",
                                   "reference", "fp8-tp1:validate", "fp8-hf:validate", "fp8-tp1-sm90:twin",
                                   "fp8-tp1-sm90:validate", "fp8-hf:validate-trtllm", "fp8-hf:validate-vllm"}
     result = trtbuild("build", recipe, "--until", "publishing", store=store)

@@ -214,7 +214,7 @@ def test_recipe_graph_rebuilds_only_the_changed_variants_subtree(store, tmp_path
     runs = tmp_path / "runs.log"
     stand_in = {"calibration": stagekit.RECORD_CALIBRATION, "quantize": stagekit.RECORD_QUANTIZE,
                 "checkpoint:convert": stagekit.RECORD_CHECKPOINT, "checkpoint:export": stagekit.RECORD_CHECKPOINT,
-                "hf-checkpoint:convert": stagekit.RECORD_HF, "hf-checkpoint:export": stagekit.RECORD_HF,
+                "hf-export:convert": stagekit.RECORD_HF, "hf-export:export": stagekit.RECORD_HF,
                 "engine": stagekit.RECORD_ENGINE, "reference": stagekit.RECORD_REFERENCE,
                 "validate": stagekit.RECORD_VALIDATE, "validate:trtllm": stagekit.RECORD_VALIDATE,
                 "validate:vllm": stagekit.RECORD_VALIDATE}
@@ -240,17 +240,19 @@ backends: [engine, hf-checkpoint]
 
     first = build("fp8")
     # source, calibration, fp8-quantized, reference; per variant 2 checkpoints, 4 engines, their 4
-    # validation twins and 4 engine validations, 1 HF checkpoint, 3 checkpoint validations (fp8's three
-    # share one key: 1 built, 2 cached) and the HF checkpoint's TensorRT-LLM and vLLM validations
-    assert len(first) == 4 + 2 * (2 + 4 + 4 + 4 + 1 + 3 + 2)
+    # validation twins and 4 engine validations, 1 HF checkpoint (its export and its package, the real
+    # stage), 3 checkpoint validations (fp8's three share one key: 1 built, 2 cached) and the HF
+    # checkpoint's TensorRT-LLM and vLLM validations
+    assert len(first) == 4 + 2 * (2 + 4 + 4 + 4 + 2 + 3 + 2)
     assert [n for n, st in first.items() if st != "built"] == ["fp8-tp2:validate", "fp8-hf:validate"]
     second = build("null")  # fp8 without the FP8 KV cache
     rebuilt = {name for name, status in second.items() if status == "built"}
     # the calibration set and the reference are the same: not rebuilt; fp8's three validations share
     # one key (its quantized model), built once
     engines = {f"fp8-tp{tp}-{sm}" for tp in (1, 2) for sm in ("sm89", "sm90")}
-    assert rebuilt == {"fp8-quantized", "fp8-tp1", "fp8-tp2", "fp8-hf", "fp8-tp1:validate", "fp8-hf:validate-trtllm",
-                       "fp8-hf:validate-vllm", *engines, *{f"{e}:twin" for e in engines}, *{f"{e}:validate" for e in engines}}
+    assert rebuilt == {"fp8-quantized", "fp8-tp1", "fp8-tp2", "fp8-hf-export", "fp8-hf", "fp8-tp1:validate",
+                       "fp8-hf:validate-trtllm", "fp8-hf:validate-vllm",
+                       *engines, *{f"{e}:twin" for e in engines}, *{f"{e}:validate" for e in engines}}
     assert {name for name, status in second.items() if status == "cached"} == set(first) - rebuilt
     assert counts(runs)["bf16-tp1-sm90"] == 1 and counts(runs)["fp8-tp1-sm90"] == 2
 
@@ -364,3 +366,31 @@ def test_two_recipes_with_one_name_cannot_move_each_others_refs(store, tmp_path)
                                  f"{store.root}; give this recipe another `name:` (or remove "
                                  f"{store.root / 'refs' / 'diamond' / '.recipe.json'} to hand the name over)")
     assert counts(runs)["b"] == 1  # refused before anything ran
+
+
+@pytest.mark.parametrize("overlay", [stagekit.OVERLAY, stagekit.OVERLAY_ISOLATED], ids=["in-process", "isolated"])
+def test_an_overlay_stages_artifact_is_its_inputs_files_plus_what_it_wrote(store, tmp_path, overlay):
+    runs = tmp_path / "runs.log"
+    graph = Graph("g", [node("a", UPPER_INPROCESS, runs, inputs={"src": "w"}),
+                        node("b", overlay, runs, inputs={"base": "a"}, name="extra/note.txt", text="hi")])
+    graph.nodes.insert(0, node("w", WRITE, runs, text="alpha"))
+    results = {r.id: r for r in run_graph(graph, store).results}
+    assert {k: r.status for k, r in results.items()} == dict.fromkeys("wab", "built")
+    base, merged = store.get_manifest(results["a"].digest), store.get_manifest(results["b"].digest)
+    assert [e.path for e in merged.entries] == ["extra/note.txt", "report.json", "text.txt"]
+    assert [e for e in merged.entries if e.path != "extra/note.txt"] == list(base.entries)
+    out = materialize(store, results["b"].digest)
+    assert ((out / "text.txt").read_text(), (out / "extra/note.txt").read_text()) == ("ALPHA", "hi")
+    assert results["b"].summary == {"chars": 5}  # the input's report (the stage wrote no serving/report.json)
+    assert verify(store) == []
+
+
+def test_an_overlay_stage_may_not_replace_a_file_of_its_input(store, tmp_path):
+    graph = Graph("g", [node("w", WRITE, None, text="alpha"),
+                        node("b", stagekit.OVERLAY, None, inputs={"base": "w"}, name="text.txt", text="other")])
+    results = {r.id: r for r in run_graph(graph, store).results}
+    base = results["w"].digest
+    assert (results["b"].status, results["b"].reason) == (
+        "failed", f"the stage wrote text.txt, which its input {base[:16]}... already has; "
+                  "an overlay may add files, never replace them")
+    assert store.read_ref("g", "b") is None

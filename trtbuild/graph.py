@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel
 
-from trtbuild import engine_flags, hardware, toolchain
+from trtbuild import engine_flags, hardware, serving, serving_options, toolchain
 from trtbuild.plan import CHECKPOINT, ENGINE, HF_CHECKPOINT, Plan, Target
 from trtbuild.stages.base import Stage
 from trtbuild.stages.install import install_hint
@@ -23,7 +23,7 @@ from trtbuild.validate import gates
 
 SOURCE = "source"
 # `--until STAGE` keeps the nodes at or before STAGE. Checkpoints are validated before any engine.
-STAGE_ORDER = {"source": 0, "calibration": 1, "quantize": 1, "checkpoint": 1, "hf-checkpoint": 1,
+STAGE_ORDER = {"source": 0, "calibration": 1, "quantize": 1, "checkpoint": 1, "hf-export": 1, "hf-checkpoint": 1,
                "reference": 2, "validate": 2, "engine": 3}
 
 
@@ -51,6 +51,12 @@ def twin_id(engine: str) -> str:
 
 def quantized_id(variant: str) -> str:
     return f"{variant}-quantized"
+
+
+def hf_export_id(target: str) -> str:
+    """The weights of an hf-checkpoint target (`fp8-hf` -> `fp8-hf-export`): the target itself is
+    these files plus serving/ (the runtime options), so a change of limits re-packages, not re-exports."""
+    return f"{target}-export"
 
 
 # ---- why a node cannot run ----------------------------------------------------------------------
@@ -167,7 +173,7 @@ class Param:
 @dataclass
 class Node:
     id: str  # the target name (or "source"): unique in a graph, names the ref
-    kind: str  # source | calibration | quantize | checkpoint | hf-checkpoint | reference | validate | engine
+    kind: str  # source | calibration | quantize | checkpoint | hf-export | hf-checkpoint | reference | validate | engine
     stage: Optional[Stage]
     inputs: dict[str, str] = field(default_factory=dict)  # role -> node id
     params: dict[str, Param] = field(default_factory=dict)
@@ -358,27 +364,60 @@ class GraphBuilder:
         return node.id
 
     def checkpoint(self, target: Target) -> str:
-        """A TensorRT-LLM checkpoint (per tp/pp) or a Hugging Face checkpoint, and its validations."""
+        """A TensorRT-LLM checkpoint (per tp/pp) or a Hugging Face checkpoint, and its validations.
+        A Hugging Face checkpoint is two nodes: the export (the weights) and the package (the
+        export's files plus serving/: the runtime options and the loader check)."""
         variant = self.recipe.variants[target.variant]
         inputs = {"source": SOURCE}
         if variant.needs_calibration and target.ok:
             inputs["quantized"] = self.quantize(target.variant)
         mode = "export" if variant.needs_calibration else "convert"
-        node = self._add(Node(target.name, target.kind, self.registry.get(f"{target.kind}:{mode}"), inputs=inputs,
+        kind = "hf-export" if target.kind == HF_CHECKPOINT else target.kind
+        node_id = hf_export_id(target.name) if target.kind == HF_CHECKPOINT else target.name
+        node = self._add(Node(node_id, kind, self.registry.get(f"{kind}:{mode}"), inputs=inputs,
                               impossible=target.reason))
         node.params["dtype"] = self._dtype()
         self._variant_params(node, target.variant)
         if target.kind == CHECKPOINT:
             node.params["tp"] = Param(target.tp, "recipe: parallelism")
             node.params["pp"] = Param(target.pp, "recipe: parallelism")
+        else:
+            self.hf_package(target, node.id)
         if self.validate and target.ok:
-            self.validations[target.name] = self.torch_validation(target, inputs)
+            # torch validation reads the weights (the export); TensorRT-LLM serves the package (its options)
+            self.validations[target.name] = self.torch_validation(target, inputs, node.id)
             if target.kind == HF_CHECKPOINT:
                 self.trtllm_validation(target.name, target.variant, "hf", target.name, {})
                 self.vllm_validation(target.name, target.variant)
-        return node.id
+        return target.name
 
-    def torch_validation(self, target: Target, target_inputs: dict[str, str]) -> str:
+    def hf_package(self, target: Target, export: str) -> Node:
+        """The hf-checkpoint target: its export's files (not copied: the runner overlays them) plus
+        serving/ derived from these parameters. Its key holds what the options are made of, the
+        export's key none of it: new limits re-package a cached export."""
+        node = self._add(Node(target.name, HF_CHECKPOINT, self.registry.get(f"{HF_CHECKPOINT}:package"),
+                              inputs={"weights": export}, impossible=target.reason))
+        limits = self.recipe.limits
+        values = {name: getattr(limits, name) for name in ("max_batch_size", "max_num_tokens", "max_input_len")}
+        values["max_seq_len"] = self.plan.max_seq_len
+        origins = {name: field_param(limits, name, f"limits.{name}").origin for name in values}
+        origins["max_seq_len"] = ("recipe: limits.max_seq_len" if limits.max_seq_len
+                                  else "model config (max_position_embeddings x rope factor)")
+        node.params["limits"] = Param(values, "; ".join(f"{k} {o}" for k, o in origins.items()), parts=origins)
+        node.params["dtype"] = self._dtype()
+        self._variant_params(node, target.variant)
+        node.params["parallelism"] = Param([{"tp": p.tp, "pp": p.pp} for p in self.recipe.parallelism],
+                                           "recipe: parallelism (one option set per entry)")
+        node.params["memory_fraction"] = field_param(self.recipe.serving, "memory_fraction", "serving.memory_fraction")
+        node.params["runtimes"] = Param(serving_options.runtime_versions(),
+                                        "trtbuild: the runtime argument lists the options are checked against")
+        node.params["serving_table"] = Param(serving.TABLE_VERSION, "trtbuild: the serving support table "
+                                             "(trtbuild/serving.py) the loader check's per-SM verdicts come from")
+        if target.ok:  # an option the pinned runtimes do not know fails here, at plan time
+            serving_options.check_params(node.param_values())
+        return node
+
+    def torch_validation(self, target: Target, target_inputs: dict[str, str], weights: str) -> str:
         """The target's accuracy against the reference. A quantized variant is validated through its
         restored ModelOpt model (the same for every parallelism: one key, computed once); an
         unquantized checkpoint through its own files read back."""
@@ -387,7 +426,7 @@ class GraphBuilder:
             inputs["quantized"] = target_inputs["quantized"]
             inputs["calibration"] = self.calibration_of[target_inputs["quantized"]]
         else:
-            inputs["checkpoint" if target.kind == CHECKPOINT else "hf_checkpoint"] = target.name
+            inputs["checkpoint" if target.kind == CHECKPOINT else "hf_checkpoint"] = weights
         node = Node(validate_id(target.name), "validate", self.registry.get("validate"), inputs=inputs,
                     after=[target.name], serves=target.name)
         node.params["dtype"] = self._dtype()

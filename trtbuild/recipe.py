@@ -179,6 +179,16 @@ class Limits(_Strict):
         "1 means no beam search)")
 
 
+class Serving(_Strict):
+    """How an hf-checkpoint's runtime options (serving/ in the artifact) share the GPU's memory."""
+
+    memory_fraction: float = Field(
+        0.9, gt=0, le=1, description="share of GPU memory for the runtime (default 0.9, TensorRT-LLM's "
+        "KvCacheConfig.free_gpu_memory_fraction default): TensorRT-LLM's kv_cache_config.free_gpu_memory_fraction "
+        "(of the memory free after the weights), vLLM's --gpu-memory-utilization and SGLang's "
+        "--mem-fraction-static (of the whole GPU, weights included)")
+
+
 class Toolchain(_Strict):
     tensorrt_llm: str = Field(trtllm.DEFAULT_TENSORRT_LLM, description="TensorRT-LLM version engines are built with")
     image: Optional[str] = Field(None, description="container image that holds the toolchain, "
@@ -285,6 +295,8 @@ class Recipe(_Strict):
     parallelism: list[Parallelism] = Field(default_factory=lambda: [Parallelism()], min_length=1,
                                            description="the tp x pp splits to build (default `[{tp: 1, pp: 1}]`)")
     limits: Limits = Field(default_factory=Limits, description="engine limits (trtllm-build's defaults when unset)")
+    serving: Serving = Field(default_factory=Serving, description="runtime options written into each "
+                             "hf-checkpoint (serving/): the GPU memory share")
     gpus: list[GpuName] = Field(default_factory=list, description="SM names (`sm80` ... `sm120`) or GPU products "
                                 "(`L4`, `H100`, ...): one engine per SM, which must fit the smallest product named for "
                                 "it; required for the engine backend")

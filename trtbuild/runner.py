@@ -20,7 +20,7 @@ from trtbuild import nodekeys, timingcache
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.graph import STAGE_ORDER, Blocker, Graph, Node
 from trtbuild.records import ActionRecord, Digest, Execution
-from trtbuild.stages.base import SUMMARY_FILES, StageContext
+from trtbuild.stages.base import OVERLAY_SUMMARY, SUMMARY_FILES, StageContext
 from trtbuild.stages.source import Resolved
 from trtbuild.stages.worker import ERROR_PREFIX, INPUT_ERROR_PREFIX, PROGRESS_PREFIX, load_entry
 from trtbuild.store.checkout import materialize
@@ -172,16 +172,11 @@ def _failure_reason(log: Path, returncode: int) -> str:
     return f"stage process exited with status {returncode}"
 
 
-def _summary(out: Path) -> dict:
-    """The artifact's report (read before ingest: the store takes the files of `out`)."""
-    report = next((out / name for name in SUMMARY_FILES if (out / name).exists()), None)
-    return json.loads(report.read_text()) if report is not None else {}
-
-
 def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path], reporter) -> Executed:
     """Run the node's stage into a fresh folder under the store's tmp/ and ingest the result. The
     stage's log is written beside that folder, not in it: it is stored as a blob of its own and
-    named in the action record, so the artifact holds only what the key's inputs determine."""
+    named in the action record, so the artifact holds only what the key's inputs determine. An
+    overlay stage's artifact is its input's plus what it wrote (_overlay)."""
     node, key = keyed.node, keyed.key
     stage = node.stage
     work = store.tmpdir(f"{node.kind}-{key[:12]}")
@@ -217,7 +212,7 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
                 raise StageFailed(f"{reason} (log: {store.keep_failure(key, work / 'logs')})", tail)
             measured = json.loads((work / "execution.json").read_text())
             peak_rss_mib, figures = measured["peak_rss_mib"], measured["figures"]
-            summary = _summary(out)
+            summary = _summary(out, inputs[stage.overlay] if stage.overlay else None)
             manifest = store.ingest(out, progress=reporter.advance)
         else:
             ctx = StageContext(out=out, inputs=inputs, params=node.param_values(), runtime=runtime, state=store.state)
@@ -228,12 +223,14 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
             except Exception as exc:
                 raise StageFailed(" ".join(f"{type(exc).__name__}: {exc}".split())) from exc
             figures = ctx.figures
-            summary = _summary(out)
+            summary = _summary(out, inputs[stage.overlay] if stage.overlay else None)
             if ctx.adopted is not None:
                 manifest = store.ingest(ctx.adopted["folder"], progress=reporter.advance, include=ctx.adopted["include"],
                                         links_within=ctx.adopted["links_within"], link=ctx.adopted["link"])
             else:
                 manifest = store.ingest(out, progress=reporter.advance)
+        if stage.overlay:
+            manifest = _overlay(store, keyed.fields["inputs"][stage.overlay], manifest)
         if timing:
             timing.store_new(store)
         logs: dict[str, Digest] = {}
@@ -244,6 +241,32 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
         return Executed(manifest, summary, execution)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _summary(out: Path, overlaid: Optional[Path] = None) -> dict:
+    """The artifact's report, read before ingest takes the files. An overlay stage's is its input's
+    report (`overlaid`, the input's folder) updated with the stage's own (OVERLAY_SUMMARY)."""
+    if overlaid is None:
+        report = next((out / name for name in SUMMARY_FILES if (out / name).exists()), None)
+        return json.loads(report.read_text()) if report is not None else {}
+    summary = _summary(overlaid)
+    own = out / OVERLAY_SUMMARY
+    if own.exists():
+        summary.update(json.loads(own.read_text()))
+    return summary
+
+
+def _overlay(store: LocalStore, base_digest: str, written: Manifest) -> Manifest:
+    """An overlay stage's artifact: its input's manifest (read from the store, never re-hashed: its
+    blobs are already there) plus the files the stage wrote, which may add files but replace none."""
+    base = store.get_manifest(base_digest)
+    clash = sorted({e.path for e in base.entries} & {e.path for e in written.entries})
+    if clash:
+        raise StageFailed(f"the stage wrote {', '.join(clash[:3])}, which its input {base_digest[:16]}... already has; "
+                          "an overlay may add files, never replace them")
+    merged = Manifest.from_entries(base.entries + written.entries)
+    store.put_manifest(merged)
+    return merged
 
 
 @dataclass

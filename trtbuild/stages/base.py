@@ -11,7 +11,7 @@ from trtbuild import toolchain
 
 @dataclass(frozen=True)
 class Stage:
-    name: str  # source | checkpoint | hf-checkpoint | engine | reference | validate
+    name: str  # source | checkpoint | hf-export | hf-checkpoint | engine | reference | validate
     version: int  # bump when the stage's output for the same key would change
     entry: str  # "module:function", called with a StageContext
     toolchain: tuple[str, ...] = ()  # parts of the toolchain fingerprint that shape the output
@@ -19,6 +19,9 @@ class Stage:
     isolated: bool = True  # run in a subprocess: a crash or OOM fails the stage, not the runner
     id: str = ""  # the registry's name for it (`checkpoint:export`); the lock file's toolchain is per id
     timing_cache: bool = False  # fed the newest TensorRT timing cache for its key, and stores the one it writes
+    # the input role whose artifact this stage's artifact extends: the runner stores that input's
+    # manifest plus the files the stage writes (no byte copied or re-hashed; a path in both is refused)
+    overlay: Optional[str] = None
 
     @property
     def ident(self) -> str:
@@ -36,6 +39,9 @@ RUN_FIGURES = frozenset({"seconds", "peak_rss_bytes", "rss_start_bytes", "cuda_p
 # Where a stage's report is in its artifact: the runner copies the first one found into the record.
 # An engine's is trtbuild.json, beside the files TensorRT-LLM wrote (`trtbuild check` reads it).
 SUMMARY_FILES = ("report.json", "trtbuild.json")
+# An overlay stage's own report: its input already holds report.json. The record's summary is the
+# input's report updated with this one (the one overlay stage, hf-checkpoint:package, writes serving/).
+OVERLAY_SUMMARY = "serving/report.json"
 
 
 @dataclass
@@ -62,9 +68,10 @@ class StageContext:
         host's memory allowed) go to `measure`."""
         import json
 
-        assert name in SUMMARY_FILES, name
+        assert name in SUMMARY_FILES + (OVERLAY_SUMMARY,), name
         self.measure(**{k: v for k, v in summary.items() if k in RUN_FIGURES})
         kept = {k: v for k, v in summary.items() if k not in RUN_FIGURES}
+        (self.out / name).parent.mkdir(parents=True, exist_ok=True)
         (self.out / name).write_text(json.dumps(kept, indent=2, sort_keys=True) + "\n")
 
     def measure(self, **figures: Any) -> None:

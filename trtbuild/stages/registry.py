@@ -25,10 +25,14 @@ STAGES: dict[str, Optional[Stage]] = {
                                 toolchain=("safetensors",), needs=("torch", "safetensors")),
     "checkpoint:export": Stage("checkpoint", 1, "trtbuild.stages.checkpoint:export_checkpoint",
                                toolchain=("torch", "transformers", "modelopt"), needs=("torch", "transformers", "modelopt")),
-    "hf-checkpoint:convert": Stage("hf-checkpoint", 1, "trtbuild.stages.checkpoint:convert_hf",
-                                   toolchain=("safetensors",), needs=("torch", "safetensors")),
-    "hf-checkpoint:export": Stage("hf-checkpoint", 1, "trtbuild.stages.checkpoint:export_hf",
-                                  toolchain=("torch", "transformers", "modelopt"), needs=("torch", "transformers", "modelopt")),
+    # A Hugging Face checkpoint: the weights (hf-export), then the target (hf-checkpoint:package),
+    # the export's files overlaid with serving/ (runtime options, loader check): no torch, no copy.
+    "hf-export:convert": Stage("hf-export", 1, "trtbuild.stages.checkpoint:convert_hf",
+                               toolchain=("safetensors",), needs=("torch", "safetensors")),
+    "hf-export:export": Stage("hf-export", 1, "trtbuild.stages.checkpoint:export_hf",
+                              toolchain=("torch", "transformers", "modelopt"), needs=("torch", "transformers", "modelopt")),
+    "hf-checkpoint:package": Stage("hf-checkpoint", 1, "trtbuild.stages.package:package_hf", isolated=False,
+                                   overlay="weights"),
     # trtllm-build here (tensorrt_llm installed in this environment, its scripts on PATH), or in the
     # recipe's container image (toolchain.image: only docker needed here; the key names the image).
     "engine": Stage("engine", 1, "trtbuild.stages.engine:build_engine", toolchain=("tensorrt_llm", "tensorrt"),

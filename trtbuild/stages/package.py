@@ -1,0 +1,36 @@
+"""hf-checkpoint:package: an hf-export's files plus serving/ (the runtime options, the serve commands,
+the loader check). The stage writes only serving/; the runner overlays it on the export's manifest
+(Stage.overlay), so the weights are neither copied nor hashed again. No torch: it runs in-process."""
+
+from __future__ import annotations
+
+import json
+
+from trtbuild import serving_options
+from trtbuild.stages.base import OVERLAY_SUMMARY, StageContext
+
+CHECK_FILE = f"{serving_options.SERVING_DIR}/check.json"
+
+
+def loader_check(folder) -> dict | None:
+    """The runtimes' loader rules applied to the export, or None where this build lacks the check."""
+    # TODO(lead): serving_check lands from helper loadercheck; once merged, import it unconditionally.
+    try:
+        from trtbuild.serving_check import check_checkpoint
+    except ImportError:
+        return None
+    result = check_checkpoint(folder).as_json()
+    result["folder"] = "."  # the checkout's path differs per store: the artifact holds only what its key names
+    return result
+
+
+def package_hf(ctx: StageContext) -> None:
+    weights = ctx.inputs["weights"]
+    written = serving_options.write_serving(ctx.out, ctx.params)
+    summary = {"serving": {"files": written, "runtimes": ctx.params["runtimes"]}}
+    check = loader_check(weights)
+    if check is not None:
+        (ctx.out / CHECK_FILE).write_text(json.dumps(check, indent=2, sort_keys=True) + "\n")
+        summary["serving"]["files"].append(CHECK_FILE)
+        summary["serving"]["check"] = {runtime: verdict["accepted"] for runtime, verdict in check["runtimes"].items()}
+    ctx.report(summary, name=OVERLAY_SUMMARY)
