@@ -1,0 +1,275 @@
+"""The loader check (trtbuild.serving_check, `trtbuild check HF_DIR`) on real ModelOpt 0.47 exports
+of a tiny Llama (tests/tinymodels.py, quantized on the CPU) and on deliberately broken copies of
+them. Expected verdicts are reference/serving.md's (sections 0-3): vLLM and SGLang accept only
+FP8 of these formats, TensorRT-LLM's PyTorch backend FP8, INT4/W4A8 AWQ and (loader only) W8A16.
+
+The per-SM verdicts come from an explicit table here (the real one is trtbuild/serving.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tinymodels import make_model
+from trtbuild.serving_check import check_checkpoint
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
+                                        "ignore::FutureWarning")
+
+GROUP = 32
+# (runtime, format) -> the SMs that serve it (serving.md section 0); a note where a fallback kernel.
+SERVES = {
+    ("trtllm", None): ["sm80", "sm86", "sm89", "sm90", "sm100", "sm120"],
+    ("vllm", None): ["sm80", "sm86", "sm89", "sm90", "sm100", "sm120"],
+    ("sglang", None): ["sm80", "sm86", "sm89", "sm90", "sm100", "sm120"],
+    ("trtllm", "fp8"): ["sm89", "sm90", "sm100", "sm120"],
+    ("vllm", "fp8"): ["sm80", "sm86", "sm89", "sm90", "sm100", "sm120"],
+    ("sglang", "fp8"): ["sm89", "sm90", "sm100", "sm120"],
+    ("trtllm", "int4_awq"): ["sm80", "sm86", "sm89", "sm90"],
+    ("trtllm", "w4a8_awq"): ["sm89", "sm90"],
+}
+MARLIN = "Marlin FP8 fallback: weight-only compute"
+
+
+def table(runtime, quant, kv_cache, sm):
+    serves = sm in SERVES.get((runtime, quant), [])
+    note = MARLIN if serves and (runtime, quant, sm) in (("vllm", "fp8", "sm80"), ("vllm", "fp8", "sm86")) else None
+    return SimpleNamespace(runtime=runtime, sm=sm, serves=serves, note=note,
+                           reason=None if serves else f"{quant} on {runtime} {sm}: not served", cite="serving.md")
+
+
+def check(folder, **kw):
+    return check_checkpoint(folder, support=table, **kw)
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory) -> dict[str, Path]:
+    """Real HF exports of one tiny Llama: the unquantized cast and five ModelOpt formats."""
+    from trtbuild.checkpoint import calibration as cal
+    from trtbuild.checkpoint import quantize as q
+    from trtbuild.checkpoint.hf_cast import cast_checkpoint
+
+    root = tmp_path_factory.mktemp("exports")
+    model_dir = make_model(root / "model", "llama")
+    ids, _ = cal.make_windows(model_dir, cal.read_text("builtin", Path(".")), 4, 32, seed=0)
+    out = {}
+    for name, quant, kv in (("fp8", "fp8", None), ("fp8-kv", "fp8", "fp8"), ("int4_awq", "int4_awq", None),
+                            ("w4a8_awq", "w4a8_awq", None), ("int8_wo", "int8_wo", None)):
+        model = q.load_model(model_dir, "bfloat16", "cpu")
+        q.calibrate_and_quantize(model, quant, kv, GROUP, ids, "cpu")
+        q.export_hf(model, root / name, model_dir, inplace=True)
+        out[name] = root / name
+    (root / "cast").mkdir()
+    cast_checkpoint(model_dir, root / "cast", "bfloat16")
+    out["cast"] = root / "cast"
+    return out
+
+
+def verdicts(result) -> dict:
+    return {rt: (r.accepted, r.reasons) for rt, r in result.runtimes.items()}
+
+
+VLLM_ONLY = ("(ModelOpt currently only supports: ['FP8', 'FP8_PER_CHANNEL_PER_TOKEN', 'FP8_PB_WO', 'NVFP4', "
+             "'W4A16_NVFP4', 'MXFP8', 'MIXED_PRECISION'])")
+
+
+def vllm_rejects(algo):
+    return (False, [f"config.json quantization_config: quant_algo {algo!r} is not accepted by vLLM's ModelOpt loader "
+                    f"{VLLM_ONLY}"])
+
+
+def sglang_rejects(algo):
+    return (False, [f"config.json quantization_config: quant_algo {algo!r} is not accepted by SGLang "
+                    f"(\"ModelOptFp8Config only supports regular FP8 quantization, but found {algo!r}\")"])
+
+
+# ------------------------------------------------------------------------------------------------
+# The real exports
+
+
+@pytest.mark.parametrize("name", ["cast", "fp8", "fp8-kv"])
+def test_every_runtime_accepts_the_unquantized_and_fp8_exports(exports, name):
+    result = check(exports[name])
+    assert verdicts(result) == {"trtllm": (True, []), "vllm": (True, []), "sglang": (True, [])}
+    assert all(r.warnings == [] for r in result.runtimes.values())
+    quant = None if name == "cast" else "fp8"
+    assert result.runtimes["vllm"].sms == {sm: ("serves (" + MARLIN + ")" if quant == "fp8" and sm in ("sm80", "sm86")
+                                                else "serves") for sm in SERVES[("vllm", quant)]}
+    assert result.kv_cache_quant_algo == ("FP8" if name == "fp8-kv" else None)
+    # TensorRT-LLM reads hf_quant_config.json, vLLM and SGLang config.json's quantization_config
+    sources = {rt: r.config_source for rt, r in result.runtimes.items()}
+    if name == "cast":
+        assert sources == {"trtllm": None, "vllm": None, "sglang": None}
+    else:
+        assert sources == {"trtllm": "hf_quant_config.json", "vllm": "config.json quantization_config",
+                           "sglang": "config.json quantization_config"}
+
+
+@pytest.mark.parametrize("name,algo", [("int4_awq", "W4A16_AWQ"), ("w4a8_awq", "W4A8_AWQ")])
+def test_awq_exports_are_trtllm_only_and_their_two_configs_agree(exports, name, algo):
+    result = check(exports[name])
+    assert verdicts(result) == {"trtllm": (True, []), "vllm": vllm_rejects(algo), "sglang": sglang_rejects(algo)}
+    assert all(r.warnings == [] for r in result.runtimes.values())
+    assert result.runtimes["trtllm"].sms["sm100"] == f"{name} on trtllm sm100: not served"
+
+
+def test_the_awq_export_writes_group_size_inline_too(exports):
+    """The defect: config.json's quantization_config had no group_size, hf_quant_config.json had it,
+    so TensorRT-LLM warned and vLLM/SGLang would read no group size."""
+    for name in ("int4_awq", "w4a8_awq"):
+        inline = json.loads((exports[name] / "config.json").read_text())["quantization_config"]
+        in_file = json.loads((exports[name] / "hf_quant_config.json").read_text())["quantization"]
+        assert inline["group_size"] == in_file["group_size"] == GROUP
+
+
+def test_int8_weight_only_loads_on_trtllm_but_no_gpu_is_claimed(exports):
+    result = check(exports["int8_wo"])
+    assert verdicts(result) == {"trtllm": (False, ["no GPU: int8_wo on trtllm sm80: not served"]),
+                                "vllm": vllm_rejects("W8A16"), "sglang": sglang_rejects("W8A16")}
+
+
+def test_asked_sms_must_all_serve(exports):
+    result = check(exports["fp8"], runtimes=["trtllm"], sms=["sm86", "sm90"])
+    assert list(result.runtimes) == ["trtllm"]
+    assert verdicts(result) == {"trtllm": (False, ["sm86: fp8 on trtllm sm86: not served"])}
+    assert result.runtimes["trtllm"].sms == {"sm86": "fp8 on trtllm sm86: not served", "sm90": "serves"}
+    assert check(exports["fp8"], sms=["sm90"]).accepted is True
+
+
+def test_the_result_is_versioned_json(exports):
+    data = check(exports["fp8-kv"], runtimes=["vllm"], sms=["sm90"]).as_json()
+    assert data == {"schema": 1, "folder": str(exports["fp8-kv"]), "quant_algo": "FP8", "kv_cache_quant_algo": "FP8",
+                    "runtimes": {"vllm": {"accepted": True, "config_source": "config.json quantization_config",
+                                          "reasons": [], "warnings": [], "sms": {"sm90": "serves"}}}}
+
+
+# ------------------------------------------------------------------------------------------------
+# Broken copies
+
+
+def broken(src: Path, dst: Path, drop=(), replace=None, quant=None) -> Path:
+    """A copy of the export `src` with tensors dropped / replaced (name -> torch tensor) and both
+    quantization configs edited by `quant(dict, where)`."""
+    import torch  # noqa: F401  (safetensors.torch needs it)
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    for name in drop:
+        del tensors[name]
+    tensors.update(replace or {})
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    if quant is not None:
+        config = json.loads((dst / "config.json").read_text())
+        quant(config["quantization_config"], "inline")
+        (dst / "config.json").write_text(json.dumps(config))
+        file = json.loads((dst / "hf_quant_config.json").read_text())
+        quant(file["quantization"], "file")
+        (dst / "hf_quant_config.json").write_text(json.dumps(file))
+    return dst
+
+
+Q = "model.layers.0.self_attn.q_proj"
+
+
+def test_a_missing_scale_tensor_is_named(exports, tmp_path):
+    folder = broken(exports["fp8"], tmp_path / "x", drop=[f"{Q}.weight_scale"])
+    line = f"{Q}.weight_scale missing (expected F32 [] for FP8)"
+    assert verdicts(check(folder)) == {rt: (False, [line]) for rt in ("trtllm", "vllm", "sglang")}
+
+
+def test_a_scale_of_the_wrong_dtype_is_named(exports, tmp_path):
+    import torch
+
+    folder = broken(exports["fp8"], tmp_path / "x", replace={f"{Q}.input_scale": torch.tensor(1.0, dtype=torch.bfloat16)})
+    line = f"{Q}.input_scale dtype expected F32, found BF16"
+    assert verdicts(check(folder)) == {rt: (False, [line]) for rt in ("trtllm", "vllm", "sglang")}
+
+
+def test_a_missing_fp8_kv_scale_is_named(exports, tmp_path):
+    folder = broken(exports["fp8-kv"], tmp_path / "x", drop=["model.layers.1.self_attn.v_proj.v_scale"])
+    line = "model.layers.1.self_attn.v_proj.v_scale missing (expected F32 [] for the FP8 KV cache)"
+    assert verdicts(check(folder)) == {rt: (False, [line]) for rt in ("trtllm", "vllm", "sglang")}
+
+
+def _fp8_head():
+    import torch
+
+    return {"lm_head.weight": torch.zeros(512, 64, dtype=torch.float8_e4m3fn),
+            "lm_head.weight_scale": torch.tensor(1.0), "lm_head.input_scale": torch.tensor(1.0)}
+
+
+def test_a_quantized_lm_head_is_rejected(exports, tmp_path):
+    # Still listed as excluded: every runtime loads lm_head as unquantized and its tensors do not fit.
+    folder = broken(exports["fp8"], tmp_path / "listed", replace=_fp8_head())
+    lines = ["lm_head.weight dtype expected BF16, found F8_E4M3",
+             "lm_head.weight_scale present but lm_head is excluded from quantization: its weight is loaded as unquantized",
+             "lm_head.input_scale present but lm_head is excluded from quantization: its weight is loaded as unquantized"]
+    assert verdicts(check(folder)) == {rt: (False, sorted(lines, key=lines.index)) for rt in ("trtllm", "vllm", "sglang")}
+
+    # Quantized in the configs too (vLLM #45102's checkpoint): vLLM needs lm_head unquantized.
+    def unlist(q, where):
+        q["ignore" if where == "inline" else "exclude_modules"] = ["model.embed_tokens"]
+
+    folder = broken(exports["fp8"], tmp_path / "quantized", replace=_fp8_head(), quant=unlist)
+    assert verdicts(check(folder)) == {
+        "trtllm": (True, []), "sglang": (True, []),
+        "vllm": (False, ["config.json quantization_config: ignore does not exclude lm_head: vLLM would quantize its "
+                         "ParallelLMHead as FP8 (keep lm_head unquantized: vLLM #45102)"])}
+
+
+def test_a_wrong_quant_algo_name_is_named(exports, tmp_path):
+    def rename(q, where):
+        q["quant_algo"] = "FP8_PER_TENSOR"
+
+    folder = broken(exports["fp8"], tmp_path / "x", quant=rename)
+    assert verdicts(check(folder)) == {
+        "trtllm": (False, ["hf_quant_config.json: quant_algo 'FP8_PER_TENSOR' is not a TensorRT-LLM QuantAlgo "
+                           "(ValueError)"]),
+        "vllm": vllm_rejects("FP8_PER_TENSOR"), "sglang": sglang_rejects("FP8_PER_TENSOR")}
+
+
+def test_an_exclude_pattern_that_matches_nothing_is_named(exports, tmp_path):
+    def add(q, where):
+        q["ignore" if where == "inline" else "exclude_modules"].append("model.vision_tower*")
+
+    folder = broken(exports["fp8"], tmp_path / "x", quant=add)
+    assert verdicts(check(folder)) == {
+        "trtllm": (False, ["hf_quant_config.json: quantization.exclude_modules pattern 'model.vision_tower*' matches "
+                           "no module of the checkpoint (TensorRT-LLM matching)"]),
+        "vllm": (False, ["config.json quantization_config: ignore pattern 'model.vision_tower*' matches no module of "
+                         "the checkpoint (vLLM matching)"]),
+        "sglang": (False, ["config.json quantization_config: ignore pattern 'model.vision_tower*' matches no module "
+                           "of the checkpoint (SGLang matching)"])}
+
+
+def test_diverging_configs_warn_and_each_runtime_reads_its_own(exports, tmp_path):
+    """TensorRT-LLM reads hf_quant_config.json, vLLM and SGLang the inline config (serving.md
+    sections 1-3): a group size only in the file is 'missing' for vLLM/SGLang, and a wrong one
+    in the file is a shape mismatch for TensorRT-LLM alone."""
+    def diverge(q, where):
+        if where == "inline":
+            del q["group_size"]
+        else:
+            q["group_size"] = 16
+
+    folder = broken(exports["int4_awq"], tmp_path / "x", quant=diverge)
+    result = check(folder, runtimes=["trtllm"])
+    trt = result.runtimes["trtllm"]
+    assert trt.warnings == ["config.json quantization_config diverges from hf_quant_config.json (group_size 16 in "
+                            "hf_quant_config.json, none inline); TensorRT-LLM uses hf_quant_config.json"]
+    assert trt.reasons[0] == f"{Q}.weight_scale shape expected [64, 4], found [64, 2]"
+    assert len(trt.reasons) == 14  # every quantized linear: 7 per layer, 2 layers
+
+
+def test_bad_input_is_one_line(tmp_path):
+    from trtbuild.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match=f"^{tmp_path}: not a Hugging Face checkpoint folder \\(no config.json\\)$"):
+        check(tmp_path)
+    with pytest.raises(InvalidInput, match="^runtime 'tgi': expected one of trtllm, vllm, sglang$"):
+        check(tmp_path, runtimes=["tgi"])
