@@ -273,3 +273,61 @@ def test_bad_input_is_one_line(tmp_path):
         check(tmp_path)
     with pytest.raises(InvalidInput, match="^runtime 'tgi': expected one of trtllm, vllm, sglang$"):
         check(tmp_path, runtimes=["tgi"])
+
+
+# ------------------------------------------------------------------------------------------------
+# `trtbuild check DIR`
+
+
+@pytest.fixture
+def cli_table(monkeypatch):
+    from trtbuild import serving_check
+
+    monkeypatch.setattr(serving_check, "_default_support", table)
+
+
+def test_cli_accepts_the_fp8_export(exports, run, cli_table):
+    result = run("check", exports["fp8-kv"])
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert result.stdout == ("trtllm>=1.3: accepted; serves sm89, sm90, sm100, sm120\n"
+                             f"vllm: accepted; serves sm80 ({MARLIN}), sm86 ({MARLIN}), sm89, sm90, sm100, sm120\n"
+                             "sglang: accepted; serves sm89, sm90, sm100, sm120\n")
+
+
+def test_cli_rejects_awq_for_vllm_and_sglang_and_names_why(exports, run, cli_table):
+    result = run("check", exports["int4_awq"])
+    assert (result.exit_code, result.stderr) == (1, "")
+    assert result.stdout == (
+        "trtllm>=1.3: accepted; serves sm80, sm86, sm89, sm90\n"
+        f"vllm: rejected: {vllm_rejects('W4A16_AWQ')[1][0]}\n"
+        f"sglang: rejected: {sglang_rejects('W4A16_AWQ')[1][0]}\n")
+    result = run("check", exports["int4_awq"], "--runtime", "trtllm", "--gpu", "sm90", "--gpu", "sm86")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "trtllm>=1.3: accepted; serves sm86, sm90\n", "")
+    result = run("check", exports["int4_awq"], "--runtime", "trtllm", "--gpu", "sm100")
+    assert (result.exit_code, result.stderr) == (1, "")
+    assert result.stdout == "trtllm>=1.3: rejected: sm100: int4_awq on trtllm sm100: not served\n"
+
+
+def test_cli_json_is_the_check_result(exports, run, cli_table):
+    result = run("check", exports["fp8"], "--runtime", "vllm", "--runtime", "sglang", "--gpu", "sm80", "--json")
+    assert (result.exit_code, result.stderr) == (1, "")
+    assert json.loads(result.stdout) == check(exports["fp8"], runtimes=["vllm", "sglang"], sms=["sm80"]).as_json()
+    assert json.loads(result.stdout)["runtimes"]["sglang"]["reasons"] == ["sm80: fp8 on sglang sm80: not served"]
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(exports, run, cli_table, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    result = run("check", empty)
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == f"{empty}: no *.safetensors weights (PyTorch .bin checkpoints are not supported)\n"
+    result = run("check", exports["fp8"], "--gpu", "sm91")
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == "gpu 'sm91': expected one of sm80, sm86, sm89, sm90, sm100, sm120\n"
+    result = run("check", exports["fp8"], "--lock", tmp_path / "x.lock")
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == f"--lock applies to an engine folder; {exports['fp8']} is a Hugging Face checkpoint\n"
+    result = run("check", empty.parent / "nothing", "--runtime", "vllm")
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == f"--runtime applies to a Hugging Face checkpoint folder; {empty.parent / 'nothing'} is not one\n"

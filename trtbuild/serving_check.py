@@ -28,6 +28,7 @@ from trtbuild.modelconfig import read_json_object
 
 RUNTIMES = ("trtllm", "vllm", "sglang")
 RUNTIME_NAMES = {"trtllm": "TensorRT-LLM", "vllm": "vLLM", "sglang": "SGLang"}
+RUNTIME_LABELS = {"trtllm": "trtllm>=1.3", "vllm": "vllm", "sglang": "sglang"}  # as plan and ls print them
 FLOAT_CODES = ("BF16", "F16", "F32")
 PER_GROUP = ("W4A16_AWQ", "W4A8_AWQ")
 
@@ -80,6 +81,20 @@ class ServingCheck(BaseModel):
 
     def as_json(self) -> dict:
         return self.model_dump(by_alias=True)
+
+    def lines(self) -> list[str]:
+        """One line per runtime verdict, reason and warning (what `trtbuild check` prints)."""
+        out = []
+        for runtime, r in self.runtimes.items():
+            label = RUNTIME_LABELS[runtime]
+            if r.accepted:
+                serving = [sm + (verdict[len("serves"):] if verdict != "serves" else "")
+                           for sm, verdict in r.sms.items() if verdict.startswith("serves")]
+                out.append(f"{label}: accepted; serves {', '.join(serving)}")
+            else:
+                out += [f"{label}: rejected: {reason}" for reason in r.reasons]
+            out += [f"{label}: warning: {w}" for w in r.warnings]
+        return out
 
 
 @dataclass(frozen=True)
@@ -472,6 +487,7 @@ def check_checkpoint(folder: Path, runtimes: Sequence[str] = RUNTIMES, sms: Opti
     bad_sm = [s for s in asked_sms if s not in SM_ARCHES]
     if bad_sm:
         raise InvalidInput(f"gpu {bad_sm[0]!r}: expected one of {', '.join(SM_ARCHES)}")
+    asked_sms = [sm for sm in SM_ARCHES if sm in asked_sms]  # the table's order, once each
     support = support or _default_support
     ck = _read(Path(folder))
     diverged = divergences(ck.file, ck.inline) if ck.file is not None and ck.inline is not None else []
