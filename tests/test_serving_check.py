@@ -331,3 +331,32 @@ def test_cli_bad_input_is_one_line_and_exit_2(exports, run, cli_table, tmp_path)
     result = run("check", empty.parent / "nothing", "--runtime", "vllm")
     assert (result.exit_code, result.stdout) == (2, "")
     assert result.stderr == f"--runtime applies to a Hugging Face checkpoint folder; {empty.parent / 'nothing'} is not one\n"
+
+
+def test_the_loader_check_never_imports_torch(exports):
+    import os
+    import subprocess
+    import sys
+
+    script = f"""
+import sys
+from types import SimpleNamespace
+attempted = []
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('torch', 'transformers', 'modelopt', 'safetensors', 'numpy', 'vllm', 'sglang',
+                                  'tensorrt_llm'):
+            attempted.append(name)
+        return None
+sys.meta_path.insert(0, Spy())
+from trtbuild import serving_check
+serving_check._default_support = lambda rt, q, kv, sm: SimpleNamespace(serves=True, note=None, reason=None)
+from trtbuild.cli import cli
+try:
+    cli(['check', {str(exports["int4_awq"])!r}, '--runtime', 'trtllm'], standalone_mode=False)
+except SystemExit:
+    pass
+print('ATTEMPTED', attempted)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=os.environ)
+    assert result.stdout == ("trtllm>=1.3: accepted; serves sm80, sm86, sm89, sm90, sm100, sm120\nATTEMPTED []\n")

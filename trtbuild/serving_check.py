@@ -467,6 +467,26 @@ def _default_support(runtime: str, quant: Optional[str], kv_cache: Optional[str]
     return serving.support(runtime, quant, kv_cache, sm)
 
 
+@dataclass(frozen=True)
+class _Unlisted:
+    """A format the support table has no row for (an algo or KV name trtbuild does not build)."""
+
+    reason: str
+    serves: bool = False
+    note: Optional[str] = None
+
+
+def _cell(support: SupportFn, runtime: str, algo: Optional[str], kv, sm: str):
+    from trtbuild.quantformats import FORMATS, KV_FORMATS
+
+    quant, kv_cache = _format_name(algo), _kv_name(kv)
+    if quant is not None and quant not in FORMATS:
+        return _Unlisted(f"quant_algo {algo!r} is not in the serving support table")
+    if kv_cache is not None and kv_cache not in KV_FORMATS:
+        return _Unlisted(f"kv_cache_quant_algo {kv!r} is not in the serving support table")
+    return support(runtime, quant, kv_cache, sm)
+
+
 def _sm_verdict(cell) -> str:
     if cell.serves:
         return f"serves ({cell.note})" if getattr(cell, "note", None) else "serves"
@@ -504,7 +524,7 @@ def check_checkpoint(folder: Path, runtimes: Sequence[str] = RUNTIMES, sms: Opti
                             f"{RUNTIME_NAMES[runtime]} uses {used}")
         algo = view.algo if view is not None and isinstance(view.algo, str) else None
         kv = view.kv_algo if view is not None else None
-        cells = {sm: support(runtime, _format_name(algo), _kv_name(kv), sm) for sm in asked_sms}
+        cells = {sm: _cell(support, runtime, algo, kv, sm) for sm in asked_sms}
         verdicts = {sm: _sm_verdict(c) for sm, c in cells.items()}
         serving_sms = [sm for sm, c in cells.items() if c.serves]
         if reasons:  # the loader refuses it: no SM matters
