@@ -27,7 +27,8 @@ STAGES: dict[str, Optional[Stage]] = {
                                toolchain=("torch", "transformers", "modelopt"), needs=("torch", "transformers", "modelopt")),
     "hf-checkpoint:convert": Stage("hf-checkpoint", 1, "trtbuild.stages.checkpoint:convert_hf",
                                    toolchain=("safetensors",), needs=("torch", "safetensors")),
-    "hf-checkpoint:export": Stage("hf-checkpoint", 1, "trtbuild.stages.checkpoint:export_hf",
+    # 2: an AWQ export's config.json quantization_config carries the group_size too (as hf_quant_config.json)
+    "hf-checkpoint:export": Stage("hf-checkpoint", 2, "trtbuild.stages.checkpoint:export_hf",
                                   toolchain=("torch", "transformers", "modelopt"), needs=("torch", "transformers", "modelopt")),
     # trtllm-build here (tensorrt_llm installed in this environment, its scripts on PATH), or in the
     # recipe's container image (toolchain.image: only docker needed here; the key names the image).
