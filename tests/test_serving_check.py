@@ -222,6 +222,23 @@ def test_a_quantized_lm_head_is_rejected(exports, tmp_path):
                          "ParallelLMHead as FP8 (keep lm_head unquantized: vLLM #45102)"])}
 
 
+def test_tied_embeddings_need_no_lm_head_but_an_excluded_one(exports, tmp_path):
+    folder = broken(exports["fp8"], tmp_path / "tied", drop=["lm_head.weight"])
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    assert verdicts(check(folder)) == {rt: (True, []) for rt in ("trtllm", "vllm", "sglang")}
+
+    def unlist(q, where):
+        q["ignore" if where == "inline" else "exclude_modules"] = ["model.embed_tokens"]
+
+    unlisted = broken(folder, tmp_path / "unlisted", quant=unlist)
+    line = ("config.json: tie_word_embeddings is true, so lm_head is model.embed_tokens, which is not quantized, "
+            "but {} does not exclude lm_head")
+    assert verdicts(check(unlisted)) == {"trtllm": (False, [line.format("quantization.exclude_modules")]),
+                                         "vllm": (False, [line.format("ignore")]),
+                                         "sglang": (False, [line.format("ignore")])}
+
+
 def test_a_wrong_quant_algo_name_is_named(exports, tmp_path):
     def rename(q, where):
         q["quant_algo"] = "FP8_PER_TENSOR"

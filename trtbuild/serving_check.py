@@ -298,7 +298,13 @@ def _read(folder: Path) -> _Checkpoint:
     tensors: dict[str, dict] = {}
     for name in weight_files(folder):
         tensors.update(read_safetensors_header(folder / name))
-    return _Checkpoint(folder, config, file_view, inline_view, tensors, module_names(list(tensors)))
+    # The runtime builds every module of the architecture, also one without tensors of its own
+    # (a tied lm_head): the names to match patterns against are both.
+    try:
+        built = [m + ".weight" for m in linear_shapes(config, tensors)]
+    except InvalidInput:
+        built = []
+    return _Checkpoint(folder, config, file_view, inline_view, tensors, module_names(list(tensors) + built))
 
 
 def _chosen(runtime: str, ck: _Checkpoint) -> Optional[QuantView]:
