@@ -136,12 +136,38 @@ def record_params(ctx: StageContext) -> None:
     (ctx.out / "made.json").write_text(json.dumps({"params": ctx.params, "inputs": seen}, sort_keys=True))
 
 
+TINY_HF_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8,
+                  "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 16,
+                  "vocab_size": 32, "tie_word_embeddings": True, "torch_dtype": "float16"}
+
+
+def record_hf_export(ctx: StageContext) -> None:
+    """A stand-in hf export: record_params, plus a one-layer unquantized Llama checkpoint of zeros
+    (config.json, model.safetensors) that the package stage's loader check accepts."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    record_params(ctx)
+    c = TINY_HF_CONFIG
+    h, i, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
+    layer = "model.layers.0."
+    shapes.update({layer + "input_layernorm.weight": (h,), layer + "post_attention_layernorm.weight": (h,)})
+    shapes.update({f"{layer}self_attn.{p}_proj.weight": (h, h) for p in "qkvo"})
+    shapes.update({f"{layer}mlp.{p}_proj.weight": (i, h) for p in ("gate", "up")})
+    shapes[f"{layer}mlp.down_proj.weight"] = (h, i)
+    (ctx.out / "config.json").write_text(json.dumps(c))
+    save_file({name: np.zeros(shape, np.float16) for name, shape in shapes.items()}, str(ctx.out / "model.safetensors"))
+
+
 RECORD_CALIBRATION = Stage("calibration", 1, "stagekit:record_params")
 RECORD_QUANTIZE = Stage("quantize", 1, "stagekit:record_params")
 RECORD_CHECKPOINT = Stage("checkpoint", 1, "stagekit:record_params")
 RECORD_REFERENCE = Stage("reference", 1, "stagekit:record_params")
 RECORD_VALIDATE = Stage("validate", 1, "stagekit:record_params")
-RECORD_HF = Stage("hf-export", 1, "stagekit:record_params")
+RECORD_HF = Stage("hf-export", 1, "stagekit:record_hf_export")
 RECORD_ENGINE = Stage("engine", 1, "stagekit:record_params")
 
 

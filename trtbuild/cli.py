@@ -246,22 +246,50 @@ def explain(recipe: Path, target: str, store_url, as_json) -> None:
 
 
 @cli.command()
-@click.argument("engine_dir", type=click.Path(path_type=Path))
+@click.argument("folder", metavar="DIR", type=click.Path(path_type=Path))
 @click.option("--lock", "lock_path", type=click.Path(dir_okay=False, path_type=Path), metavar="LOCK",
-              help="A lock file (`RECIPE.lock`): when the engine does not fit, name its engine targets that would.")
-@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON (the exit code is the same).")
-def check(engine_dir: Path, lock_path: Path | None, as_json: bool) -> None:
-    """Check that the engine in ENGINE_DIR runs on this host: its SM, tensorrt_llm and tensorrt
+              help="An engine's lock file (`RECIPE.lock`): when the engine does not fit, name its engine targets "
+                   "that would.")
+@click.option("--runtime", "runtimes", multiple=True, type=click.Choice(["trtllm", "vllm", "sglang"]),
+              help="A Hugging Face checkpoint: check only this runtime's loader (repeatable; default: all three).")
+@click.option("--gpu", "gpus", multiple=True, metavar="SM",
+              help="A Hugging Face checkpoint: it must be served on this SM (sm80 ... sm120; repeatable; default: "
+                   "on at least one).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (the exit code is the same).")
+def check(folder: Path, lock_path: Path | None, runtimes: tuple[str, ...], gpus: tuple[str, ...], as_json: bool) -> None:
+    """Check that DIR can be served.
+
+    An engine folder (config.json, rank<N>.engine, trtbuild.json): its SM, tensorrt_llm and tensorrt
     versions, world size and per-rank memory against this host's GPUs (NVML) and packages (no
-    import of tensorrt). Prints OK, or one line per difference. Exit 0 when it fits, 1 when it does
-    not (a stand-in engine never fits), 2 when ENGINE_DIR is not an engine trtbuild built.
+    import of tensorrt); OK, or one line per difference. A Hugging Face checkpoint folder
+    (config.json and safetensors, as an hf-checkpoint target holds): the loader rules of
+    TensorRT-LLM's PyTorch backend (>=1.3), vLLM and SGLang on its configs and tensor headers, and
+    the SMs each serves it on; one line per runtime, or per reason it is rejected.
+
+    Exit 0 when it fits / every asked runtime accepts it (on every asked SM), 1 when not (a
+    stand-in engine never fits), 2 when DIR is neither.
     """
-    from trtbuild.engine_check import check as run_check
+    import json
 
-    result = run_check(engine_dir, lock_path)
+    from trtbuild.engine_check import check as run_check, is_hf_checkpoint
+
+    if is_hf_checkpoint(folder):
+        from trtbuild.serving_check import RUNTIMES, check_checkpoint
+
+        if lock_path is not None:
+            raise InvalidInput(f"--lock applies to an engine folder; {folder} is a Hugging Face checkpoint")
+        hf = check_checkpoint(folder, list(runtimes) or RUNTIMES, list(gpus) or None)
+        if as_json:
+            click.echo(json.dumps(hf.as_json(), indent=2))
+        else:
+            for line in hf.lines():
+                click.echo(line)
+        raise click.exceptions.Exit(0 if hf.accepted else 1)
+    if runtimes or gpus:
+        option = "--runtime" if runtimes else "--gpu"
+        raise InvalidInput(f"{option} applies to a Hugging Face checkpoint folder; {folder} is not one")
+    result = run_check(folder, lock_path)
     if as_json:
-        import json
-
         click.echo(json.dumps(result.as_json(), indent=2))
     else:
         for line in result.lines():

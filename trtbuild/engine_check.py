@@ -147,6 +147,21 @@ def read_engine(engine_dir: Path) -> EngineFacts:
     return EngineFacts(record.sm, tp, pp, world_size, version, record.toolchain.tensorrt, per_rank, standin, quantization)
 
 
+def is_hf_checkpoint(folder: Path) -> bool:
+    """A Hugging Face checkpoint folder (the loader check's input), not an engine folder: a
+    config.json with `architectures` or `model_type` that is not an engine config, and no
+    trtbuild.json (the engine stage writes one beside every engine)."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    if not isinstance(config, dict) or (folder / "trtbuild.json").exists():
+        return False
+    if "pretrained_config" in config or "build_config" in config:
+        return False
+    return "architectures" in config or "model_type" in config
+
+
 def _gpu_summary(gpus) -> str:
     names: dict[str, int] = {}
     for g in gpus:

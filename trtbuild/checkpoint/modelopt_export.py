@@ -81,6 +81,32 @@ def kv_cache_format(model) -> Optional[str]:
     return found.pop() if found else None
 
 
+def align_inline_quant_config(out_dir: Path) -> list[str]:
+    """Make config.json's inline `quantization_config` say what hf_quant_config.json says.
+
+    ModelOpt 0.47 writes an AWQ export's group_size into hf_quant_config.json only. TensorRT-LLM
+    reads that file (and warns that the inline config diverges); vLLM and SGLang read the inline
+    config first (reference/serving.md sections 1-3), so without this they see no group size.
+    Returns the fields written."""
+    import json
+
+    config_path = out_dir / "config.json"
+    config = read_json_object(config_path)
+    qc = config.get("quantization_config")
+    if not isinstance(qc, dict):
+        raise TrtbuildError(f"{config_path} has no quantization_config")
+    if not (out_dir / "hf_quant_config.json").is_file():
+        return []
+    in_file = read_json_object(out_dir / "hf_quant_config.json").get("quantization") or {}
+    fixes = []
+    if in_file.get("group_size") is not None and qc.get("group_size") != in_file["group_size"]:
+        qc["group_size"] = in_file["group_size"]
+        fixes.append(f"quantization_config.group_size = {in_file['group_size']} (from hf_quant_config.json)")
+    if fixes:  # ModelOpt's own layout: 4-space indent, keys in its order
+        config_path.write_text(json.dumps(config, indent=4) + "\n")
+    return fixes
+
+
 def export_hf(model, out_dir: Union[Path, str], source_dir: Union[Path, str], inplace: bool = False) -> dict:
     """A unified Hugging Face checkpoint (export_hf_checkpoint on a deep copy, unless `inplace`: it
     mutates the model), with the tokenizer files and generation_config.json of the source. Checks that
@@ -107,10 +133,9 @@ def export_hf(model, out_dir: Union[Path, str], source_dir: Union[Path, str], in
         export_hf_checkpoint(work, dtype=torch_dtype(dtype), export_dir=out_dir)
     del work
     copied = copy_companion_files(source_dir, out_dir)
+    inline_fixes = align_inline_quant_config(out_dir)
     config = read_json_object(out_dir / "config.json")
     qc = config.get("quantization_config")
-    if not isinstance(qc, dict):
-        raise TrtbuildError(f"{out_dir}/config.json has no quantization_config")
     float32 = []
     tensors = 0
     for path in sorted(out_dir.glob("*.safetensors")):
@@ -128,7 +153,7 @@ def export_hf(model, out_dir: Union[Path, str], source_dir: Union[Path, str], in
         hf_quant = read_json_object(out_dir / "hf_quant_config.json").get("quantization")
     return {
         "dtype": dtype, "quantization": hf_quant, "quant_algo": qc.get("quant_algo"),
-        "tensors": tensors, "float32_tensors": len(float32), "copied": copied,
+        "tensors": tensors, "float32_tensors": len(float32), "copied": copied, "inline_config_fixes": inline_fixes,
         "files": sorted(p.name for p in out_dir.iterdir()),
         "seconds": round(time.perf_counter() - t0, 3),
     }

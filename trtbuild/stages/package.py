@@ -7,18 +7,16 @@ from __future__ import annotations
 import json
 
 from trtbuild import serving_options
+from trtbuild.serving_check import RUNTIME_NAMES, check_checkpoint
+from trtbuild.errors import TrtbuildError
 from trtbuild.stages.base import OVERLAY_SUMMARY, StageContext
 
 CHECK_FILE = f"{serving_options.SERVING_DIR}/check.json"
 
 
-def loader_check(folder) -> dict | None:
-    """The runtimes' loader rules applied to the export, or None where this build lacks the check."""
-    # TODO(lead): serving_check lands from helper loadercheck; once merged, import it unconditionally.
-    try:
-        from trtbuild.serving_check import check_checkpoint
-    except ImportError:
-        return None
+def loader_check(folder) -> dict:
+    """The runtimes' loader rules applied to the export, on every SM (the artifact serves any GPU;
+    the plan already checked the recipe's)."""
     result = check_checkpoint(folder).as_json()
     result["folder"] = "."  # the checkout's path differs per store: the artifact holds only what its key names
     return result
@@ -29,8 +27,11 @@ def package_hf(ctx: StageContext) -> None:
     written = serving_options.write_serving(ctx.out, ctx.params)
     summary = {"serving": {"files": written, "runtimes": ctx.params["runtimes"]}}
     check = loader_check(weights)
-    if check is not None:
-        (ctx.out / CHECK_FILE).write_text(json.dumps(check, indent=2, sort_keys=True) + "\n")
-        summary["serving"]["files"].append(CHECK_FILE)
-        summary["serving"]["check"] = {runtime: verdict["accepted"] for runtime, verdict in check["runtimes"].items()}
+    accepted = {runtime: verdict["accepted"] for runtime, verdict in check["runtimes"].items()}
+    if not any(accepted.values()):  # the table said a runtime serves it: the export is what is wrong
+        reasons = "; ".join(f"{RUNTIME_NAMES[r]}: {(v['reasons'] or ['not served'])[0]}" for r, v in check["runtimes"].items())
+        raise TrtbuildError(f"no runtime loads this checkpoint: {reasons}")
+    (ctx.out / CHECK_FILE).write_text(json.dumps(check, indent=2, sort_keys=True) + "\n")
+    summary["serving"]["files"].append(CHECK_FILE)
+    summary["serving"]["check"] = accepted
     ctx.report(summary, name=OVERLAY_SUMMARY)

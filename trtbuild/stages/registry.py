@@ -29,7 +29,8 @@ STAGES: dict[str, Optional[Stage]] = {
     # the export's files overlaid with serving/ (runtime options, loader check): no torch, no copy.
     "hf-export:convert": Stage("hf-export", 1, "trtbuild.stages.checkpoint:convert_hf",
                                toolchain=("safetensors",), needs=("torch", "safetensors")),
-    "hf-export:export": Stage("hf-export", 1, "trtbuild.stages.checkpoint:export_hf",
+    # 2: an AWQ export's config.json quantization_config carries the group_size too (as hf_quant_config.json)
+    "hf-export:export": Stage("hf-export", 2, "trtbuild.stages.checkpoint:export_hf",
                               toolchain=("torch", "transformers", "modelopt"), needs=("torch", "transformers", "modelopt")),
     "hf-checkpoint:package": Stage("hf-checkpoint", 1, "trtbuild.stages.package:package_hf", isolated=False,
                                    overlay="weights"),
