@@ -60,7 +60,8 @@ class Published:
                  ENGINE_FACTS)
         self.add("base-tp1-sm90:validate", "validate", "2026-12-03T09:20:00Z", 2048, {"tensorrt_llm": TRTLLM},
                  validation_summary(0.0021, 0.97, -0.05))
-        self.add("fp8-hf", "hf-checkpoint:export", "2026-12-03T11:59:30Z", 1536, {"modelopt": "0.47.0+standin"},
+        self.add("fp8-hf", "hf-checkpoint:package", "2026-12-03T11:59:30Z", 1536, {"modelopt": "0.47.0+standin"},
+                 {"serving": {"serves": {"trtllm": ["sm89", "sm90"], "vllm": ["sm89", "sm90"]}}},
                  fields={"params": {"quant": "fp8", "kv_cache": None}})
         self.add("base-tp1", "checkpoint:export", "2026-11-20T12:00:00Z", 4096, CHECKPOINT_TOOLS, recipe="other")
 
@@ -78,11 +79,11 @@ def folder_store(tmp_path):
 
 
 TABLE = [
-    "RECIPE  TARGET         STAGE          SIZE     KL        TOP-1  PPL     AGE  TOOLCHAIN",
-    "other   base-tp1       checkpoint     4.0 KiB  -         -      -       13d  modelopt 0.47.0, torch 2.13.0, transformers 4.57.6",
-    "tiny    base-tp1       checkpoint     3.0 MiB  0.001235  98.5%  +0.42%  2d   modelopt 0.47.0, torch 2.13.0, transformers 4.57.6",
-    "tiny    base-tp1-sm90  engine         5.0 MiB  0.0021    97.0%  -0.05%  2h   tensorrt 10.13.2, tensorrt_llm 1.2.1",
-    "tiny    fp8-hf         hf-checkpoint  1.5 KiB  -         -      -       30s  STAND-IN modelopt 0.47.0+standin",
+    "RECIPE  TARGET         STAGE          SIZE     KL        TOP-1  PPL     AGE  SERVES                                 TOOLCHAIN",
+    "other   base-tp1       checkpoint     4.0 KiB  -         -      -       13d  -                                      modelopt 0.47.0, torch 2.13.0, transformers 4.57.6",
+    "tiny    base-tp1       checkpoint     3.0 MiB  0.001235  98.5%  +0.42%  2d   -                                      modelopt 0.47.0, torch 2.13.0, transformers 4.57.6",
+    "tiny    base-tp1-sm90  engine         5.0 MiB  0.0021    97.0%  -0.05%  2h   sm90                                   tensorrt 10.13.2, tensorrt_llm 1.2.1",
+    "tiny    fp8-hf         hf-checkpoint  1.5 KiB  -         -      -       30s  trtllm>=1.3 sm89 sm90; vllm sm89 sm90  STAND-IN modelopt 0.47.0+standin",
 ]
 
 
@@ -148,7 +149,7 @@ def test_ls_json_gives_every_field_of_every_target(folder_store, tmp_path, run, 
     assert engine == {
         "recipe": "tiny", "target": "base-tp1-sm90", "stage": "engine", "digest": record.digest, "key": record.key,
         "size_bytes": 5 * 1024 * 1024, "created": "2026-12-03T09:15:00Z", "age_seconds": 2 * 3600 + 45 * 60,
-        "toolchain": {"tensorrt": TRT, "tensorrt_llm": TRTLLM}, "standin": [],
+        "toolchain": {"tensorrt": TRT, "tensorrt_llm": TRTLLM}, "standin": [], "serves": {"trtllm-engine": ["sm90"]},
         "validations": [  # its own validation first, then its checkpoint's
             {"id": "base-tp1-sm90:validate", "kld_mean": 0.0021, "top1_agreement": 0.97, "ppl_delta_pct": -0.05,
              "gates_passed": True},
@@ -243,8 +244,8 @@ def test_ls_names_a_ref_whose_action_record_is_gone(folder_store, tmp_path, run,
     folder_store.delete_record(source.key)
     result = run("ls", "--store", folder_store.root)
     assert (result.exit_code, result.stderr) == (0, "")
-    assert result.stdout == ("RECIPE  TARGET    STAGE  SIZE     KL  TOP-1  PPL  AGE  TOOLCHAIN\n"
-                             "tiny    base-tp1  ?      2.0 KiB  -   -      -    -    -\n")
+    assert result.stdout == ("RECIPE  TARGET    STAGE  SIZE     KL  TOP-1  PPL  AGE  SERVES  TOOLCHAIN\n"
+                             "tiny    base-tp1  ?      2.0 KiB  -   -      -    -    -       -\n")
     recorded_gpu(None)
     judged = json.loads(run("ls", "--store", folder_store.root, "--compatible", "--json").stdout)["published"]
     assert [(p["stage"], p["fits"], p["reasons"]) for p in judged] == [

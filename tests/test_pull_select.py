@@ -247,3 +247,21 @@ def test_tensorrt_llm_1_3_serves_fp8_on_sm89_but_not_on_sm80(host):
     assert a100.chosen is None
     assert a100.candidates[0].reasons == ["trtllm: does not serve fp8 on sm80", "vllm: not installed",
                                           "sglang: not installed"]
+
+
+def test_the_builds_loader_check_in_the_lock_narrows_what_the_table_allows(host):
+    """A lock entry's `serves` is the build's own loader check (serving/check.json): a runtime the
+    table would use but whose loader rules rejected this checkpoint is not chosen, nor an SM it left out."""
+    checked = hf(21)
+    checked.serves = {"vllm": ["sm90"]}  # TensorRT-LLM's loader rejected it; vLLM serves it on sm90 only
+    h100 = host("H100", tensorrt_llm="1.3.0", vllm="0.33.0")
+    selection = choose(lock_of({"fp8-hf": checked}), h100, formats=formats)
+    assert (selection.chosen.target, selection.chosen.runtime) == ("fp8-hf", "vllm")
+    only_trtllm = choose(lock_of({"fp8-hf": checked}), h100, runtime="trtllm", formats=formats)
+    assert only_trtllm.chosen is None
+    assert only_trtllm.candidates[0].reasons == [
+        "trtllm: its loader rules reject this checkpoint (the build's serving/check.json)"]
+    elsewhere = hf(22)
+    elsewhere.serves = {"vllm": ["sm100"]}
+    none = choose(lock_of({"fp8-hf": elsewhere}), h100, runtime="vllm", formats=formats)
+    assert none.chosen is None and none.candidates[0].reasons == ["vllm: does not serve fp8 on sm90"]

@@ -31,13 +31,14 @@ def _row(target, kind, variant, status, **kw):
     base = {"target": target, "kind": kind, "variant": variant, "quant": None, "kv_cache": None, "tp": None,
             "pp": None, "gpu": None, "status": status, "size_bytes": None, "weights_bytes_per_gpu": None,
             "kv_tokens": None, "kld_mean": None, "kld_p99": None, "top1_agreement": None,
-            "ppl_delta_pct": None, "gates": None, "measured_by": None, "reason": None}
+            "ppl_delta_pct": None, "gates": None, "measured_by": None, "serves": None, "reason": None}
     base.update(kw)
     return base
 
 
 ROWS = [
-    _row("bf16", "hf-checkpoint", "bf16", "cached", size_bytes=int(14.96 * GIB), weights_bytes_per_gpu=int(14.96 * GIB)),
+    _row("bf16", "hf-checkpoint", "bf16", "cached", size_bytes=int(14.96 * GIB), weights_bytes_per_gpu=int(14.96 * GIB),
+         serves="trtllm>=1.3 sm89 sm90; vllm sm89 sm90"),
     _row("fp8", "checkpoint", "fp8", "built", quant="fp8", kv_cache="fp8", size_bytes=int(8.49 * GIB),
          weights_bytes_per_gpu=int(8.49 * GIB), kld_mean=0.012, kld_p99=0.21, top1_agreement=0.981,
          ppl_delta_pct=0.84, gates=GATES_OK),
@@ -142,11 +143,12 @@ def test_report_files_table_and_plot(report):
     assert "Llama-3.1-8B <instruct> & friends" in "".join(page.text)
 
     assert page.header[:5] == ["target", "kind", "gpu", "tp/pp", "status"]
-    assert page.header[-3:] == ["gates", "measured by", "reason"] and len(page.header) == 15
-    assert len(page.rows) == N and all(len(r) == 15 for r in page.rows)
+    assert page.header[-4:] == ["gates", "measured by", "serves", "reason"] and len(page.header) == 16
+    assert len(page.rows) == N and all(len(r) == 16 for r in page.rows)
     cells = {r[0].split()[0]: dict(zip(page.header, r)) for r in page.rows}
     assert list(cells) == [r["target"] for r in ROWS]
 
+    assert cells["bf16"]["serves"] == "trtllm>=1.3 sm89 sm90; vllm sm89 sm90" and cells["fp8"]["serves"] == "–"
     fp8 = cells["fp8-tp1-sm90"]
     assert fp8["kind"] == "engine" and fp8["gpu"] == "sm90" and fp8["tp/pp"] == "1/1"
     assert fp8["size on disk"] == "8.61 GiB" and fp8["KV tokens"] == "1,245,184"

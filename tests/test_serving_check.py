@@ -380,7 +380,8 @@ print('ATTEMPTED', attempted)
 
 
 # ------------------------------------------------------------------------------------------------
-# The bundled SmolLM2-135M's real exports (slow: two AWQ calibrations of a 135M model on the CPU)
+# The bundled SmolLM2-135M's real exports, as `trtbuild build` packages them (slow: two AWQ
+# calibrations of a 135M model on the CPU)
 
 SMOLLM2_RECIPE = """
 schema: 1
@@ -395,7 +396,6 @@ variants:
   fp8-kv: {{quant: fp8, kv_cache: fp8}}
   awq: {{quant: int4_awq, group_size: 64}}
   w4a8: {{quant: w4a8_awq, group_size: 64}}
-  int8-wo: {{quant: int8_wo}}
 calibration: {{samples: 4, seq_len: 64}}
 parallelism: [{{tp: 1}}]
 gpus: [sm90]
@@ -419,7 +419,7 @@ def smollm2_exports(demo_source, tmp_path_factory) -> dict[str, Path]:
     assert result.returncode == 0, result.stderr[-3000:]
     targets = {t["name"]: t for t in json.loads(result.stdout)["targets"]}
     out = {}
-    for variant in ("base", "fp8", "fp8-kv", "awq", "w4a8", "int8-wo"):
+    for variant in ("base", "fp8", "fp8-kv", "awq", "w4a8"):
         target = targets[f"{variant}-hf"]
         assert target["status"] in ("built", "cached"), (variant, target["reason"])
         out[variant] = Path(target["path"])
@@ -436,6 +436,8 @@ def test_smollm2_exports_are_served_as_serving_md_says(smollm2_exports):
         result = check(smollm2_exports[variant])
         assert verdicts(result) == {"trtllm": (True, []), "vllm": vllm_rejects(algo), "sglang": sglang_rejects(algo)}
         assert all(r.warnings == [] for r in result.runtimes.values())  # the two configs agree (group_size 64)
-    assert verdicts(check(smollm2_exports["int8-wo"])) == {
-        "trtllm": (False, ["no GPU: int8_wo on trtllm sm80: not served"]),
-        "vllm": vllm_rejects("W8A16"), "sglang": sglang_rejects("W8A16")}
+    for variant, folder in smollm2_exports.items():  # the build's own check, in the artifact, says the same
+        recorded = json.loads((folder / "serving" / "check.json").read_text())
+        assert (variant, recorded["runtimes"]) == (variant, check_checkpoint(folder).as_json()["runtimes"])
+    # INT8 weight-only has no hf-checkpoint target (no runtime serves it: the plan rules it out); its
+    # export is checked on the tiny model above.

@@ -211,3 +211,47 @@ def test_a_change_of_limits_repackages_the_cached_export_without_reading_it(tmp_
 
     third = build(16, "serving: {memory_fraction: 0.8}\n")  # the memory share is in the package's key too
     assert (third["fp8-hf-export"].status, third["fp8-hf"].status) == ("cached", "built")
+
+
+def test_the_loader_checks_verdict_reaches_the_artifact_the_lock_and_ls(tmp_path, stage_modules_importable):
+    """serving/check.json is in the hf-checkpoint; the lock keeps who serves it on which SM, and
+    `ls` shows the same from the package's record."""
+    import datetime as dt
+
+    from conftest import TINY_LLAMA
+    from trtbuild import lockfile, published
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TINY_LLAMA))
+    (model / "model.safetensors").write_bytes(b"\0" * 64)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("schema: 1\nname: r\nsource: {path: model}\nvariants: {base: {}}\nbackends: [hf-checkpoint]\n"
+                      "gpus: [sm90]\n")
+    registry = {**STAGES, "hf-export:convert": stagekit.RECORD_HF}
+    loaded = load_recipe(recipe)
+    graph = build_graph(plan_recipe(loaded), registry, validate=False)
+    for each in graph.nodes:
+        each.runtime.update(runs=str(tmp_path / "runs.log"), node=each.id)
+    store = LocalStore(tmp_path / "store")
+    results = {r.id: r for r in run_graph(graph, store).results}
+    package = results["base-hf"]
+    assert package.status == "built"
+    every_sm = ["sm80", "sm86", "sm89", "sm90", "sm100", "sm120"]  # an unquantized fp16 checkpoint (serving.md s.0)
+    served = {"trtllm": every_sm, "vllm": every_sm, "sglang": every_sm}
+    check = json.loads(next(store.open_blob(e.sha256).read() for e in store.get_manifest(package.digest).entries
+                            if e.path == "serving/check.json"))
+    assert {r: v["accepted"] for r, v in check["runtimes"].items()} == {"trtllm": True, "vllm": True, "sglang": True}
+    assert package.summary["serving"]["serves"] == served
+
+    lock = lockfile.write(tmp_path / "r.lock", loaded, None, list(results.values()), {})
+    assert lock.targets["base-hf"].serves == served and lock.targets["base-hf-export"].serves is None
+    assert lockfile.read(tmp_path / "r.lock").targets["base-hf"].serves == served
+    for target, ref in (("base-hf", package), ("base-hf-export", results["base-hf-export"])):
+        store.update_ref("r", target, ref.digest, ref.key)
+    listed = {p.target: p for p in published.list_published(store, "r")}
+    assert listed["base-hf"].serves == served
+    line = next(row for row in published.table_lines(list(listed.values()), dt.datetime.now(dt.timezone.utc))
+                if " base-hf " in row)
+    assert "trtllm>=1.3 sm80 sm86 sm89 sm90 sm100 sm120; vllm sm80 sm86 sm89 sm90 sm100 sm120; sglang sm80 sm86 " \
+           "sm89 sm90 sm100 sm120" in line

@@ -147,10 +147,11 @@ def test_build_runs_validate_vllm_through_the_standin_and_marks_it(workspace):
         assert node["standin"] == ["vllm"]
         report = json.loads((Path(node["path"]) / "report.json").read_text())
         assert report["runner"] == "vllm 0.33.0+standin" and report["device"] == "cuda:0"
-        assert report["load_options_from"] == "derived from the recipe (the artifact has no serving/vllm_args.json)"
-        assert report["load_options"] == {**({"quantization": "modelopt"} if variant == "fp8" else {}),
-                                          "kv_cache_dtype": "auto", "tensor_parallel_size": 1, "max_model_len": 128,
-                                          "dtype": "bfloat16"}
+        assert report["load_options_from"] == "serving/vllm_args.json"  # the packaged options, as `vllm serve` gets them
+        assert report["load_options"] == {  # RECIPE's limits, dtype and serving.memory_fraction's default
+            **({"quantization": "modelopt"} if variant == "fp8" else {}), "kv_cache_dtype": "auto",
+            "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "max_model_len": 128, "max_num_seqs": 4,
+            "max_num_batched_tokens": 256, "gpu_memory_utilization": 0.9, "dtype": "bfloat16"}
     lock = yaml.safe_load((workspace / "recipe.lock").read_text())
     assert lock["toolchain"]["validate:vllm"]["vllm"] == "0.33.0+standin"
     assert lock["targets"]["fp8-hf:validate-vllm"]["gates_passed"] is True

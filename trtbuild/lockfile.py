@@ -63,6 +63,9 @@ class LockedTarget(BaseModel):
     metrics: Optional[dict[str, Any]] = Field(None, description="A validation's headline numbers (6 significant digits).")
     gates_passed: Optional[bool] = Field(None, description="A validation: whether every gate passed.")
     platform: Optional[LockedPlatform] = Field(None, description="An engine: what it is tied to (SM, parallelism, versions).")
+    serves: Optional[dict[str, list[str]]] = Field(
+        None, description="An hf-checkpoint: runtime (trtllm, vllm, sglang) -> the SMs it serves it on, by the loader "
+        "check the build ran (serving/check.json); a runtime whose loader rejects it is absent.")
 
 
 class LockFile(BaseModel):
@@ -160,6 +163,8 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
             platform = getattr(r, "platform", None)  # engine results carry their trtbuild.json facts
             if platform:
                 entry.platform = LockedPlatform.model_validate(platform)
+            if r.stage == "hf-checkpoint" and isinstance(r.summary.get("serving"), dict):
+                entry.serves = r.summary["serving"].get("serves")
             targets[r.id] = entry
     recipe = LockedRecipe(name=loaded.recipe.name, digest=digest, publish_store=loaded.recipe.publish.store)
     lock = LockFile(recipe=recipe, source=source, toolchain=toolchains,
@@ -167,8 +172,8 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
     data = lock.model_dump(mode="json", by_alias=True)
     if data["recipe"]["publish_store"] is None:  # a recipe without publish.store: its lock as before
         del data["recipe"]["publish_store"]
-    for entry in data["targets"].values():  # only validations carry numbers, only engines a platform
-        for name in ("metrics", "gates_passed", "platform"):
+    for entry in data["targets"].values():  # only validations carry numbers, engines a platform, hf-checkpoints serves
+        for name in ("metrics", "gates_passed", "platform", "serves"):
             if entry[name] is None:
                 del entry[name]
     atomic_write(path, (HEADER + yaml.safe_dump(data, sort_keys=True, default_flow_style=False)).encode())

@@ -15,6 +15,7 @@ from typing import Optional
 
 from pydantic import ValidationError
 
+from trtbuild import serving
 from trtbuild.estimate import format_bytes
 from trtbuild.graph import trtllm_validate_id, validate_id, vllm_validate_id
 from trtbuild.lockfile import LockedPlatform, LockedRecipe, LockedTarget, LockFile
@@ -70,6 +71,18 @@ class Published:
         return self.record.standin if self.record else []
 
     @property
+    def serves(self) -> Optional[dict[str, list[str]]]:
+        """An hf-checkpoint's loader check: runtime -> the SMs it serves it on (its package record);
+        an engine's SM under `trtllm-engine`."""
+        if self.record is None:
+            return None
+        if self.stage == "engine" and isinstance(self.record.summary.get("sm"), str):
+            return {"trtllm-engine": [self.record.summary["sm"]]}
+        serving = self.record.summary.get("serving")
+        found = serving.get("serves") if isinstance(serving, dict) else None
+        return found if isinstance(found, dict) else None
+
+    @property
     def created(self) -> Optional[str]:
         return self.record.created if self.record else None
 
@@ -77,7 +90,7 @@ class Published:
         return {"recipe": self.recipe, "target": self.target, "stage": self.stage, "digest": self.ref.digest,
                 "key": self.ref.key, "size_bytes": self.size, "created": self.created,
                 "age_seconds": _age_seconds(self.created, now), "toolchain": self.toolchain, "standin": self.standin,
-                "validations": [v.as_json() for v in self.validations], "fits": self.fits, "runtime": self.runtime,
+                "serves": self.serves, "validations": [v.as_json() for v in self.validations], "fits": self.fits, "runtime": self.runtime,
                 "world_size": self.world_size, "reasons": self.reasons}
 
 
@@ -156,7 +169,8 @@ def judge(published: list[Published], host: Host, variant_order: Optional[list[s
                 continue
             platform = platform_of(item.record) if item.stage == "engine" else None
             targets[item.target] = LockedTarget(stage=item.stage, key=item.ref.key, digest=item.ref.digest,
-                                                size=item.size or 0, platform=platform)
+                                                size=item.size or 0, platform=platform,
+                                                serves=item.serves if item.stage == "hf-checkpoint" else None)
             params = item.record.fields.get("params")
             formats[item.target] = ((params.get("quant"), params.get("kv_cache")) if isinstance(params, dict) else None)
         lock = LockFile(recipe=LockedRecipe(name=name, digest=""), source=None, toolchain={}, targets=targets,
@@ -216,6 +230,16 @@ def _toolchain_cell(item: Published) -> str:
     return f"STAND-IN {text}" if item.standin else text
 
 
+def _serves_cell(item: Published) -> str:
+    """`trtllm>=1.3 sm89 sm90; vllm sm89 sm90` for an hf-checkpoint, the SM for an engine, else -."""
+    serves = item.serves
+    if not serves:
+        return "-"
+    if item.stage == "engine":
+        return " ".join(serves["trtllm-engine"])
+    return serving.served_text(serves)
+
+
 def _fit_cell(item: Published) -> str:
     if item.fits:
         gpus = f"{item.world_size} GPU{'s' if item.world_size != 1 else ''}"
@@ -225,12 +249,12 @@ def _fit_cell(item: Published) -> str:
 
 def table_lines(published: list[Published], now: dt.datetime, compatible: bool = False) -> list[str]:
     """Aligned columns, one row per target; with `compatible`, a FITS column last."""
-    header = ["RECIPE", "TARGET", "STAGE", "SIZE", "KL", "TOP-1", "PPL", "AGE", "TOOLCHAIN"]
+    header = ["RECIPE", "TARGET", "STAGE", "SIZE", "KL", "TOP-1", "PPL", "AGE", "SERVES", "TOOLCHAIN"]
     rows = []
     for item in published:
         kl, top1, ppl = _headline(item)
         row = [item.recipe, item.target, item.stage or "?", format_bytes(item.size) if item.size is not None else "-",
-               kl, top1, ppl, format_age(_age_seconds(item.created, now)), _toolchain_cell(item)]
+               kl, top1, ppl, format_age(_age_seconds(item.created, now)), _serves_cell(item), _toolchain_cell(item)]
         if compatible:
             row.append(_fit_cell(item))
         rows.append(row)

@@ -169,6 +169,11 @@ def _hf_candidate(cand: Candidate, target: LockedTarget, fmt: Optional[tuple[Opt
             reasons.append(f"{runtime}: {problem}")
             continue
         serving = serving_sms(runtime, quant, kv, sms)
+        if target.serves is not None:  # the build's loader check, where the lock has it, narrows the table
+            if runtime not in target.serves:
+                reasons.append(f"{runtime}: its loader rules reject this checkpoint (the build's serving/check.json)")
+                continue
+            serving = [sm for sm in serving if sm in target.serves[runtime]]
         if not serving:
             reasons.append(f"{runtime}: does not serve {label} on {'/'.join(sms)}")
             continue

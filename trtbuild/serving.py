@@ -193,6 +193,12 @@ def serves_text(quant: Optional[str], kv_cache: Optional[str], sms: Sequence[str
     return "; ".join(parts) or "none"
 
 
+def served_text(serves: dict[str, Sequence[str]]) -> str:
+    """The same line from {runtime: [sm, ...]} (a loader check's verdict, as the lock keeps it)."""
+    parts = [" ".join([RUNTIME_INFO[r].label, *_sorted(serves[r])]) for r in RUNTIMES if serves.get(r)]
+    return "; ".join(parts) or "none"
+
+
 def serve_notes(quant: Optional[str], kv_cache: Optional[str], sms: Sequence[str]) -> dict[str, dict[str, str]]:
     """{runtime: {sm: note}} for the SMs of `sms` served on a fallback."""
     notes: dict[str, dict[str, str]] = {}

@@ -82,6 +82,12 @@ class ServingCheck(BaseModel):
     def as_json(self) -> dict:
         return self.model_dump(by_alias=True)
 
+    def serves(self) -> dict[str, list[str]]:
+        """{runtime: [sm, ...]}: the SMs each accepting runtime serves the checkpoint on (what the
+        lock, `ls` and `pull` read)."""
+        return {runtime: [sm for sm, verdict in r.sms.items() if verdict.startswith("serves")]
+                for runtime, r in self.runtimes.items() if r.accepted}
+
     def lines(self) -> list[str]:
         """One line per runtime verdict, reason and warning (what `trtbuild check` prints)."""
         out = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from trtbuild import serving
 from trtbuild.graph import trtllm_validate_id, validate_id, vllm_validate_id
 from trtbuild.lockfile import LockedTarget, LockFile
 from trtbuild.plan import Plan
@@ -41,6 +42,10 @@ def rows(plan: Plan, store: LocalStore, lock: Optional[LockFile]) -> list[dict]:
             metrics = inherited.get("metrics", {})
             measured_by = f"{inherited.get('runner')}, on {target.depends_on[0]}" if metrics else None
         est = target.estimate
+        serves = None
+        if target.kind == "hf-checkpoint" and target.ok:  # the build's loader check, else the plan's table
+            serves = (serving.served_text(entry.serves) if entry is not None and entry.serves is not None
+                      else target.serves_line())
         out.append({
             "target": target.name, "kind": target.kind, "variant": target.variant, "quant": variant.quant,
             "kv_cache": variant.kv_cache, "tp": target.tp, "pp": target.pp, "gpu": target.gpu, "status": status,
@@ -49,6 +54,6 @@ def rows(plan: Plan, store: LocalStore, lock: Optional[LockFile]) -> list[dict]:
             "kv_tokens": est.kv_tokens if est else None,
             "kld_mean": metrics.get("kld_mean"), "kld_p99": metrics.get("kld_p99"),
             "top1_agreement": metrics.get("top1_agreement"), "ppl_delta_pct": metrics.get("ppl_delta_pct"),
-            "gates": summary.get("gates"), "measured_by": measured_by, "reason": target.reason,
+            "gates": summary.get("gates"), "measured_by": measured_by, "serves": serves, "reason": target.reason,
         })
     return out

@@ -32,7 +32,7 @@ GATES = {
 STATUSES = ("built", "cached", "failed", "skipped", "impossible", "planned")
 
 COLUMNS = ("target", "kind", "gpu", "tp/pp", "status", "size on disk", "est. weights/GPU", "KV tokens",
-           "KL mean", "KL p99", "top-1 agreement", "ppl \u0394%", "gates", "measured by", "reason")
+           "KL mean", "KL p99", "top-1 agreement", "ppl \u0394%", "gates", "measured by", "serves", "reason")
 NUMERIC = {"tp/pp", "size on disk", "est. weights/GPU", "KV tokens", "KL mean", "KL p99",
            "top-1 agreement", "ppl \u0394%"}
 
@@ -242,6 +242,7 @@ def _row_html(row: dict) -> str:
         _td(format_pct_delta(row.get("ppl_delta_pct")), "ppl \u0394%"),
         f"<td>{_gates_cell(row)}</td>",
         _td(row.get("measured_by") or DASH, "measured by"),
+        _td(row.get("serves") or DASH, "serves"),
         _td(row.get("reason") or DASH, "reason", extra="reason"),
     ]
     return f'<tr class="{_esc(" ".join(classes))}">' + "".join(cells) + "</tr>"

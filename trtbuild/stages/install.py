@@ -5,7 +5,7 @@ from __future__ import annotations
 # README's set-up installs this torch before trtbuild[quantize], so that pip takes its CPU build
 # rather than a multi-GB CUDA one (tests/test_cli.py checks the README still says so).
 CPU_TORCH = "torch==2.13.0"
-EXTRA_OF = {"tensorrt_llm": "trtllm"}  # every other package a stage needs comes with trtbuild[quantize]
+EXTRA_OF = {"tensorrt_llm": "trtllm", "vllm": "vllm"}  # every other package a stage needs comes with trtbuild[quantize]
 
 
 def extra_for(package: str) -> str:

@@ -14,19 +14,20 @@ from trtbuild.stages.base import OVERLAY_SUMMARY, StageContext
 CHECK_FILE = f"{serving_options.SERVING_DIR}/check.json"
 
 
-def loader_check(folder) -> dict:
+def loader_check(folder) -> tuple[dict, dict[str, list[str]]]:
     """The runtimes' loader rules applied to the export, on every SM (the artifact serves any GPU;
-    the plan already checked the recipe's)."""
-    result = check_checkpoint(folder).as_json()
+    the plan already checked the recipe's): the whole result, and {runtime: SMs it serves}."""
+    checked = check_checkpoint(folder)
+    result = checked.as_json()
     result["folder"] = "."  # the checkout's path differs per store: the artifact holds only what its key names
-    return result
+    return result, checked.serves()
 
 
 def package_hf(ctx: StageContext) -> None:
     weights = ctx.inputs["weights"]
     written = serving_options.write_serving(ctx.out, ctx.params)
     summary = {"serving": {"files": written, "runtimes": ctx.params["runtimes"]}}
-    check = loader_check(weights)
+    check, serves = loader_check(weights)
     accepted = {runtime: verdict["accepted"] for runtime, verdict in check["runtimes"].items()}
     if not any(accepted.values()):  # the table said a runtime serves it: the export is what is wrong
         reasons = "; ".join(f"{RUNTIME_NAMES[r]}: {(v['reasons'] or ['not served'])[0]}" for r, v in check["runtimes"].items())
@@ -34,4 +35,5 @@ def package_hf(ctx: StageContext) -> None:
     (ctx.out / CHECK_FILE).write_text(json.dumps(check, indent=2, sort_keys=True) + "\n")
     summary["serving"]["files"].append(CHECK_FILE)
     summary["serving"]["check"] = accepted
+    summary["serving"]["serves"] = serves  # the lock, `ls` and `pull` read this
     ctx.report(summary, name=OVERLAY_SUMMARY)
