@@ -302,6 +302,13 @@ def test_pull_dry_run_prints_the_choice_and_downloads_nothing(project, run, reco
         0, "base-tp1-sm90", digest, "trtllm-engine", None, None)
     assert [(c["target"], c["fits"]) for c in out["candidates"]] == [("base-tp1", False), ("base-tp1-sm90", True)]
     assert not dest.exists() and not (tmp_path / "deploy-store").exists()  # nothing downloaded, no store made
+    # choosing an engine reads only the lock: the store is not even opened (a deploy script's quick question)
+    nowhere = tmp_path / "no-such-store"
+    offline = run("pull", project.lock_path, "--store", nowhere, "--dry-run")
+    assert (offline.exit_code, offline.stdout, offline.stderr) == (
+        0, f"would pull base-tp1-sm90 (trtllm-engine, 1 GPU): artifact {digest}\n", "")
+    missing = run("pull", project.lock_path, "--store", nowhere)
+    assert (missing.exit_code, missing.stderr) == (2, f"store {nowhere}: no such store (nothing has been built there)\n")
 
 
 def test_pull_exits_1_listing_every_target_when_nothing_fits(project, run, recorded_gpu, installed_packages):

@@ -383,7 +383,8 @@ def push(recipe: Path, targets, store_url, allow_unvalidated, as_json) -> None:
 @click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Materialize into this folder (atomically); default: the local store's read-only checkout.")
 @REMOTE_OPTION
-@click.option("--dry-run", is_flag=True, help="Only choose: print the target pull would take and download nothing.")
+@click.option("--dry-run", is_flag=True, help="Only choose: print the target pull would take and download nothing "
+              "(the store is not contacted unless a target's format must be read from its record).")
 @click.option("--json", "as_json", is_flag=True, help="Print the choice, every target's fit and the path as JSON.")
 def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dry_run, as_json) -> None:
     """Download a target of LOCK_OR_RECIPE (a `.lock` file, or a recipe beside its lock) from --store
@@ -418,7 +419,15 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dr
     if lock_or_recipe.suffix == ".lock":  # the store the lock records
         store_url = configured_store.shared(store_url, configured_store.of_lock(lock.recipe.publish_store, lock_path),
                                             lock_path, "pull from", lock=True)
-    remote = open_store(store_url)
+    opened = []
+
+    def remote_store():  # opened when first needed: choosing from a recipe's lock needs no request at all
+        if not opened:
+            opened.append(open_store(store_url))
+        return opened[0]
+
+    if not dry_run:  # a store that is not there is the first thing a pull says
+        remote_store()
 
     def formats(target_id, entry):  # an hf-checkpoint's format: the recipe's variant, else its record
         from trtbuild.pullselect import variant_of
@@ -426,7 +435,7 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dr
         variant = variants.get(variant_of(target_id)) if variants else None
         if variant is not None:
             return variant.quant, variant.kv_cache
-        record = remote.get_record(entry.key)
+        record = remote_store().get_record(entry.key)
         params = record.fields.get("params") if record else None
         return (params.get("quant"), params.get("kv_cache")) if isinstance(params, dict) else None
 
@@ -458,6 +467,7 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dr
             runtime_of = f" ({chosen.runtime}{gpus})" if chosen and chosen.runtime else ""
             click.echo(f"would pull {name}{runtime_of}: artifact {entry.digest}")
         return
+    remote = remote_store()
     record = remote.get_record(entry.key)
     if record is None and not remote.has_manifest(entry.digest):
         raise TrtbuildError(f"{name}: artifact {entry.digest} is not in store {store_url}; "
