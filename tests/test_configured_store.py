@@ -11,24 +11,13 @@ import pytest
 
 from conftest import minimal
 from test_build_remote import FAST, TINY_HF, messages
-from test_transfer import project, seaweed  # noqa: F401 (fixtures)
+from test_transfer import bucket, project, seaweed  # noqa: F401 (fixtures)
 from trtbuild import lockfile
 from trtbuild.recipe import load_recipe
 from trtbuild.store.local import LocalStore
 
 RECIPE = ("schema: 1\nname: tiny\nsource: {path: model}\nvariants: {bf16: {}}\ngpus: [sm90]\n"
           "limits: {max_input_len: 128, max_seq_len: 256}\nbackends: [engine]\n")
-
-
-@pytest.fixture
-def bucket(seaweed, monkeypatch, request):  # noqa: F811
-    """A fresh bucket for this test, and the variables a client of the server needs; the store URL."""
-    for name, value in seaweed.env().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    name = request.node.name.replace("_", "-")[:50].strip("-").lower()
-    seaweed.client().create_bucket(Bucket=name)
-    return f"s3://{name}/team"
 
 
 @pytest.mark.parametrize("value, why", [

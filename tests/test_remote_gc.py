@@ -9,22 +9,11 @@ import os
 
 import pytest
 
-from test_transfer import PushItem, make_artifact, project, push, seaweed, three_files  # noqa: F401 (fixtures)
+from test_transfer import PushItem, bucket, make_artifact, project, push, seaweed, three_files  # noqa: F401 (fixtures)
 from trtbuild.errors import TrtbuildError
 from trtbuild.estimate import format_bytes
 from trtbuild.store import lease
 from trtbuild.store.s3 import S3Store
-
-
-@pytest.fixture
-def bucket(seaweed, monkeypatch, request):  # noqa: F811
-    """A fresh bucket for this test, and the variables a client of the server needs; the store URL."""
-    for name, value in seaweed.env().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    name = request.node.name.replace("_", "-")[:50].strip("-").lower()
-    seaweed.client().create_bucket(Bucket=name)
-    return f"s3://{name}/team"
 
 
 def objects(store: S3Store) -> set[str]:
@@ -132,15 +121,15 @@ def test_push_writes_its_lease_and_removes_it_also_when_it_fails(project, bucket
     store = S3Store(bucket)
     record = make_artifact(project.local, project.tmp / "a", three_files("a"), "base-tp1", 1)
     seen = []
-    original = store.put_blob
+    original = store.put_blobs
 
-    def watched(source, digest, owned=False):
+    def watched(sources, progress=None):  # the artifact's three blobs go up in one transfer-manager call
         seen.append([(rel, held.kind, held.host, held.pid) for rel, held in lease.active(store, "push")])
-        return original(source, digest, owned)
+        return original(sources, progress)
 
-    monkeypatch.setattr(store, "put_blob", watched)
+    monkeypatch.setattr(store, "put_blobs", watched)
     push(project.local, store, [PushItem(record, ("tiny", "base-tp1"))], lock=("tiny", b"lock bytes\n"))
-    assert len(seen) == 3 and seen[0] == seen[1] == seen[2]
+    assert len(seen) == 1
     [(rel, kind, host, pid)] = seen[0]
     assert (rel.startswith("leases/push-"), kind, pid) == (True, "push", os.getpid())
     assert store.list_objects("leases/") == []

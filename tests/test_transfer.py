@@ -423,6 +423,18 @@ def seaweed():
         yield server
 
 
+@pytest.fixture
+def bucket(seaweed, monkeypatch, request):
+    """A fresh bucket of the module's SeaweedFS for this test, the variables a client of the server
+    needs set; returns the store URL in it."""
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    name = request.node.name.replace("_", "-")[:50].strip("-").lower()
+    seaweed.client().create_bucket(Bucket=name)
+    return f"s3://{name}/team"
+
+
 def test_a_pull_from_s3_hashes_each_blob_once_in_the_stores_verifying_stream(seaweed, tmp_path, monkeypatch):
     """S3Store streams a blob verified against its name; pull must not hash the same bytes again."""
     import types

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from test_transfer import PushItem, make_artifact, project, push, seaweed  # noqa: F401 (fixtures)
+from test_transfer import PushItem, bucket, make_artifact, project, push, seaweed  # noqa: F401 (fixtures)
 from trtbuild import transferbar
 from trtbuild.store.hash import CHUNK
 from trtbuild.store.local import LocalStore
@@ -35,16 +35,6 @@ class Heard:
 def big_files() -> dict[str, bytes]:  # one file of several read chunks, two small ones, all different
     return {"config.json": b'{"tag": "big"}', "rank0.safetensors": bytes(range(256)) * (CHUNK // 256 * 2 + 7),
             "sub/tokenizer.json": b"tokens " * 100}
-
-
-@pytest.fixture
-def bucket(seaweed, monkeypatch, request):  # noqa: F811
-    for name, value in seaweed.env().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    name = request.node.name.replace("_", "-")[:50].strip("-").lower()
-    seaweed.client().create_bucket(Bucket=name)
-    return f"s3://{name}/team"
 
 
 def test_push_and_pull_progress_hear_exactly_the_artifacts_bytes(project, bucket, tmp_path):  # noqa: F811
