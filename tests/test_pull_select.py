@@ -265,3 +265,41 @@ def test_the_builds_loader_check_in_the_lock_narrows_what_the_table_allows(host)
     elsewhere.serves = {"vllm": ["sm100"]}
     none = choose(lock_of({"fp8-hf": elsewhere}), h100, runtime="vllm", formats=formats)
     assert none.chosen is None and none.candidates[0].reasons == ["vllm: does not serve fp8 on sm90"]
+
+
+def test_choosing_from_a_lock_imports_neither_the_recipe_the_graph_the_store_nor_an_s3_client(
+        tmp_path, recorded_gpu, installed_packages):
+    """A deploy host's `pull --target auto --dry-run` reads one lock file: the recipe's models, the
+    stage graph, the local store and botocore/boto3 are start-up it does not need (issue #12's
+    0.5 s), so they are not imported at all, even with --store s3:// (an engine's fit is in the
+    lock; an hf-checkpoint's format may need its record, which opens the store)."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from trtbuild import lockfile
+
+    recorded_gpu("H100")
+    site = installed_packages(tensorrt_llm=TRTLLM, tensorrt=TRT)
+    path = tmp_path / "tiny.lock"
+    engines_only = lock_of({n: t for n, t in matrix().targets.items() if t.stage != "hf-checkpoint"})
+    path.write_text(lockfile.HEADER + yaml.safe_dump(engines_only.model_dump(mode="json", by_alias=True)))
+    script = f"""
+import sys
+from trtbuild.cli import cli
+try:
+    cli(['pull', {str(path)!r}, '--store', 's3://nowhere/prefix', '--dry-run'], standalone_mode=False)
+except SystemExit:
+    pass
+heavy = ('trtbuild.recipe', 'trtbuild.graph', 'trtbuild.plan', 'trtbuild.store.local', 'trtbuild.store.s3',
+         'boto3', 'botocore', 'filelock')
+print('IMPORTED', sorted(m for m in heavy if m in sys.modules))
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ["PYTHONPATH"]]),
+           "TRTBUILD_CACHE": str(tmp_path / "cache")}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert result.stdout.splitlines() == [f"would pull base-tp1-sm90 (trtllm-engine, 1 GPU): artifact {digest(1012)}",
+                                          "IMPORTED []"]
+    assert not (tmp_path / "cache").exists()  # a dry run makes no local store either

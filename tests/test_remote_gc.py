@@ -200,3 +200,22 @@ def test_a_malformed_pushed_lock_of_the_history_makes_gc_refuse_and_remove_nothi
         assert refused.stderr == (f"{store.describe_object(rel)}: not a trtbuild lock file; cache gc removed nothing "
                                   "(what it pins is unknown): push that recipe again or remove it\n")
         assert objects(store) == before
+
+
+def test_a_push_lease_is_rewritten_after_an_artifact_only_when_its_last_write_is_a_minute_old(bucket, monkeypatch):  # noqa: F811
+    store = S3Store(bucket)
+    clock = [dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.timezone.utc)]
+    monkeypatch.setattr(lease, "_now", lambda: clock[0])
+    writes = []
+    original = store.write_object
+    monkeypatch.setattr(store, "write_object", lambda rel, data: (writes.append(data), original(rel, data))[1])
+    held = lease.Held(store, "push", ttl_s=3600)
+    clock[0] += dt.timedelta(seconds=lease.RENEW_AFTER_S - 1)
+    held.renew()  # too soon: the lease written a moment ago still expires an hour out, less a minute at most
+    assert [lease.Lease.model_validate_json(w).expires for w in writes] == ["2026-12-01T13:00:00Z"]
+    clock[0] += dt.timedelta(seconds=1)
+    held.renew()
+    assert [lease.Lease.model_validate_json(w).expires for w in writes] == ["2026-12-01T13:00:00Z",
+                                                                             "2026-12-01T13:01:00Z"]
+    held.release()
+    assert store.list_objects("leases/") == []

@@ -538,3 +538,22 @@ def test_a_bucket_in_another_region_is_one_line_naming_the_region(aws_env):
             store.get_record(KEY)
     assert str(caught.value) == (f"s3://far-bucket/p/ac/{KEY}.json: the bucket is in region eu-west-1, not us-east-1: "
                                  "set AWS_DEFAULT_REGION (or AWS_REGION)")
+
+
+def test_push_and_the_s3_client_import_no_graph_and_no_boto3_until_bytes_move():
+    """A re-push of an unchanged artifact is start-up and a few requests (issue #12: under 1 s): the
+    stage graph, the planner and boto3 (its Session and resource models: only the transfer manager
+    needs boto3, when bytes move) are not imported for it."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+import trtbuild.cli, trtbuild.publish, trtbuild.lockfile, trtbuild.recipe, trtbuild.configured_store
+import trtbuild.store.transfer
+from trtbuild.store.s3 import S3Store
+S3Store('s3://bucket/prefix', endpoint_url='http://127.0.0.1:9').client
+print(sorted(m for m in ('trtbuild.graph', 'trtbuild.plan', 'trtbuild.pipeline', 'boto3') if m in sys.modules))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout == "[]\n"

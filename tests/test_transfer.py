@@ -565,3 +565,40 @@ def test_large_blobs_go_up_in_parts_and_come_down_in_ranges_and_nothing_is_hashe
     out = materialize(fresh, digest)
     assert (out / "rank0.safetensors").read_bytes() == big and (out / "rank1.safetensors").read_bytes() == big[::-1]
     assert hashed == []  # the pulled blobs were hashed as they arrived, once
+
+
+def test_a_re_push_sends_the_small_requests_of_all_its_artifacts_together(seaweed, tmp_path, monkeypatch):
+    """Re-pushing N unchanged artifacts costs about one round trip per kind of request, not N: the
+    manifest checks, then each artifact's record and ref, go out at once (S3Store.requests_at_once)."""
+    import threading
+    import time
+    import uuid
+
+    from trtbuild.store.s3 import S3Store
+
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    bucket = f"together-{uuid.uuid4().hex[:12]}"
+    seaweed.client().create_bucket(Bucket=bucket)
+    remote = S3Store(f"s3://{bucket}/store", local_root=tmp_path / "s3-local")
+    local = LocalStore(tmp_path / "local")
+    items = [PushItem(make_artifact(local, tmp_path / f"a{i}", three_files(f"a{i}"), f"t{i}-tp1", i + 1), ("tiny", f"t{i}"))
+             for i in range(4)]
+    push(local, remote, items)
+    busy, most = [0], [0]
+    lock = threading.Lock()
+    original = remote.has_manifest
+
+    def slow_has_manifest(digest):  # held open long enough that requests sent together overlap
+        with lock:
+            busy[0] += 1
+            most[0] = max(most[0], busy[0])
+        time.sleep(0.2)
+        with lock:
+            busy[0] -= 1
+        return original(digest)
+
+    monkeypatch.setattr(remote, "has_manifest", slow_has_manifest)
+    moved = push(local, remote, items)
+    assert (most[0], moved.blobs, moved.skipped_blobs, moved.records, moved.refs) == (4, 0, 12, 4, 4)
+    assert [remote.read_ref("tiny", f"t{i}").digest for i in range(4)] == [item.record.digest for item in items]

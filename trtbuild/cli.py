@@ -321,7 +321,7 @@ def push(recipe: Path, targets, store_url, allow_unvalidated, as_json) -> None:
     """
     from trtbuild import lockfile
     from trtbuild.estimate import format_bytes
-    from trtbuild.pipeline import recipe_identity
+    from trtbuild.recipe import recipe_identity
     from trtbuild.publish import plan_push
     from trtbuild.store.local import open_store
     from trtbuild import configured_store
@@ -398,20 +398,15 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dr
     """
     from trtbuild import lockfile
     from trtbuild.pullselect import Host, build_hint, choose, no_fit_lines, targets_of
-    from trtbuild.store.checkout import materialize
-    from trtbuild.store.local import open_store
-    from trtbuild.store.transfer import materialize_to
     from trtbuild import configured_store
-    from trtbuild.store.transfer import pull as run_pull
 
-    local = open_store(None, create=True)
     variants = None
     if lock_or_recipe.suffix == ".lock":
         lock_path, recipe_path = lock_or_recipe, lock_or_recipe.with_suffix(".yaml")
     else:
         loaded = _load(lock_or_recipe)
         store_url = configured_store.shared(store_url, configured_store.of_recipe(loaded), lock_or_recipe, "pull from")
-        lock_path, recipe_path = lockfile.lock_path_for(loaded, local, embedded=False), lock_or_recipe
+        lock_path, recipe_path = lockfile.lock_path_for(loaded, None, embedded=False), lock_or_recipe
         variants = loaded.recipe.variants
     lock = lockfile.read(lock_path)
     if lock is None:
@@ -422,6 +417,8 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dr
     opened = []
 
     def remote_store():  # opened when first needed: choosing from a recipe's lock needs no request at all
+        from trtbuild.store.local import open_store
+
         if not opened:
             opened.append(open_store(store_url))
         return opened[0]
@@ -467,6 +464,13 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dr
             runtime_of = f" ({chosen.runtime}{gpus})" if chosen and chosen.runtime else ""
             click.echo(f"would pull {name}{runtime_of}: artifact {entry.digest}")
         return
+    # What only a real pull needs: the local store (made here, not by a dry run) and the transfer code.
+    from trtbuild.store.checkout import materialize
+    from trtbuild.store.transfer import materialize_to
+    from trtbuild.store.local import open_store
+    from trtbuild.store.transfer import pull as run_pull
+
+    local = open_store(None, create=True)
     remote = remote_store()
     record = remote.get_record(entry.key)
     if record is None and not remote.has_manifest(entry.digest):

@@ -8,10 +8,12 @@ records `publish.store` as the recipe spells it), so a checkout anywhere finds t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from trtbuild.errors import InvalidInput
-from trtbuild.recipe import LoadedRecipe
+
+if TYPE_CHECKING:  # the recipe's models are not needed to read a lock or a store URL
+    from trtbuild.recipe import LoadedRecipe
 
 
 def resolve(value: Optional[str], base_dir: Path) -> Optional[str]:

@@ -15,6 +15,7 @@ from typing import Any, Optional
 from pydantic import BaseModel
 
 from trtbuild import engine_flags, hardware, serving, serving_options, toolchain
+from trtbuild.nodeids import hf_export_id, quantized_id, trtllm_validate_id, twin_id, validate_id, vllm_validate_id  # noqa: F401 (graph.X_id for callers)
 from trtbuild.plan import CHECKPOINT, ENGINE, HF_CHECKPOINT, Plan, Target
 from trtbuild.stages.base import Stage
 from trtbuild.stages.install import install_hint
@@ -25,38 +26,6 @@ SOURCE = "source"
 # `--until STAGE` keeps the nodes at or before STAGE. Checkpoints are validated before any engine.
 STAGE_ORDER = {"source": 0, "calibration": 1, "quantize": 1, "checkpoint": 1, "hf-export": 1, "hf-checkpoint": 1,
                "reference": 2, "validate": 2, "engine": 3}
-
-
-# ---- node ids: made and parsed here only -----------------------------------------------------------
-
-def validate_id(target: str) -> str:
-    """The torch validation of a checkpoint, or the TensorRT-LLM validation of an engine."""
-    return f"{target}:validate"
-
-
-def trtllm_validate_id(target: str) -> str:
-    """An hf-checkpoint's validation as TensorRT-LLM's PyTorch backend serves it."""
-    return f"{target}:validate-trtllm"
-
-
-def vllm_validate_id(target: str) -> str:
-    """An hf-checkpoint's validation as vLLM loads it."""
-    return f"{target}:validate-vllm"
-
-
-def twin_id(engine: str) -> str:
-    """The engine built with --gather_context_logits only to be validated."""
-    return f"{engine}:twin"
-
-
-def quantized_id(variant: str) -> str:
-    return f"{variant}-quantized"
-
-
-def hf_export_id(target: str) -> str:
-    """The weights of an hf-checkpoint target (`fp8-hf` -> `fp8-hf-export`): the target itself is
-    these files plus serving/ (the runtime options), so a change of limits re-packages, not re-exports."""
-    return f"{target}-export"
 
 
 # ---- why a node cannot run ----------------------------------------------------------------------

@@ -16,10 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from trtbuild.errors import InvalidInput
 from trtbuild.validate import gates
 from trtbuild.keys import canonical_json
-from trtbuild.recipe import LoadedRecipe
 from trtbuild.store.hash import atomic_write, bytes_sha256
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the recipe's models are not needed to read or choose from a lock
+    from trtbuild.recipe import LoadedRecipe
     from trtbuild.store.base import Store
 
 LOCK_SCHEMA = 2  # 2: typed, every artifact with its size, toolchain per stage id
@@ -91,7 +91,7 @@ def recipe_digest(loaded: LoadedRecipe) -> str:
     return bytes_sha256(canonical_json(loaded.recipe.model_dump(mode="json", by_alias=True)))
 
 
-def lock_path_for(loaded: LoadedRecipe, store: "Store", embedded: bool) -> Path:
+def lock_path_for(loaded: LoadedRecipe, store: Optional["Store"], embedded: bool) -> Path:
     """Beside the recipe (`recipes/x.yaml` -> `recipes/x.lock`); the embedded default recipe has no
     folder of its own, so its lock lives in the store."""
     if embedded:

@@ -11,7 +11,7 @@ from trtbuild import graph as graphs
 from trtbuild import hardware, lockfile, toolchain
 from trtbuild.errors import InvalidInput
 from trtbuild.plan import plan_recipe, select
-from trtbuild.recipe import LoadedRecipe
+from trtbuild.recipe import LoadedRecipe, recipe_identity
 from trtbuild.runner import FAILED, IMPOSSIBLE, NodeResult, RunOptions, run_graph
 from trtbuild.store.local import LocalStore
 
@@ -101,18 +101,6 @@ def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, report
         lockfile.write(lock_path, loaded, source, results, _toolchains(graph, results), validated=request.validate)
         store.register_lockfile(lock_path)
     return BuildOutcome(loaded.recipe.name, results, lock_path, graph)
-
-
-def recipe_identity(loaded: LoadedRecipe, embedded: bool) -> str:
-    """What makes a recipe the same recipe on every host: its path inside its git work tree (CI
-    checkouts differ only above it), else its absolute path; the package's default is `embedded:`."""
-    if embedded:
-        return f"embedded:{loaded.path.name}"
-    path = loaded.path.resolve()
-    for folder in path.parents:
-        if (folder / ".git").exists():
-            return path.relative_to(folder).as_posix()
-    return str(path)
 
 
 def _rebuilt(graph: graphs.Graph, patterns: list[str]) -> set[str]:

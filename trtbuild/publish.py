@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtbuild.errors import InvalidInput
-from trtbuild.graph import trtllm_validate_id, validate_id, vllm_validate_id
+from trtbuild.nodeids import trtllm_validate_id, validate_id, vllm_validate_id
 from trtbuild.lockfile import LockFile
 from trtbuild.pullselect import targets_of
 from trtbuild.store.base import Store

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from trtbuild import serving
 from trtbuild.estimate import format_bytes
-from trtbuild.graph import trtllm_validate_id, validate_id, vllm_validate_id
+from trtbuild.nodeids import trtllm_validate_id, validate_id, vllm_validate_id
 from trtbuild.lockfile import LockedPlatform, LockedRecipe, LockedTarget, LockFile
 from trtbuild.pullselect import TARGET_STAGES, Host, choose, variant_of
 from trtbuild.records import ActionRecord, Ref

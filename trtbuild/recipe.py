@@ -489,3 +489,15 @@ def _unknown_key(loc: tuple) -> str:
 def json_schema() -> dict:
     schema = Recipe.model_json_schema(by_alias=True)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+
+
+def recipe_identity(loaded: LoadedRecipe, embedded: bool) -> str:
+    """What makes a recipe the same recipe on every host: its path inside its git work tree (CI
+    checkouts differ only above it), else its absolute path; the package's default is `embedded:`."""
+    if embedded:
+        return f"embedded:{loaded.path.name}"
+    path = loaded.path.resolve()
+    for folder in path.parents:
+        if (folder / ".git").exists():
+            return path.relative_to(folder).as_posix()
+    return str(path)

@@ -99,7 +99,7 @@ def publish_build(outcome, loaded, local: Store, remote: Store, patterns: list[s
                   embedded: bool) -> dict:
     """`build --push`: publish what the build's lock names (the refusals of `trtbuild push`)."""
     from trtbuild import lockfile
-    from trtbuild.pipeline import recipe_identity
+    from trtbuild.recipe import recipe_identity
 
     lock = lockfile.read(outcome.lock_path) if outcome.lock_path is not None else None
     if lock is None:  # nothing was built or cached: nothing to publish

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from trtbuild import serving
-from trtbuild.graph import trtllm_validate_id, validate_id, vllm_validate_id
+from trtbuild.nodeids import trtllm_validate_id, validate_id, vllm_validate_id
 from trtbuild.lockfile import LockedTarget, LockFile
 from trtbuild.plan import Plan
 from trtbuild.store.local import LocalStore

@@ -58,6 +58,9 @@ def parse_record(key: str, data: bytes, where: str) -> Optional[ActionRecord]:
 class Store(abc.ABC):
     #: the stat cache the store's own reads go through (and stages hash their inputs with)
     state: StatCache
+    #: small requests (is a blob there, a record, a ref) a caller may have in flight at once: on a
+    #: remote each one is a round trip, so a re-push of N artifacts waits for one round, not N
+    requests_at_once: int = 1
 
     @property
     @abc.abstractmethod

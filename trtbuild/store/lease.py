@@ -2,8 +2,8 @@
 where no host can hold a lock for another.
 
 A push writes `leases/push-<host>-<pid>-<random>.json` (who, since when, until when) before it
-sends anything, renews it after each artifact, and removes it when it ends, failed or not. gc
-refuses while an unexpired push lease exists, naming it; a lease whose holder died simply expires.
+sends anything, renews it after each artifact (at most once a minute), and removes it when it ends,
+failed or not. gc refuses while an unexpired push lease exists, naming it; a lease whose holder died simply expires.
 gc in turn writes a `gc-...` lease before it deletes, then looks for push leases once more, and a
 push that finds a gc lease after writing its own refuses: both write first and read second, so at
 least one of two that start together sees the other (S3 reads its writes).
@@ -27,6 +27,7 @@ from trtbuild.store.base import Store
 
 FOLDER = "leases/"
 TTL_S = 2 * 3600  # renewed after each artifact: one artifact's transfer must fit in it
+RENEW_AFTER_S = 60  # a renewal rewrites the lease only when the last write is older: a request saved per artifact
 
 
 class Lease(BaseModel):
@@ -88,11 +89,18 @@ class Held:
         host = socket.gethostname() or "host"
         self.rel = f"{FOLDER}{kind}-{host}-{os.getpid()}-{os.urandom(4).hex()}.json"
         self.lease = Lease(kind=kind, host=host, pid=os.getpid(), started=_stamp(_now()), expires="")
+        self.written: Optional[dt.datetime] = None
         self.renew()
 
     def renew(self) -> None:
-        self.lease.expires = _stamp(_now() + dt.timedelta(seconds=self.ttl_s))
+        """Expire `ttl_s` from now; the object is rewritten only when its last write is more than
+        RENEW_AFTER_S old (the expiry it holds is then at most that much short of `ttl_s`)."""
+        now = _now()
+        if self.written is not None and (now - self.written).total_seconds() < RENEW_AFTER_S:
+            return
+        self.lease.expires = _stamp(now + dt.timedelta(seconds=self.ttl_s))
         self.store.write_object(self.rel, self.lease.model_dump_json().encode() + b"\n")
+        self.written = now
 
     def release(self) -> None:
         self.store.delete_object(self.rel)

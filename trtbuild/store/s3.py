@@ -230,11 +230,15 @@ class S3Store(Store):
     def __repr__(self) -> str:
         return f"S3Store({self.url})"
 
+    @property
+    def requests_at_once(self) -> int:  # boto3 clients are thread-safe; the pool holds 2x concurrency
+        return self.concurrency
+
     # ---- the connection --------------------------------------------------------------------------
     @property
     def client(self):
         if self._client is None:
-            import boto3
+            import botocore.session
             from botocore.config import Config
 
             # response_checksum_validation: every blob is hashed against its name as it streams and
@@ -243,8 +247,12 @@ class S3Store(Store):
             config = Config(retries={"mode": self.retry_mode, "total_max_attempts": self.max_attempts},
                             max_pool_connections=max(10, 2 * self.concurrency),
                             response_checksum_validation="when_required")
+            # botocore's session, not boto3's: the same credential chain and configuration at half the
+            # start-up (boto3's Session loads its resource models and injects methods trtbuild never
+            # calls); boto3's transfer manager (put_blobs) is imported only when bytes move.
             try:
-                self._client = boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, config=config)
+                self._client = botocore.session.get_session().create_client("s3", endpoint_url=self.endpoint_url,
+                                                                            config=config)
             except Exception as exc:
                 raise self._error(self.url, exc) from None
         return self._client
@@ -447,9 +455,14 @@ class S3Store(Store):
             actual = file_sha256(source)
             if actual != digest:
                 raise CorruptStore(f"{source}: its sha256 is {actual}, expected {digest}")
+        from boto3.s3.transfer import create_transfer_manager
+
+        def upload() -> None:
+            with create_transfer_manager(self.client, self._transfer_config()) as manager:
+                manager.upload(str(source), self.bucket, key, extra_args=extra).result()
+
         try:
-            self._call(key, self.client.upload_file, Filename=str(source), Bucket=self.bucket, Key=key,
-                       ExtraArgs=extra, Config=self._transfer_config())
+            self._call(key, upload)
         except _Absent:
             raise self._error(self.url_of(key), RuntimeError("upload failed")) from None
         except Exception as exc:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.records import ActionRecord
@@ -25,6 +26,8 @@ from trtbuild.store.checkout import checkout
 from trtbuild.store.hash import CHUNK, bytes_sha256
 from trtbuild.store.tree import Manifest
 from trtbuild.transferbar import ByteProgress
+
+T, R = TypeVar("T"), TypeVar("R")
 
 
 @dataclass
@@ -53,10 +56,21 @@ class PushItem:
 
 # ---- push ------------------------------------------------------------------------------------------
 
+def _each(remote: Store, work: Callable[[T], R], things: list[T]) -> list[R]:
+    """`work` over `things`, results in order: `remote.requests_at_once` at a time (S3), else one by one."""
+    workers = min(remote.requests_at_once, len(things))
+    if workers <= 1:
+        return [work(thing) for thing in things]
+    with ThreadPoolExecutor(workers, thread_name_prefix="trtbuild-request") as pool:
+        return list(pool.map(work, things))
+
+
 def _push_blobs(local: Store, remote: Store, manifest: Manifest, moved: Moved, progress=None) -> None:
     missing = []
-    for entry in {e.sha256: e for e in manifest.entries}.values():
-        if remote.has_blob(entry.sha256):  # content-addressed: there means whole (the store verifies its own)
+    entries = list({e.sha256: e for e in manifest.entries}.values())
+    # content-addressed: there means whole (the store verifies its own)
+    for entry, there in zip(entries, _each(remote, lambda e: remote.has_blob(e.sha256), entries)):
+        if there:
             moved.skipped_blobs += 1
         else:
             missing.append(entry)
@@ -110,29 +124,42 @@ def push(local: Store, remote: Store, items: list[PushItem], lock: Optional[tupl
 
 
 def _push_items(local: Store, remote: Store, items: list[PushItem], held, progress=None) -> Moved:
+    """Artifacts first (blobs, then manifest, one artifact after another: each transfer uses the
+    whole store's concurrency), then every record and its ref; the small requests of different
+    items go out together (`_each`), each item's record still before its ref."""
     moved = Moved()
+    digests = list(dict.fromkeys(item.record.digest for item in items))
+    there = dict(zip(digests, _each(remote, remote.has_manifest, digests)))
     for item in items:
-        record = item.record
-        digest = record.digest
+        digest = item.record.digest
         manifest = local.get_manifest(digest)
-        if not remote.has_manifest(digest):
+        if not there[digest]:
             _push_blobs(local, remote, manifest, moved, progress)
             remote.put_manifest(manifest)
-        else:
+            there[digest] = True
+        else:  # counted for each item, as each one's blobs are there
             moved.skipped_blobs += len({e.sha256 for e in manifest.entries})
-        stored = remote.put_record(record)
-        if stored.digest != digest:
+        if held is not None:
+            held.renew()  # a long push keeps its lease
+
+    def publish(item: PushItem) -> ActionRecord:
+        stored = remote.put_record(item.record)
+        if item.ref is not None:
+            recipe, target = item.ref
+            remote.update_ref(recipe, target, item.record.digest, item.record.key)
+        return stored
+
+    for item, stored in zip(items, _each(remote, publish, items)):
+        record = item.record
+        if stored.digest != record.digest:
             moved.divergences.append(
                 f"{record.target}: {remote.describe_record(record.key)} already records artifact {stored.digest} "
-                f"for key {record.key}; this store's {digest} was kept beside it as a divergence, not written over it")
+                f"for key {record.key}; this store's {record.digest} was kept beside it as a divergence, not written "
+                "over it")
         else:
             moved.records += 1
         if item.ref is not None:
-            recipe, target = item.ref
-            remote.update_ref(recipe, target, digest, record.key)
             moved.refs += 1
-        if held is not None:
-            held.renew()  # a long push keeps its lease
     return moved
 
 
