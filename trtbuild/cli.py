@@ -71,9 +71,11 @@ def _parse_gpu(value: str | None):
 @click.option("--gpu", "gpu", metavar="SM|PRODUCT|all",
               help="Plan only engines for this GPU (default: all in the recipe); a product (L4, RTX4090, ...) is "
                    "also the card the memory estimate assumes.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "github-matrix"]), default="table", show_default=True,
-              help="table for people, json for programs, github-matrix for a GitHub Actions strategy.matrix.")
-def plan(recipes: tuple[Path, ...], gpu: str | None, fmt: str) -> None:
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "github-matrix"]), default=None,
+              help="table for people (the default), json for programs, github-matrix for a GitHub Actions "
+                   "strategy.matrix.")
+@click.option("--json", "as_json", is_flag=True, help="The same as --format json (as the other commands spell it).")
+def plan(recipes: tuple[Path, ...], gpu: str | None, fmt: str | None, as_json: bool) -> None:
     """Expand RECIPES into targets and check each one (no GPU, no weights needed).
 
     Every target is `ok` or `impossible` with the reason: quantization the GPU cannot run, tp that
@@ -84,6 +86,9 @@ def plan(recipes: tuple[Path, ...], gpu: str | None, fmt: str) -> None:
     from trtbuild.plan import plan_recipe
     from trtbuild.recipe import load_recipe
 
+    if as_json and fmt not in (None, "json"):
+        raise InvalidInput(f"--json and --format {fmt}: pick one")
+    fmt = "json" if as_json else fmt or "table"
     paths = list(recipes) or [default_recipe()]
     gpu_filter = _parse_gpu(gpu)
     loaded, errors = [], []
