@@ -102,6 +102,9 @@ def project(tmp_path_factory) -> Project:
                              "--json")
         out["pull-dry-run"] = invoke("pull", "pull", lock, "--target", "base-tp1", "--store", url, "--dry-run", "--json")
         out["check"] = invoke("check", "check", model, "--json")
+        env.setenv("TRTBUILD_CACHE", str(root / "store"))  # last: a --no-validate build rewrites the lock
+        out["build-no-validate"] = invoke("build", "build", recipe, "--no-validate", "--json")
+        out["push-refused"] = invoke("push", "push", recipe, "--store", root / "other", "--json")
     return Project(root, recipe, lock, shared, out)
 
 
@@ -112,7 +115,7 @@ def outputs(project) -> dict[str, Output]:
 
 def test_every_real_output_validates_against_its_schema(outputs):
     exits = {name: o.exit_code for name, o in outputs.items()}
-    assert exits == dict.fromkeys(outputs, 0), {n: o.stderr for n, o in outputs.items()}
+    assert exits == {**dict.fromkeys(outputs, 0), "push-refused": 1}, {n: o.stderr for n, o in outputs.items()}
     assert {name: errors(o.schema, o.data) for name, o in outputs.items()} == dict.fromkeys(outputs, [])
 
 
@@ -126,6 +129,8 @@ def test_the_outputs_hold_the_shapes_the_schemas_describe(project, outputs):
     assert isinstance(outputs["plan-many"].data, list) and isinstance(outputs["plan"].data, dict)
     assert {t["status"] for t in outputs["plan"].data["targets"]} == {"ok", "impossible"}
     assert outputs["push"].data["pushed"] == ["base-tp1"]
+    assert (outputs["push-refused"].data["pushed"], outputs["push-refused"].stderr) == (
+        [], "".join(f"{line}\n" for line in outputs["push-refused"].data["refused"]))
     assert [p["target"] for p in outputs["ls"].data["published"]] == ["base-tp1"]
     pulled = outputs["pull"].data
     blobs = {e.sha256 for e in LocalStore(project.root / "store").get_manifest(pulled["digest"]).entries}
