@@ -356,3 +356,12 @@ def test_readmes_cli_table_lists_every_command_and_option():
             flags = [f for f in param.opts if f.startswith("--")]
             if flags and flags[0] != "--help":
                 assert flags[0] in usage, f"README's row for {name} lacks {flags[0]}"
+
+
+def test_plan_json_is_format_json_and_a_conflicting_format_is_one_line(ws, run):
+    path = ws.recipe(minimal())
+    as_json = run("plan", path, "--json")
+    assert (as_json.exit_code, as_json.stderr) == (0, "")
+    assert as_json.stdout == run("plan", path, "--format", "json").stdout
+    both = run("plan", path, "--json", "--format", "table")
+    assert (both.exit_code, both.stdout, both.stderr) == (2, "", "--json and --format table: pick one\n")

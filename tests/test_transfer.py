@@ -326,6 +326,26 @@ def test_pull_exits_1_listing_every_target_when_nothing_fits(project, run, recor
         f"to make one: add sm89 to the recipe's `gpus:`, then run `trtbuild build {project.recipe} --gpu auto` on this host\n")
 
 
+def test_pull_json_when_nothing_fits_prints_every_candidate_and_the_same_lines(project, run, recorded_gpu,
+                                                                             installed_packages):
+    import json
+
+    engine_project(project)
+    run("push", project.recipe, "--store", project.remote)
+    recorded_gpu("L40S")
+    installed_packages(tensorrt_llm=TRTLLM, tensorrt=TRT)
+    text = run("pull", project.lock_path, "--store", project.remote)
+    result = run("pull", project.lock_path, "--store", project.remote, "--json")
+    assert (result.exit_code, result.stderr) == (1, text.stderr)
+    out = json.loads(result.stdout)
+    assert {k: out[k] for k in ("target", "digest", "path", "runtime", "moved")} == dict.fromkeys(
+        ("target", "digest", "path", "runtime", "moved"))
+    assert [(c["target"], c["fits"], c["reasons"]) for c in out["candidates"]] == [
+        ("base-tp1", False, ["a TensorRT-LLM checkpoint: no runtime serves it as it is (the engines built from it do)"]),
+        ("base-tp1-sm90", False, ["sm: the engine is for sm90; this host has sm89 (1x NVIDIA L40S)"])]
+    assert out["host"]["gpus"] == [{"index": 0, "name": "NVIDIA L40S", "sm": "sm89", "memory_bytes": 46068 * 2**20}]
+
+
 def test_pull_of_a_tampered_blob_fails_and_leaves_no_dest(project, run, tmp_path, monkeypatch):
     engine_project(project)
     run("push", project.recipe, "--store", project.remote)

@@ -71,9 +71,11 @@ def _parse_gpu(value: str | None):
 @click.option("--gpu", "gpu", metavar="SM|PRODUCT|all",
               help="Plan only engines for this GPU (default: all in the recipe); a product (L4, RTX4090, ...) is "
                    "also the card the memory estimate assumes.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "github-matrix"]), default="table", show_default=True,
-              help="table for people, json for programs, github-matrix for a GitHub Actions strategy.matrix.")
-def plan(recipes: tuple[Path, ...], gpu: str | None, fmt: str) -> None:
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "github-matrix"]), default=None,
+              help="table for people (the default), json for programs, github-matrix for a GitHub Actions "
+                   "strategy.matrix.")
+@click.option("--json", "as_json", is_flag=True, help="The same as --format json (as the other commands spell it).")
+def plan(recipes: tuple[Path, ...], gpu: str | None, fmt: str | None, as_json: bool) -> None:
     """Expand RECIPES into targets and check each one (no GPU, no weights needed).
 
     Every target is `ok` or `impossible` with the reason: quantization the GPU cannot run, tp that
@@ -84,6 +86,9 @@ def plan(recipes: tuple[Path, ...], gpu: str | None, fmt: str) -> None:
     from trtbuild.plan import plan_recipe
     from trtbuild.recipe import load_recipe
 
+    if as_json and fmt not in (None, "json"):
+        raise InvalidInput(f"--json and --format {fmt}: pick one")
+    fmt = "json" if as_json else fmt or "table"
     paths = list(recipes) or [default_recipe()]
     gpu_filter = _parse_gpu(gpu)
     loaded, errors = [], []
@@ -385,7 +390,8 @@ def push(recipe: Path, targets, store_url, allow_unvalidated, as_json) -> None:
 @REMOTE_OPTION
 @click.option("--dry-run", is_flag=True, help="Only choose: print the target pull would take and download nothing "
               "(the store is not contacted unless a target's format must be read from its record).")
-@click.option("--json", "as_json", is_flag=True, help="Print the choice, every target's fit and the path as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the choice, every target's fit and the path as JSON (also when nothing fits).")
 def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dry_run, as_json) -> None:
     """Download a target of LOCK_OR_RECIPE (a `.lock` file, or a recipe beside its lock) from --store
     (default: the recipe's publish.store; for a lock, the one it records) into the local store,
@@ -394,7 +400,7 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dr
     what fits in memory, then --prefer, then the recipe's variant order. --dry-run only chooses: it
     prints the target it would pull and downloads nothing. A bar of bytes is drawn on stderr when it
     is a terminal (never with --json). Exit 0 pulled (or chosen), 1 nothing fits (every target is
-    listed with the reason) or the store is damaged, 2 on invalid input.
+    listed with the reason; with --json, also on stdout) or the store is damaged, 2 on invalid input.
     """
     from trtbuild import lockfile
     from trtbuild.pullselect import Host, build_hint, choose, no_fit_lines, targets_of
@@ -438,9 +444,21 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dr
 
     host = Host.probe(gpu)
     selection = choose(lock, host, runtime, prefer, formats, list(variants) if variants else None)
+
+    def print_json(name=None, digest=None, path=None, chosen=None, moved=None) -> None:
+        """docs/schemas/pull.schema.json: pulled, chosen only (--dry-run), or nothing fits (all null)."""
+        import json
+
+        click.echo(json.dumps({"target": name, "digest": digest, "path": path,
+                               "runtime": chosen.runtime if chosen else None, "moved": moved,
+                               "host": host.as_json(), "candidates": [c.as_json() for c in selection.candidates]},
+                              indent=2))
+
     if target == "auto":
         if selection.chosen is None:
             hint = build_hint(str(recipe_path), lock, host)
+            if as_json:  # a deploy script reads every candidate's reasons; the lines still go to stderr
+                print_json()
             raise TrtbuildError(*no_fit_lines(selection, host, str(lock_path), hint))
         name = selection.chosen.target
     else:
@@ -452,12 +470,7 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dr
     chosen = next((c for c in selection.candidates if c.target == name), None)
     if dry_run:  # the choice alone (a deploy script's question), without touching the artifact
         if as_json:
-            import json
-
-            click.echo(json.dumps({"target": name, "digest": entry.digest, "path": None,
-                                   "runtime": chosen.runtime if chosen else None, "moved": None,
-                                   "host": host.as_json(), "candidates": [c.as_json() for c in selection.candidates]},
-                                  indent=2))
+            print_json(name, entry.digest, chosen=chosen)
         else:
             gpus = f", {chosen.world_size} GPU{'s' if chosen.world_size != 1 else ''}" \
                 if chosen and chosen.world_size else ""
@@ -484,12 +497,7 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dr
                                      else entry.digest, progress)
         path = materialize_to(local, digest, dest) if dest is not None else materialize(local, digest)
     if as_json:
-        import json
-
-        click.echo(json.dumps({"target": name, "digest": digest, "path": str(path),
-                               "runtime": chosen.runtime if chosen else None, "moved": moved.as_json(),
-                               "host": host.as_json(), "candidates": [c.as_json() for c in selection.candidates]},
-                              indent=2))
+        print_json(name, digest, str(path), chosen, moved.as_json())
     else:
         click.echo(str(path))
 
