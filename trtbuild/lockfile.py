@@ -169,6 +169,13 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
     recipe = LockedRecipe(name=loaded.recipe.name, digest=digest, publish_store=loaded.recipe.publish.store)
     lock = LockFile(recipe=recipe, source=source, toolchain=toolchains,
                     targets=targets, validation="run" if validated else "skipped (--no-validate)")
+    atomic_write(path, render(lock))
+    return lock
+
+
+def render(lock: LockFile, header: str = HEADER) -> bytes:
+    """The lock's bytes: YAML with sorted keys, unset optional fields left out (the same content is
+    always the same bytes, which `lock merge` relies on)."""
     data = lock.model_dump(mode="json", by_alias=True)
     if data["recipe"]["publish_store"] is None:  # a recipe without publish.store: its lock as before
         del data["recipe"]["publish_store"]
@@ -176,5 +183,4 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
         for name in ("metrics", "gates_passed", "platform", "serves"):
             if entry[name] is None:
                 del entry[name]
-    atomic_write(path, (HEADER + yaml.safe_dump(data, sort_keys=True, default_flow_style=False)).encode())
-    return lock
+    return (header + yaml.safe_dump(data, sort_keys=True, default_flow_style=False)).encode()
