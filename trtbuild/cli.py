@@ -159,9 +159,13 @@ def _load(recipe: Path | None):
               help="Skip accuracy validation (for people who know what they are doing; the lock file records it).")
 @click.option("--rebuild", "rebuild", multiple=True, metavar="GLOB",
               help="Build these nodes anew even when the store has them; the new artifact replaces the recorded one.")
+@click.option("--lock-out", "lock_out", type=click.Path(dir_okay=False, path_type=Path), metavar="PATH",
+              help="Write this run's lock to PATH, holding only the targets this run built or found (a CI job's "
+                   "slice, for `trtbuild lock merge`); RECIPE.lock is left as it is (--locked checks against it), "
+                   "and --push publishes what PATH names.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary (with read-only artifact paths).")
 def build(recipe: Path | None, targets, until, gpu, store_url, push_after, allow_unvalidated, require_all, locked,
-          no_validate, rebuild, as_json) -> None:
+          no_validate, rebuild, lock_out, as_json) -> None:
     """Build RECIPE's targets through the artifact store (default: the embedded demo recipe).
 
     Each stage's output is stored by content under an action key naming everything that shaped it:
@@ -187,7 +191,8 @@ def build(recipe: Path | None, targets, until, gpu, store_url, push_after, allow
     else:
         store = open_store(store_url, create=True)  # created by the build's first write, not here
     request = BuildRequest(targets=list(targets), until=until, gpu=gpu, require_all=require_all, locked=locked,
-                           materialize=as_json, embedded=recipe is None, validate=not no_validate, rebuild=list(rebuild))
+                           materialize=as_json, embedded=recipe is None, validate=not no_validate, rebuild=list(rebuild),
+                           lock_out=lock_out)
     with ConsoleReporter() as reporter:
         outcome = run_build(loaded, store, request, reporter, remote=remote_cache.RemoteCache(remote) if remote else None)
     if push_after:
