@@ -88,7 +88,7 @@ def test_the_merge_is_the_union_of_the_jobs_and_the_same_bytes_in_any_order(tmp_
     assert outputs.pop().decode() == MERGED + yaml.safe_dump(expected, sort_keys=True, default_flow_style=False)
 
 
-def test_the_merged_lock_is_a_lock_build_locked_and_pull_read(tmp_path, jobs):
+def test_the_merged_lock_reads_back_as_a_lock(tmp_path, jobs):
     from trtbuild import lockfile
 
     out = tmp_path / "tiny.lock"
