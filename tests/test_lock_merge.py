@@ -4,6 +4,7 @@ and -o is left as it was. `build --lock-out` writes the partial lock a job uploa
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -204,8 +205,8 @@ limits: {max_input_len: 128, max_seq_len: 256}
 """
 
 
-def build(project: Path, store: str, *args) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TRTBUILD_CACHE": str(project / store), "OMP_NUM_THREADS": "1"}
+def build(project: Path, store: str, *args, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env or {}), "TRTBUILD_CACHE": str(project / store), "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "trtbuild", "build", "tiny.yaml", "--until", "checkpoint", *args],
                           capture_output=True, text=True, env=env, cwd=project, timeout=600)
 
@@ -229,3 +230,30 @@ def test_each_job_writes_only_its_slice_and_the_merge_is_the_whole_build(tmp_pat
     whole = build(tmp_path, "dev-store", "--target", "base-tp*")  # one host building both
     assert whole.returncode == 0, whole.stderr
     assert lockfile.read(tmp_path / "merged.lock") == lockfile.read(tmp_path / "tiny.lock")
+
+
+@pytest.fixture
+def bucket():
+    from s3server import SeaweedS3
+
+    with SeaweedS3() as server:
+        server.client().create_bucket(Bucket="artifacts")
+        yield server
+
+
+def test_a_job_pushes_and_publishes_only_its_slice(tmp_path, bucket):
+    """A CI runner's checkout holds the lock of a whole earlier build; the job's --push publishes
+    its own targets, and the lock it uploads is its partial one."""
+    shutil.copytree(NEMO_DATA / "hf_tiny_llama_tied_bf16", tmp_path / "model")
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    earlier = build(tmp_path, "dev-store", "--target", "base-tp*")  # the committed lock: both checkpoints
+    assert earlier.returncode == 0, earlier.stderr
+    result = build(tmp_path, "runner-store", "--locked", "--target", "base-tp2", "--store", "s3://artifacts/ci",
+                   "--push", "--allow-unvalidated", "--json", "--lock-out", "out/tp2.lock",
+                   env={**bucket.env(), "AWS_EC2_METADATA_DISABLED": "true"})
+    assert result.returncode == 0, result.stderr
+    pushed = json.loads(result.stdout)["push"]
+    assert (pushed["pushed"], pushed["refused"]) == (["base-tp2"], [])
+    job_lock = (tmp_path / "out" / "tp2.lock").read_bytes()
+    name = f"ci/locks/tiny/{hashlib.sha256(job_lock).hexdigest()}.lock"
+    assert bucket.client().get_object(Bucket="artifacts", Key=name)["Body"].read() == job_lock
