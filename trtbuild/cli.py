@@ -169,7 +169,8 @@ def build(recipe: Path | None, targets, until, gpu, store_url, push_after, allow
     """Build RECIPE's targets through the artifact store (default: the embedded demo recipe).
 
     Each stage's output is stored by content under an action key naming everything that shaped it:
-    a second run rebuilds nothing unless something changed. Writes RECIPE's lock file beside it.
+    a second run rebuilds nothing unless something changed. Writes RECIPE's lock file beside it
+    (with --lock-out, this run's lock to PATH instead).
     Exit 0 when every requested target was built, cached or skipped; 1 when one failed; 2 on
     invalid input.
     """
