@@ -164,13 +164,18 @@ def _load(recipe: Path | None):
               help="Skip accuracy validation (for people who know what they are doing; the lock file records it).")
 @click.option("--rebuild", "rebuild", multiple=True, metavar="GLOB",
               help="Build these nodes anew even when the store has them; the new artifact replaces the recorded one.")
+@click.option("--lock-out", "lock_out", type=click.Path(dir_okay=False, path_type=Path), metavar="PATH",
+              help="Write this run's lock to PATH, holding only the targets this run built or found (a CI job's "
+                   "slice, for `trtbuild lock merge`); RECIPE.lock is left as it is (--locked checks against it), "
+                   "and --push publishes what PATH names.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary (with read-only artifact paths).")
 def build(recipe: Path | None, targets, until, gpu, store_url, push_after, allow_unvalidated, require_all, locked,
-          no_validate, rebuild, as_json) -> None:
+          no_validate, rebuild, lock_out, as_json) -> None:
     """Build RECIPE's targets through the artifact store (default: the embedded demo recipe).
 
     Each stage's output is stored by content under an action key naming everything that shaped it:
-    a second run rebuilds nothing unless something changed. Writes RECIPE's lock file beside it.
+    a second run rebuilds nothing unless something changed. Writes RECIPE's lock file beside it
+    (with --lock-out, this run's lock to PATH instead).
     Exit 0 when every requested target was built, cached or skipped; 1 when one failed; 2 on
     invalid input.
     """
@@ -192,7 +197,8 @@ def build(recipe: Path | None, targets, until, gpu, store_url, push_after, allow
     else:
         store = open_store(store_url, create=True)  # created by the build's first write, not here
     request = BuildRequest(targets=list(targets), until=until, gpu=gpu, require_all=require_all, locked=locked,
-                           materialize=as_json, embedded=recipe is None, validate=not no_validate, rebuild=list(rebuild))
+                           materialize=as_json, embedded=recipe is None, validate=not no_validate, rebuild=list(rebuild),
+                           lock_out=lock_out)
     with ConsoleReporter() as reporter:
         outcome = run_build(loaded, store, request, reporter, remote=remote_cache.RemoteCache(remote) if remote else None)
     if push_after:
@@ -665,6 +671,26 @@ def parse_size(text: str) -> int:
         raise InvalidInput(f"--max-size {text}: not a size (examples: 500M, 50G, 2T)")
     number, unit = float(match.group(1)), match.group(2)
     return int(number * 1024 ** " kmgt".index(unit or " "))
+
+
+@cli.group("lock")
+def lock_group() -> None:
+    """Work with lock files (`RECIPE.lock`)."""
+
+
+@lock_group.command("merge")
+@click.argument("locks", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The merged lock (written atomically; left as it was on any error).")
+def lock_merge(locks: tuple[Path, ...], out: Path) -> None:
+    """Merge the locks of a CI matrix's jobs (each written by `build --lock-out` for its slice)
+    into one. The same LOCKS in any order give the same bytes. Refused, one line, exit 2: locks of
+    another recipe version or source, of a validated and a --no-validate build, two toolchains
+    for one stage, or one target with two artifacts (both digests named)."""
+    from trtbuild.lockmerge import write_merged
+
+    merged = write_merged(list(locks), out)
+    click.echo(f"merged {len(locks)} lock files ({len(merged.targets)} targets) into {out}")
 
 
 @cli.command()

@@ -145,15 +145,19 @@ def check_locked(path: Path, loaded: LoadedRecipe) -> LockFile:
 
 
 def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: list, toolchains: dict[str, dict],
-          validated: bool = True) -> LockFile:
-    """Write the lock, keeping entries of targets this run did not touch when the recipe is unchanged."""
+          validated: bool = True, partial_of: Optional[Path] = None) -> LockFile:
+    """Write the lock, keeping entries of targets this run did not touch when the recipe is unchanged.
+    With `partial_of` (`build --lock-out`: a CI job's slice): only this run's targets and toolchains,
+    the source from the lock at `partial_of` when this run resolved none (what `lock merge` takes)."""
     digest = recipe_digest(loaded)
-    previous = read(path, older_ok=True) if path.exists() else None
+    base = partial_of or path
+    previous = read(base, older_ok=True) if base.exists() else None
     targets: dict[str, LockedTarget] = {}
     if previous and previous.recipe.digest == digest:
-        targets.update(previous.targets)
         source = source or previous.source
-        toolchains = {**previous.toolchain, **toolchains}
+        if partial_of is None:
+            targets.update(previous.targets)
+            toolchains = {**previous.toolchain, **toolchains}
     for r in results:
         if r.digest:
             entry = LockedTarget(stage=r.stage, key=r.key, digest=r.digest, size=r.size)
@@ -169,6 +173,13 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
     recipe = LockedRecipe(name=loaded.recipe.name, digest=digest, publish_store=loaded.recipe.publish.store)
     lock = LockFile(recipe=recipe, source=source, toolchain=toolchains,
                     targets=targets, validation="run" if validated else "skipped (--no-validate)")
+    atomic_write(path, render(lock))
+    return lock
+
+
+def render(lock: LockFile, header: str = HEADER) -> bytes:
+    """The lock's bytes: YAML with sorted keys, unset optional fields left out (the same content is
+    always the same bytes, which `lock merge` relies on)."""
     data = lock.model_dump(mode="json", by_alias=True)
     if data["recipe"]["publish_store"] is None:  # a recipe without publish.store: its lock as before
         del data["recipe"]["publish_store"]
@@ -176,5 +187,4 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
         for name in ("metrics", "gates_passed", "platform", "serves"):
             if entry[name] is None:
                 del entry[name]
-    atomic_write(path, (HEADER + yaml.safe_dump(data, sort_keys=True, default_flow_style=False)).encode())
-    return lock
+    return (header + yaml.safe_dump(data, sort_keys=True, default_flow_style=False)).encode()

@@ -27,6 +27,7 @@ class BuildRequest:
     embedded: bool = False  # the recipe is the package's default
     validate: bool = True  # False: --no-validate (the lock file says so)
     rebuild: list[str] = field(default_factory=list)  # globs: build these anew even when the store has them
+    lock_out: Optional[Path] = None  # --lock-out: this run's targets only, written there (RECIPE.lock untouched)
 
 
 @dataclass
@@ -97,10 +98,12 @@ def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, report
                 r.reason = f"--require-all: {r.reason}"
                 r.status = FAILED
     source = resolutions["source"].lock if "source" in resolutions else None
+    written = request.lock_out or lock_path
     if any(r.digest for r in results):
-        lockfile.write(lock_path, loaded, source, results, _toolchains(graph, results), validated=request.validate)
-        store.register_lockfile(lock_path)
-    return BuildOutcome(loaded.recipe.name, results, lock_path, graph)
+        lockfile.write(written, loaded, source, results, _toolchains(graph, results), validated=request.validate,
+                       partial_of=lock_path if request.lock_out else None)
+        store.register_lockfile(written)
+    return BuildOutcome(loaded.recipe.name, results, written, graph)
 
 
 def _rebuilt(graph: graphs.Graph, patterns: list[str]) -> set[str]:
