@@ -581,7 +581,8 @@ def test_large_blobs_go_up_in_parts_and_come_down_in_ranges_and_nothing_is_hashe
     fresh = LocalStore(tmp_path / "fresh")
     digest, pulled = pull(remote, fresh, record.key)
     assert (digest, pulled.blobs) == (record.digest, 3)
-    assert sorted(ranges) == sorted([2 * MiB] * 6 + [MiB + 17] + [2 * MiB] * 6 + [MiB + 17])
+    # every blob in ranges of download_chunk through one window; config.json (8 bytes) is one range
+    assert sorted(ranges) == sorted([8] + [2 * MiB] * 6 + [MiB + 17] + [2 * MiB] * 6 + [MiB + 17])
     out = materialize(fresh, digest)
     assert (out / "rank0.safetensors").read_bytes() == big and (out / "rank1.safetensors").read_bytes() == big[::-1]
     assert hashed == []  # the pulled blobs were hashed as they arrived, once
@@ -622,3 +623,50 @@ def test_a_re_push_sends_the_small_requests_of_all_its_artifacts_together(seawee
     moved = push(local, remote, items)
     assert (most[0], moved.blobs, moved.skipped_blobs, moved.records, moved.refs) == (4, 0, 12, 4, 4)
     assert [remote.read_ref("tiny", f"t{i}").digest for i in range(4)] == [item.record.digest for item in items]
+
+
+def test_a_pull_asks_for_the_next_blobs_ranges_before_the_last_one_is_done_and_fsyncs_each(seaweed, tmp_path,
+                                                                                            monkeypatch):
+    """One window of ranged GETs spans every blob of a pull: no drain between files. Here the
+    first blob's ranges are held until a range of the second has begun, which happens only when
+    both are in one window; each blob is fsynced (off the hashing thread) before it is recorded."""
+    import threading
+    import uuid
+
+    from trtbuild.store import s3 as s3_module
+    from trtbuild.store.s3 import S3Store
+
+    MiB = 1024 * 1024
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    bucket = f"window-{uuid.uuid4().hex[:12]}"
+    seaweed.client().create_bucket(Bucket=bucket)
+    remote = S3Store(f"s3://{bucket}/store", local_root=tmp_path / "s3-local", concurrency=4, download_chunk=MiB)
+    local = LocalStore(tmp_path / "local")
+    first_blob, second_blob = os.urandom(2 * MiB), os.urandom(2 * MiB)
+    record = make_artifact(local, tmp_path / "a", {"a.safetensors": first_blob, "b.safetensors": second_blob},
+                           "base-tp1", 1)
+    push(local, remote, [PushItem(record)])
+    keys = {remote.blob_key(hashlib.sha256(first_blob).hexdigest()): "first",
+            remote.blob_key(hashlib.sha256(second_blob).hexdigest()): "second"}
+    second_began = threading.Event()
+    original_range = remote._get_range
+
+    def held(key, etag, first, last):
+        if keys[key] == "second":
+            second_began.set()
+        else:
+            assert second_began.wait(10), "the second blob's ranges were not asked for while the first's were out"
+        return original_range(key, etag, first, last)
+
+    monkeypatch.setattr(remote, "_get_range", held)
+    synced = []
+    original_sync = s3_module._fsync_and_close
+    monkeypatch.setattr(s3_module, "_fsync_and_close", lambda out: (synced.append(Path(out.name).name),
+                                                                    original_sync(out))[1])
+    fresh = LocalStore(tmp_path / "fresh")
+    digest, moved = pull(remote, fresh, record.key)
+    assert (digest, moved.blobs, second_began.is_set()) == (record.digest, 2, True)
+    assert sorted(synced) == sorted(hashlib.sha256(b).hexdigest() for b in (first_blob, second_blob))
+    out = materialize_to(fresh, digest, tmp_path / "dest")
+    assert ((out / "a.safetensors").read_bytes(), (out / "b.safetensors").read_bytes()) == (first_blob, second_blob)

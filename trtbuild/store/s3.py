@@ -11,6 +11,7 @@ Blobs are verified while they stream down (each byte read once) and never materi
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import fcntl
 import hashlib
@@ -83,6 +84,13 @@ def _interrupted_errors() -> tuple[type[BaseException], ...]:
 
     return (bex.ResponseStreamingError, bex.ReadTimeoutError, bex.IncompleteReadError, bex.ConnectionClosedError,
             uex.ProtocolError, uex.ReadTimeoutError, ConnectionError, TimeoutError)
+
+
+def _fsync_and_close(out: BinaryIO) -> None:
+    try:
+        os.fsync(out.fileno())
+    finally:
+        out.close()
 
 
 class _VerifiedBlobReader(io.RawIOBase):
@@ -588,14 +596,76 @@ class S3Store(Store):
                 fcntl.flock(out, fcntl.LOCK_UN)
 
     def download_blob(self, digest: str, dest: Path, progress: Progress = None) -> int:
-        """Write the blob into `dest` (a new file), verified while it arrives: a large blob in
-        parallel ranged GETs (`concurrency` at once), each byte hashed once. CorruptStore, naming
-        the blob, when the bytes do not hash to its name. Returns its size."""
-        with open(dest, "wb") as out:
-            self._fetch(digest, out, 0, hashlib.sha256(), progress)
-            out.flush()
-            os.fsync(out.fileno())
-            return out.tell()
+        """Write the blob into `dest` (a new file), verified while it arrives (download_blobs)."""
+        return self.download_blobs([(digest, dest)], progress)[0]
+
+    def download_blobs(self, blobs: list[tuple[str, Path]], progress: Progress = None) -> list[int]:
+        """Write each (digest, new file) verified while it arrives, and durable (fsynced) when this
+        returns; their sizes. Every blob's ranges (`download_chunk` bytes, one per small blob) go
+        through one window of `concurrency` ranged GETs of the ETag the HEAD saw, hashed and written
+        in order as they arrive (each byte read once): the next blob's bytes are already coming
+        while one's last ranges are hashed, and each file is fsynced by a thread of its own while
+        the next one is written. CorruptStore, naming the blob, for one missing or one whose bytes
+        do not hash to its name."""
+        if not blobs:
+            return []
+        keys = [self.blob_key(digest) for digest, _ in blobs]
+        heads = self._heads(keys)
+        for (digest, _), head in zip(blobs, heads):
+            if head is None:
+                raise CorruptStore(f"blob {digest} is missing from {self.url_of(self.key('cas'))}")
+        ranges = [(i, offset, min(offset + self.download_chunk, head["ContentLength"]) - 1)
+                  for i, head in enumerate(heads) for offset in range(0, head["ContentLength"], self.download_chunk)]
+        pending = iter(ranges)
+        with ThreadPoolExecutor(max_workers=max(1, self.concurrency), thread_name_prefix="trtbuild-get") as pool, \
+                ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtbuild-fsync") as syncer:
+            window: collections.deque = collections.deque()
+
+            def refill() -> None:
+                while len(window) < max(1, self.concurrency):
+                    item = next(pending, None)
+                    if item is None:
+                        return
+                    i, first, last = item
+                    window.append(pool.submit(self._get_range, keys[i], heads[i]["ETag"], first, last))
+
+            synced = []
+            try:
+                refill()
+                for i, (digest, dest) in enumerate(blobs):
+                    out, hashed, left = open(dest, "wb"), hashlib.sha256(), heads[i]["ContentLength"]
+                    try:
+                        while left > 0:
+                            pieces = window.popleft().result()
+                            refill()
+                            for piece in pieces:
+                                hashed.update(piece)
+                                out.write(piece)
+                                left -= len(piece)
+                                if progress:
+                                    progress(len(piece))
+                        actual = hashed.hexdigest()
+                        if actual != digest:
+                            raise CorruptStore(f"blob {self.url_of(keys[i])} is corrupt: its sha256 is {actual}; "
+                                               f"{self.verify_hint()}")
+                        out.flush()
+                    except BaseException:
+                        out.close()
+                        raise
+                    synced.append(syncer.submit(_fsync_and_close, out))
+            finally:
+                for future in window:
+                    future.cancel()
+            for future in synced:
+                future.result()
+        return [head["ContentLength"] for head in heads]
+
+    def _heads(self, keys: list[str]) -> list[Optional[dict]]:
+        """HEAD of each key (None: not there), `concurrency` requests at once."""
+        if len(keys) <= 1 or self.concurrency < 2:
+            return [self._head(key) for key in keys]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(keys)), thread_name_prefix="trtbuild-head") as pool:
+            return list(pool.map(self._head, keys))
 
     def _fetch(self, digest: str, out: BinaryIO, start: int, hashed, progress: Progress = None) -> None:
         """Append the blob's bytes after `start` to `out`, verified: small ones in one stream, large
@@ -624,12 +694,13 @@ class S3Store(Store):
             refill()
             try:
                 while window:
-                    data = window.pop(0).result()
+                    pieces = window.pop(0).result()
                     refill()
-                    hashed.update(data)
-                    out.write(data)
-                    if progress:
-                        progress(len(data))
+                    for piece in pieces:
+                        hashed.update(piece)
+                        out.write(piece)
+                        if progress:
+                            progress(len(piece))
             finally:
                 for future in window:
                     future.cancel()
@@ -637,15 +708,16 @@ class S3Store(Store):
         if actual != digest:
             raise CorruptStore(f"blob {self.url_of(key)} is corrupt: its sha256 is {actual}; {self.verify_hint()}")
 
-    def _get_range(self, key: str, etag: str, first: int, last: int) -> bytes:
-        """Bytes first..last of the object as it was (If-Match), resuming within the range when the
-        connection breaks."""
-        data = bytearray()
+    def _get_range(self, key: str, etag: str, first: int, last: int) -> list[bytes]:
+        """Bytes first..last of the object as it was (If-Match), as the pieces read (joining them
+        would copy every byte pulled once more), resuming within the range when the connection breaks."""
+        pieces: list[bytes] = []
+        got = 0
         failures = 0
-        while first + len(data) <= last:
+        while first + got <= last:
             try:
                 body = self._call(key, self.client.get_object, Bucket=self.bucket, Key=key,
-                                  Range=f"bytes={first + len(data)}-{last}", IfMatch=etag)["Body"]
+                                  Range=f"bytes={first + got}-{last}", IfMatch=etag)["Body"]
             except _Absent:
                 raise CorruptStore(f"blob {self.url_of(key)} disappeared during its download") from None
             except TrtbuildError:
@@ -655,22 +727,23 @@ class S3Store(Store):
                     raise CorruptStore(f"blob {self.url_of(key)} changed on the server during its download") from None
                 raise
             try:
-                while first + len(data) <= last:
-                    piece = body.read(min(CHUNK, last + 1 - first - len(data)))
+                while first + got <= last:
+                    piece = body.read(min(CHUNK, last + 1 - first - got))
                     if not piece:
                         break
-                    data += piece
+                    pieces.append(piece)
+                    got += len(piece)
             except _interrupted_errors():
                 pass  # resumed below from the first byte not received
             finally:
                 with contextlib.suppress(Exception):
                     body.close()
-            if first + len(data) <= last:
+            if first + got <= last:
                 failures += 1
                 if failures >= RESUME_ATTEMPTS:
                     raise TrtbuildError(f"{self.url_of(key)}: the download broke off {failures} times at byte "
-                                        f"{first + len(data)}")
-        return bytes(data)
+                                        f"{first + got}")
+        return pieces
 
     def iter_blobs(self) -> Iterator[tuple[str, int]]:
         for rel, size in self._list("cas/sha256/"):

@@ -165,15 +165,21 @@ def _push_items(local: Store, remote: Store, items: list[PushItem], held, progre
 
 # ---- pull ------------------------------------------------------------------------------------------
 
-def _copy_verified(remote: Store, digest: str, dest: Path, progress=None) -> int:
-    """Copy the remote blob into `dest`, hashing each byte once as it is read; a blob that does not
-    hash to its name is refused, naming it. A store that downloads verified (S3Store.download_blob:
-    parallel ranged GETs, hashed in order) is left to do it: hashing the same bytes again here
-    would cost a second pass over every byte pulled."""
+def _copy_all_verified(remote: Store, blobs: list[tuple[str, Path]], progress=None) -> list[int]:
+    """Copy each remote blob (digest, new file) verified, durable on return; their sizes. A store
+    that downloads verified (S3Store.download_blobs: every blob's ranged GETs in one window, hashed
+    in order) is left to do it: hashing the same bytes again here would cost a second pass over
+    every byte pulled."""
     advance = progress.advance if progress is not None else None
-    download = getattr(remote, "download_blob", None)
+    download = getattr(remote, "download_blobs", None)
     if download is not None:
-        return download(digest, dest, advance)  # CorruptStore, naming the blob, when it does not hash
+        return download(blobs, advance)  # CorruptStore, naming the blob, when one does not hash
+    return [_copy_verified(remote, digest, dest, advance) for digest, dest in blobs]
+
+
+def _copy_verified(remote: Store, digest: str, dest: Path, advance=None) -> int:
+    """Copy the remote blob into `dest`, hashing each byte once as it is read; a blob that does not
+    hash to its name is refused, naming it."""
     sha, size = hashlib.sha256(), 0
     with remote.open_blob(digest) as source, open(dest, "wb") as out:
         while True:
@@ -220,13 +226,10 @@ def pull_artifact(remote: Store, local: Store, digest: str, progress: Optional[B
         progress.expect(sum(e.size for e in missing))
     work = local.tmpdir("pull")
     try:
-        fetched: list[tuple[Path, str]] = []
-        for entry in missing:
-            staged = work / entry.sha256
-            moved.bytes += _copy_verified(remote, entry.sha256, staged, progress)
-            moved.blobs += 1
-            fetched.append((staged, entry.sha256))
-        for staged, blob in fetched:  # only once every blob checked out: a bad one leaves nothing behind
+        fetched = [(entry.sha256, work / entry.sha256) for entry in missing]
+        moved.bytes += sum(_copy_all_verified(remote, fetched, progress))
+        moved.blobs += len(fetched)
+        for blob, staged in fetched:  # only once every blob checked out: a bad one leaves nothing behind
             local.put_blob(staged, blob, owned=True)
         local.put_manifest(manifest)
     finally:
