@@ -86,6 +86,14 @@ class LockFile(BaseModel):
         return {t.digest for t in self.targets.values()}
 
 
+TARGET_STAGES = ("checkpoint", "hf-checkpoint", "engine")  # what a lock's user pulls; the rest are internal
+
+
+def targets_of(lock: LockFile) -> list[tuple[str, LockedTarget]]:
+    """The lock's targets (checkpoints, hf-checkpoints, engines), without internal nodes."""
+    return [(tid, t) for tid, t in lock.targets.items() if t.stage in TARGET_STAGES and ":" not in tid]
+
+
 def recipe_digest(loaded: LoadedRecipe) -> str:
     """sha256 of the validated recipe (comments and formatting do not count)."""
     return bytes_sha256(canonical_json(loaded.recipe.model_dump(mode="json", by_alias=True)))

@@ -14,8 +14,7 @@ from pathlib import Path
 
 from trtbuild.errors import InvalidInput
 from trtbuild.nodeids import trtllm_validate_id, validate_id, vllm_validate_id
-from trtbuild.lockfile import LockFile
-from trtbuild.pullselect import targets_of
+from trtbuild.lockfile import LockFile, targets_of
 from trtbuild.store.base import Store
 from trtbuild.store.transfer import PushItem
 

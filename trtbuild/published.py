@@ -19,7 +19,8 @@ from trtbuild import serving
 from trtbuild.estimate import format_bytes
 from trtbuild.nodeids import trtllm_validate_id, validate_id, vllm_validate_id
 from trtbuild.lockfile import LockedPlatform, LockedRecipe, LockedTarget, LockFile
-from trtbuild.pullselect import TARGET_STAGES, Host, choose, variant_of
+from trtbuild.lockfile import TARGET_STAGES
+from trtbuild.pullselect import Host, choose, variant_of
 from trtbuild.records import ActionRecord, Ref
 from trtbuild.store.base import Store
 from trtbuild.validate import gates

@@ -28,14 +28,13 @@ from packaging.version import InvalidVersion, Version
 from trtbuild import hardware, serving
 from trtbuild.engine_check import EngineFacts, HostFacts, differences
 from trtbuild.estimate import format_bytes
-from trtbuild.lockfile import LockedTarget, LockFile
+from trtbuild.lockfile import LockedTarget, LockFile, targets_of
 from trtbuild.serving import serving_sms
 from trtbuild.toolchain import EngineToolchain, package_version, probe_engine_toolchain
 
 RUNTIMES = ("trtllm-engine", *serving.RUNTIMES)  # --runtime's choices besides auto, in preference order
 PREFER = ("throughput", "latency")
 SERVABLE_STAGES = ("engine", "hf-checkpoint")
-TARGET_STAGES = ("checkpoint", "hf-checkpoint", "engine")
 
 TRTLLM_PYTORCH_MIN = Version("1.3")  # hf-checkpoints are served by the PyTorch backend of the 1.3 line
 
@@ -124,11 +123,6 @@ def variant_of(target_id: str) -> Optional[str]:
     """The variant in a target's name (plan.py's checkpoint_name, engine_name, hf_name)."""
     match = _NAME.match(target_id)
     return match.group("variant") if match else None
-
-
-def targets_of(lock: LockFile) -> list[tuple[str, LockedTarget]]:
-    """The lock's targets (checkpoints, hf-checkpoints, engines), without internal nodes."""
-    return [(tid, t) for tid, t in lock.targets.items() if t.stage in TARGET_STAGES and ":" not in tid]
 
 
 def _trtllm_serves_hf(version: Optional[str]) -> Optional[str]:

@@ -252,9 +252,14 @@ class S3Store(Store):
             # response_checksum_validation: every blob is hashed against its name as it streams and
             # every manifest against its digest; botocore checking its own checksum too ("when_supported")
             # would hash each downloaded byte a second time.
+            # payload_signing_enabled=False: every upload carries a checksum header (SHA-256 for blobs)
+            # that the signature covers and the server checks, as botocore itself does over https://;
+            # over http:// (a local endpoint) it would otherwise also sign the payload, hashing every
+            # byte sent a second time.
             config = Config(retries={"mode": self.retry_mode, "total_max_attempts": self.max_attempts},
                             max_pool_connections=max(10, 2 * self.concurrency),
-                            response_checksum_validation="when_required")
+                            response_checksum_validation="when_required",
+                            s3={"payload_signing_enabled": False})
             # botocore's session, not boto3's: the same credential chain and configuration at half the
             # start-up (boto3's Session loads its resource models and injects methods trtbuild never
             # calls); boto3's transfer manager (put_blobs) is imported only when bytes move.
