@@ -557,3 +557,28 @@ print(sorted(m for m in ('trtbuild.graph', 'trtbuild.plan', 'trtbuild.pipeline',
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert result.stdout == "[]\n"
+
+
+def test_an_upload_over_http_is_hashed_once_by_its_checksum_not_again_to_sign_it(store, tmp_path):
+    """Every part carries its SHA-256 checksum header (signed, checked by the server); botocore
+    signing the payload as well, as it does over http:// unless told not to, would read every byte
+    sent a second time. Seen on the wire: each part of a 2-part blob says UNSIGNED-PAYLOAD and
+    carries its own SHA-256."""
+    import base64
+    import hashlib
+
+    sent = []
+
+    def seen(request, **_):
+        if request.method == "PUT" and "partNumber=" in request.url:
+            sent.append((request.headers["X-Amz-Content-SHA256"], request.headers["x-amz-checksum-sha256"]))  # bytes
+
+    store.client.meta.events.register("before-send.s3.UploadPart", seen)
+    data = os.urandom(6 * MiB)  # two parts: 5 MiB and 1 MiB
+    source = tmp_path / "blob"
+    source.write_bytes(data)
+    digest = hashlib.sha256(data).hexdigest()
+    store.put_blobs([(source, digest)])
+    assert store.blob_size(digest) == len(data)
+    parts = [data[:5 * MiB], data[5 * MiB:]]
+    assert sorted(sent) == sorted((b"UNSIGNED-PAYLOAD", base64.b64encode(hashlib.sha256(p).digest())) for p in parts)
