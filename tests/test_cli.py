@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from conftest import RECIPES, ROOT, minimal
 from trtbuild import __version__
 from trtbuild.cli import cli
+from trtbuild.recipe import load_recipe
 from trtbuild.graph import STAGE_ORDER
 
 SHIPPED = sorted(RECIPES.glob("*.yaml"))
@@ -48,6 +49,7 @@ class Spy:
 sys.meta_path.insert(0, Spy())
 import trtbuild, trtbuild.cli
 from trtbuild.cli import cli
+from trtbuild.recipe import load_recipe
 for args in (['--help'], ['plan', '--format', 'json'], ['plan', {str(RECIPES / 'llama-3.1-8b-instruct.yaml')!r}], ['schema']):
     try:
         cli(args, standalone_mode=False)
@@ -365,3 +367,30 @@ def test_plan_json_is_format_json_and_a_conflicting_format_is_one_line(ws, run):
     assert as_json.stdout == run("plan", path, "--format", "json").stdout
     both = run("plan", path, "--json", "--format", "table")
     assert (both.exit_code, both.stdout, both.stderr) == (2, "", "--json and --format table: pick one\n")
+
+
+def test_the_console_script_ends_without_teardown_yet_runs_atexit_and_flushes_everything(tmp_path):
+    """main() skips the interpreter's module teardown (0.15-0.2 s of a re-push): the whole output
+    still arrives, the exit status is the command's, and atexit handlers still run."""
+    marker, torn_down = tmp_path / "atexit-ran", tmp_path / "torn-down"
+    script = f"""
+import atexit, sys
+atexit.register(lambda: open({str(marker)!r}, "w").write("ran"))
+class FreedAtTeardown:
+    def __del__(self):
+        open({str(torn_down)!r}, "w").write("module teardown ran")
+kept = FreedAtTeardown()
+sys.argv = ["trtbuild", *sys.argv[1:]]
+from trtbuild.cli import main
+main()
+print("after main")
+"""
+    planned = subprocess.run([sys.executable, "-c", script, "plan", "--format", "json", *map(str, SHIPPED)],
+                             capture_output=True, text=True, check=False)
+    assert (planned.returncode, planned.stderr, marker.read_text(), torn_down.exists()) == (0, "", "ran", False)
+    assert [p["recipe"] for p in json.loads(planned.stdout)] == [load_recipe(p).recipe.name for p in SHIPPED]
+    marker.unlink()
+    bad = subprocess.run([sys.executable, "-c", script, "plan", str(tmp_path / "missing.yaml")],
+                         capture_output=True, text=True, check=False)
+    assert (bad.returncode, bad.stdout, bad.stderr, marker.read_text()) == (
+        2, "", f"{tmp_path / 'missing.yaml'}: no such file\n", "ran")
