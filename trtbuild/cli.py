@@ -24,15 +24,27 @@ def default_recipe() -> Path:
 
 
 class _Group(click.Group):
-    """Turns TrtbuildError into its lines on stderr and its exit code, never a traceback."""
+    """Turns TrtbuildError, and a full disk or read-only folder (trtbuild.fsfaults), into its lines
+    on stderr and its exit code, never a traceback."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except TrtbuildError as exc:
-            for line in exc.messages:
-                click.echo(line, err=True)
-            raise click.exceptions.Exit(exc.exit_code) from None
+            self._fail(exc)
+        except OSError as exc:
+            from trtbuild.fsfaults import user_error
+
+            error = user_error(exc)
+            if error is None:
+                raise
+            self._fail(error)
+
+    @staticmethod
+    def _fail(exc: TrtbuildError):
+        for line in exc.messages:
+            click.echo(line, err=True)
+        raise click.exceptions.Exit(exc.exit_code) from None
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from pathlib import Path
@@ -37,11 +38,18 @@ def copy_with_sha256(src: str | os.PathLike, dst: str | os.PathLike, progress: P
             if not n:
                 break
             digest.update(view[:n])
-            fout.write(view[:n])
+            _write_all(fout, view[:n])
             if progress:
                 progress(n)
         os.fsync(fout.fileno())
     return digest.hexdigest()
+
+
+def _write_all(out, data: memoryview) -> None:
+    """An unbuffered write may take only part of `data` (a disk that is filling up) without an error;
+    write the rest until it is all written or the disk says why not (ENOSPC)."""
+    while data:
+        data = data[out.write(data):]
 
 
 def bytes_sha256(data: bytes) -> str:
@@ -61,17 +69,21 @@ def fsync_dir(path: Path) -> None:
 
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write to a temp file beside `path`, fsync, rename, fsync the folder: all or nothing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write to a temp file beside `path`, fsync, rename, fsync the folder: all or nothing. A
+    failure (a full disk, a read-only folder) is raised naming `path`, not the temp file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):  # on a read-only folder, removing fails as creating did
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
     fsync_dir(path.parent)

@@ -24,6 +24,7 @@ from typing import BinaryIO, Iterator, Optional
 from filelock import FileLock
 from pydantic import ValidationError
 
+from trtbuild import fsfaults
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.keys import canonical_json
 from trtbuild.records import ActionRecord, Digest, RecipeClaim, Ref, RefEntry, dump
@@ -248,7 +249,12 @@ class LocalStore(Store):
                 except OSError:
                     placed = False
             if not placed:
-                copied = copy_with_sha256(source, tmp)
+                try:
+                    copied = copy_with_sha256(source, tmp)
+                except OSError as exc:
+                    if not fsfaults.is_fault(exc):
+                        raise
+                    raise fsfaults.at(exc, blob) from exc  # the blob it would be, not the temp file
                 if copied != digest:
                     raise CorruptStore(f"{source}: changed while it was stored (sha256 {copied}, expected {digest})")
             os.chmod(tmp, 0o444)

@@ -6,6 +6,7 @@ ctime: such a file is hashed once more, never trusted wrongly."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from trtbuild import fsfaults
 from trtbuild.store.hash import Progress, file_sha256
 
 
@@ -26,7 +28,8 @@ class StatCache:
         self._local = threading.local()
         if db_path is not None:
             db_path.parent.mkdir(parents=True, exist_ok=True)
-            self._migrate(self._connect())
+            with self._faults():
+                self._migrate(self._connect())
 
     @staticmethod
     def _migrate(db: sqlite3.Connection) -> None:
@@ -40,11 +43,36 @@ class StatCache:
                        "size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER, sha256 TEXT)")
             # Remote objects hashed once: an S3 object is the same bytes while its ETag and size are.
             db.execute("CREATE TABLE IF NOT EXISTS remote (url TEXT PRIMARY KEY, etag TEXT, size INTEGER, sha256 TEXT)")
-            db.execute(f"PRAGMA user_version = {SCHEMA}")
+            if db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA:  # no write when current: a full disk opens it
+                db.execute(f"PRAGMA user_version = {SCHEMA}")
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:  # a failed COMMIT (a full disk) has already rolled back
+                db.execute("ROLLBACK")
             raise
+
+    @contextlib.contextmanager
+    def _faults(self):
+        """A full disk or a read-only store under index.db: the OSError it is, naming index.db."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            fault = fsfaults.from_sqlite(exc, self.db_path)
+            if fault is None:
+                raise
+            raise fault from exc
+
+    @contextlib.contextmanager
+    def _unless_full(self):
+        """A new entry that a full disk (or a read-only store) cannot take is left out: the cache only
+        misses it later (the file is hashed again), it never answers wrongly. Removing an entry
+        (forget) stays strict."""
+        try:
+            with self._faults():
+                yield
+        except OSError as exc:
+            if not fsfaults.is_fault(exc):
+                raise
 
     def _connect(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -73,10 +101,11 @@ class StatCache:
     def put(self, path: Path, st: os.stat_result, sha256: str) -> None:
         if self.db_path is None:
             return
-        self._connect().execute(
-            "INSERT OR REPLACE INTO stat VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (str(path), *self._identity(st), sha256),
-        )
+        with self._unless_full():
+            self._connect().execute(
+                "INSERT OR REPLACE INTO stat VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (str(path), *self._identity(st), sha256),
+            )
 
     def sha256(self, path: Path, progress: Progress = None) -> str:
         """The file's sha256, from the cache when its stat is unchanged, else by reading it."""
@@ -99,7 +128,8 @@ class StatCache:
 
     def forget(self, path: Path) -> None:
         if self.db_path is not None:
-            self._connect().execute("DELETE FROM stat WHERE path = ?", (str(Path(os.path.abspath(path))),))
+            with self._faults():
+                self._connect().execute("DELETE FROM stat WHERE path = ?", (str(Path(os.path.abspath(path))),))
 
     def remote_sha256(self, url: str, etag: str, size: int) -> Optional[str]:
         if self.db_path is None:
@@ -109,4 +139,5 @@ class StatCache:
 
     def put_remote(self, url: str, etag: str, size: int, sha256: str) -> None:
         if self.db_path is not None:
-            self._connect().execute("INSERT OR REPLACE INTO remote VALUES (?, ?, ?, ?)", (url, etag, size, sha256))
+            with self._unless_full():
+                self._connect().execute("INSERT OR REPLACE INTO remote VALUES (?, ?, ?, ?)", (url, etag, size, sha256))

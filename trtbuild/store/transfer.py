@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, TypeVar
 
+from trtbuild import fsfaults
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.records import ActionRecord
 from trtbuild.store import lease
@@ -227,7 +228,12 @@ def pull_artifact(remote: Store, local: Store, digest: str, progress: Optional[B
     work = local.tmpdir("pull")
     try:
         fetched = [(entry.sha256, work / entry.sha256) for entry in missing]
-        moved.bytes += sum(_copy_all_verified(remote, fetched, progress))
+        try:
+            moved.bytes += sum(_copy_all_verified(remote, fetched, progress))
+        except OSError as exc:  # a full local store: name it, not a file in its tmp/
+            if not fsfaults.is_fault(exc):
+                raise
+            raise fsfaults.at(exc, local.location) from exc
         moved.blobs += len(fetched)
         for blob, staged in fetched:  # only once every blob checked out: a bad one leaves nothing behind
             local.put_blob(staged, blob, owned=True)
@@ -276,10 +282,10 @@ def materialize_to(store: Store, digest: str, dest: Path) -> Path:
         if dest.is_dir() and not dest.is_symlink() and _is_artifact(dest, manifest, store):
             return dest
         raise InvalidInput(f"--dest {dest}: already exists and is not artifact {digest}; remove it or pick another folder")
-    dest.parent.mkdir(parents=True, exist_ok=True)
     work = dest.parent / f".{dest.name}.partial-{os.getpid()}-{os.urandom(4).hex()}"
-    work.mkdir()
     try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        work.mkdir()
         checkout(store, digest, work)
         os.rename(work, dest)
     except OSError as exc:
@@ -288,7 +294,9 @@ def materialize_to(store: Store, digest: str, dest: Path) -> Path:
             if _is_artifact(dest, manifest, store):
                 return dest
             raise InvalidInput(f"--dest {dest}: already exists and is not artifact {digest}; remove it or pick another folder") from None
-        raise TrtbuildError(f"--dest {dest}: cannot write it ({exc.strerror or exc})") from None
+        # a folder that cannot be written is the user's choice of path (2); a full disk is not
+        fault = InvalidInput if exc.errno in fsfaults.DENIED else TrtbuildError
+        raise fault(f"--dest {dest}: cannot write it ({exc.strerror or exc})") from None
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
