@@ -15,7 +15,6 @@ import secrets
 import subprocess
 import sys
 import urllib.parse
-from pathlib import Path
 
 import pytest
 
