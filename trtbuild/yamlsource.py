@@ -13,6 +13,12 @@ from trtbuild.errors import InvalidInput
 
 YamlPath = tuple  # keys (str) and list indices (int) from the document root
 
+# Aliases share nodes, so a small file can stand for an exponential tree (billion laughs): the
+# builder counts what it builds and stops far above any real recipe. Nesting is bounded too, so no
+# later walk over the data recurses past Python's stack.
+MAX_VALUES = 10_000
+MAX_DEPTH = 64
+
 
 @dataclass
 class LocatedDocument:
@@ -59,8 +65,32 @@ class _Builder:
     def __init__(self, loader: yaml.SafeLoader, doc: LocatedDocument) -> None:
         self.loader = loader
         self.doc = doc
+        self.built = 0
+        self.open: set[int] = set()  # ids of the collections being built (an alias to one is a cycle)
+
+    def _refuse(self, node: Node, path: YamlPath, problem: str) -> InvalidInput:
+        line, col = _mark(node)
+        return InvalidInput(f"{self.doc.filename}:{line}:{col}: {format_path(path)}: {problem}")
 
     def build(self, node: Node, path: YamlPath) -> Any:
+        self.built += 1
+        if self.built > MAX_VALUES:
+            raise self._refuse(node, path, f"the document expands to more than {MAX_VALUES} values "
+                                           "(aliases that repeat aliases?)")
+        if isinstance(node, (MappingNode, SequenceNode)):
+            if id(node) in self.open:
+                raise self._refuse(node, path, "an alias refers to the node that contains it")
+            if len(path) >= MAX_DEPTH:
+                raise self._refuse(node, path, f"nested deeper than {MAX_DEPTH} levels")
+            self.open.add(id(node))
+            try:
+                return self._collection(node, path)
+            finally:
+                self.open.discard(id(node))
+        self.doc.values[path] = _mark(node)
+        return self.loader.construct_object(node, deep=True)
+
+    def _collection(self, node: Node, path: YamlPath) -> Any:
         self.doc.values[path] = _mark(node)
         if isinstance(node, MappingNode):
             self.loader.flatten_mapping(node)  # YAML merge keys (<<), as safe_load does
@@ -83,9 +113,7 @@ class _Builder:
                 self.doc.keys[child] = _mark(key_node)
                 out[key] = self.build(value_node, child)
             return out
-        if isinstance(node, SequenceNode):
-            return [self.build(item, path + (i,)) for i, item in enumerate(node.value)]
-        return self.loader.construct_object(node, deep=True)
+        return [self.build(item, path + (i,)) for i, item in enumerate(node.value)]
 
 
 def load_located(text: str, filename: str) -> LocatedDocument:
@@ -104,6 +132,8 @@ def load_located(text: str, filename: str) -> LocatedDocument:
             problem = f"{context}, {problem}" if problem.startswith("but") else f"{problem} ({context})"
         problem = problem or context or "invalid YAML"
         raise InvalidInput(f"{where}: YAML syntax error: {problem}") from None
+    except RecursionError:  # PyYAML's composer recurses once per level, before the builder's limit
+        raise InvalidInput(f"{filename}: nested deeper than {MAX_DEPTH} levels") from None
     except yaml.YAMLError as exc:  # e.g. a stream with several documents
         raise InvalidInput(f"{filename}: YAML error: {' '.join(str(exc).split())}") from None
     finally:
