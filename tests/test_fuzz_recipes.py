@@ -9,7 +9,9 @@ The budget is fixed and the search derandomized, so CI runs the same examples ev
 from __future__ import annotations
 
 import copy
+import json
 import os
+import shutil
 import re
 import subprocess
 import sys
@@ -27,7 +29,7 @@ from trtbuild.cli import cli
 from trtbuild.recipe import _model_at
 from trtbuild.yamlsource import format_path
 
-from conftest import RECIPES, minimal
+from conftest import RECIPES, TINY_LLAMA, minimal
 
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -48,7 +50,9 @@ class Sandbox:
         self.tmp = root / "tmp"
         self.recipe.parent.mkdir(parents=True, exist_ok=True)
         self.tmp.mkdir(exist_ok=True)
-        (self.recipe.parent / "config.json").write_text('{"model_type": "llama"}')  # minimal()'s
+        # The configs the recipes name, so that a mutation the schema let through would plan (exit 0).
+        shutil.copytree(RECIPES / "configs", self.recipe.parent / "configs")
+        (self.recipe.parent / "config.json").write_text(json.dumps(TINY_LLAMA))  # minimal()'s
 
     def listing(self) -> set[tuple[str, int, int]]:
         return {(str(p.relative_to(self.root)), p.lstat().st_size, p.lstat().st_mtime_ns) for p in self.root.rglob("*")}
@@ -120,3 +124,114 @@ def test_deep_nesting_is_refused(sandbox, depth):
         assert line == f"{sandbox.recipe}:1:{4 + 63}: {path}: nested deeper than 64 levels\n"
     else:  # PyYAML's own composer recurses first
         assert line == f"{sandbox.recipe}: nested deeper than 64 levels\n"
+
+
+# ---- mutations of valid recipes: each makes exactly one thing wrong -----------------------------
+
+HUGE = "__huge__"  # a placeholder, replaced by a long run of digits once dumped
+
+
+def nodes(data, path=()):
+    """(path, value) of every value in a recipe, except inside engine.flags (free-form by design)."""
+    yield path, data
+    if path[:2] == ("engine", "flags"):
+        return
+    if isinstance(data, dict):
+        for key, value in data.items():
+            yield from nodes(value, path + (key,))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            yield from nodes(value, path + (i,))
+
+
+def put(data, path, value):
+    data = copy.deepcopy(data)
+    target = data
+    for part in path[:-1]:
+        target = target[part]
+    target[path[-1]] = value
+    return data
+
+
+def dump(data, digits: int = 0) -> str:
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=10_000)
+    assert f"'{HUGE}" not in text  # written plain, so the placeholder becomes a plain integer
+    return text.replace(HUGE, "9" * digits)
+
+
+def kind(value) -> str:
+    return {bool: "bool", int: "int", float: "float", str: "str", list: "list", dict: "dict"}[type(value)]
+
+
+# Values of another YAML kind than the one a field holds (never null: null means "unset" to Optional fields).
+OTHER_KIND = {
+    "dict": st.sampled_from([[1, 2], 7, "text", True]),
+    "list": st.sampled_from([{"a": 1}, 7, "text", False]),
+    "str": st.sampled_from([7, 2.5, True, [], ["x"], {"a": "b"}]),
+    "int": st.sampled_from(["7", 2.5, True, [7], {"a": 7}]),
+    "float": st.sampled_from(["0.5", True, [0.5], {"a": 0.5}]),
+    "bool": st.sampled_from([1, "true", [True], {"a": True}]),
+}
+# Fields whose strings must match a pattern or a list of names (free strings such as paths may be anything).
+CONSTRAINED = re.compile(r"^(name|dtype|source\.(hf|s3)|variants\.[^.]+\.(quant|kv_cache)|gpus\[\d+\]|backends\[\d+\]|"
+                         r"(calibration|validate)\.device|validate\.engines|toolchain\.image)$")
+NON_ASCII = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=12).filter(
+    lambda s: any(ord(c) > 127 for c in s))
+
+
+@st.composite
+def mutation(draw):
+    """(base recipe, mutated text, the YAML path the error must name)."""
+    name = draw(st.sampled_from(sorted(BASES)))
+    base = BASES[name]
+    every = [(p, v) for p, v in nodes(base) if p]
+    how = draw(st.sampled_from(["wrong type", "unknown key", "huge number", "unicode", "missing key"]))
+    if how == "wrong type":
+        path, value = draw(st.sampled_from(every))
+        return name, dump(put(base, path, draw(OTHER_KIND[kind(value)]))), path
+    if how == "unknown key":
+        models = [p for p, v in [((), base)] + every if isinstance(v, dict) and _model_at(p + ("x",))]
+        path = draw(st.sampled_from(models))
+        model = _model_at(path + ("x",))
+        known = {n for n in model.model_fields} | {f.alias for f in model.model_fields.values() if f.alias}
+        key = draw(st.text(min_size=1, max_size=12).filter(lambda k: k not in known and k != "<<"))
+        target = dict(base) if not path else None
+        mutated = put(base, path, {**(target or _get(base, path)), key: 1}) if path else {**base, key: 1}
+        return name, dump(mutated), path + (key,)
+    if how == "huge number":
+        ints = [(p, v) for p, v in every if kind(v) in ("int", "float")]
+        path, value = draw(st.sampled_from(ints))
+        if kind(value) == "float":
+            return name, dump(put(base, path, draw(st.sampled_from([float("nan"), float("inf"), -float("inf")])))), path
+        digits = draw(st.integers(min_value=11, max_value=6000))
+        return name, dump(put(base, path, HUGE if draw(st.booleans()) else "-" + HUGE), digits), path
+    if how == "unicode":
+        strings = [(p, v) for p, v in every if kind(v) == "str" and CONSTRAINED.match(format_path(p))]
+        path, _ = draw(st.sampled_from(strings))
+        return name, dump(put(base, path, draw(NON_ASCII))), path
+    required = draw(st.sampled_from(["schema", "name", "source"]))
+    return name, dump({k: v for k, v in base.items() if k != required}), (required,)
+
+
+def _get(data, path):
+    for part in path:
+        data = data[part]
+    return data
+
+
+@FUZZ
+@given(case=mutation(), command=st.sampled_from(COMMANDS))
+def test_a_mutated_recipe_gets_one_line_naming_the_path(sandbox, case, command):
+    _, text, path = case
+    line = run_bad(sandbox, text, command)
+    assert names_path(line, sandbox, path), (line, text)
+
+
+@pytest.mark.parametrize("value, problem", [
+    ("9" * 4301, "Exceeds the limit (4300 digits) for integer string conversion: value has 4301 digits; "
+                 "use sys.set_int_max_str_digits() to increase the limit"),
+    ("2001-13-45", "month must be in 1..12"),
+], ids=["4301 digits", "month 13"])
+def test_a_scalar_yaml_cannot_construct_is_one_line(sandbox, value, problem):
+    assert run_bad(sandbox, minimal(f"limits: {{max_batch_size: {value}}}").replace("{config}", "config.json"),
+                   ("plan",)) == f"{sandbox.recipe}:7:26: limits.max_batch_size: cannot read this value: {problem}\n"

@@ -88,7 +88,13 @@ class _Builder:
             finally:
                 self.open.discard(id(node))
         self.doc.values[path] = _mark(node)
-        return self.loader.construct_object(node, deep=True)
+        return self._scalar(node, path)
+
+    def _scalar(self, node: Node, path: YamlPath) -> Any:
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except ValueError as exc:  # an integer of over 4300 digits, a date with month 13, ...
+            raise self._refuse(node, path, f"cannot read this value: {exc}") from None
 
     def _collection(self, node: Node, path: YamlPath) -> Any:
         self.doc.values[path] = _mark(node)
@@ -102,7 +108,7 @@ class _Builder:
                         f"{self.doc.filename}:{line}:{col}: {format_path(path)}: "
                         "mapping keys must be plain scalars"
                     )
-                key = self.loader.construct_object(key_node, deep=True)
+                key = self._scalar(key_node, path)
                 child = path + (key,)
                 if key in out:
                     line, col = _mark(key_node)
