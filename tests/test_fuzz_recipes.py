@@ -31,7 +31,7 @@ from trtbuild.yamlsource import format_path
 
 from conftest import RECIPES, TINY_LLAMA, minimal
 
-FUZZ = settings(max_examples=40, deadline=None, derandomize=True, database=None,
+FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 # The recipes mutated: every shipped one, and conftest's minimal one (its config beside it).
@@ -220,11 +220,47 @@ def _get(data, path):
 
 
 @FUZZ
-@given(case=mutation(), command=st.sampled_from(COMMANDS))
-def test_a_mutated_recipe_gets_one_line_naming_the_path(sandbox, case, command):
-    _, text, path = case
+@given(case=mutation(), command=st.sampled_from(COMMANDS), share=st.booleans())
+def test_a_mutated_recipe_gets_one_line_naming_the_path(sandbox, case, command, share):
+    name, text, path = case
+    if share and path[:1] != ("variants",) and "variants" in BASES[name]:
+        # One variant's mapping also under a second name, through an anchor and an alias: valid, so
+        # the one error is still the mutation's.
+        first = text.index("variants:\n  ") + len("variants:\n  ")
+        variant = text[first:text.index(":", first)]
+        assert f"  {variant}: &" not in text
+        lines = text.replace(f"  {variant}:", f"  {variant}: &shared", 1).split("\n")
+        end = next(i for i in range(lines.index("variants:") + 1, len(lines)) if not lines[i].startswith(" "))
+        text = "\n".join(lines[:end] + ["  again: *shared"] + lines[end:])
     line = run_bad(sandbox, text, command)
     assert names_path(line, sandbox, path), (line, text)
+
+
+def yaml_values():
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=20))
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=3), max_leaves=8)
+
+
+@FUZZ
+@given(value=yaml_values(), command=st.sampled_from(COMMANDS))
+def test_a_document_that_is_not_a_mapping_is_one_line(sandbox, value, command):
+    text = yaml.safe_dump(value, allow_unicode=True)
+    assert run_bad(sandbox, text, command) == f"{sandbox.recipe}:1:1: a recipe is a YAML mapping (schema, name, source, ...)\n"
+
+
+@FUZZ
+@given(base=st.sampled_from(sorted(BASES)), where=st.floats(0, 1), bad=st.binary(min_size=1, max_size=4),
+       command=st.sampled_from(COMMANDS))
+def test_invalid_utf8_is_one_line_naming_the_byte(sandbox, base, where, bad, command):
+    good = dump(BASES[base]).encode()
+    at = int(where * len(good))
+    content = good[:at] + bad + good[at:]
+    try:
+        content.decode("utf-8")
+        return  # these bytes happen to be UTF-8 (hypothesis also draws plenty that are not)
+    except UnicodeDecodeError as exc:
+        expected = f"{sandbox.recipe}: not UTF-8 text ({exc.reason} at byte {exc.start})\n"
+    assert run_bad(sandbox, content, command) == expected
 
 
 @pytest.mark.parametrize("value, problem", [
@@ -235,3 +271,44 @@ def test_a_mutated_recipe_gets_one_line_naming_the_path(sandbox, case, command):
 def test_a_scalar_yaml_cannot_construct_is_one_line(sandbox, value, problem):
     assert run_bad(sandbox, minimal(f"limits: {{max_batch_size: {value}}}").replace("{config}", "config.json"),
                    ("plan",)) == f"{sandbox.recipe}:7:26: limits.max_batch_size: cannot read this value: {problem}\n"
+
+
+@pytest.mark.parametrize("text, path, problem", [
+    (minimal("backends: *g", gpus="&g [sm90]"), ("backends", 0), "'sm90' is not one of engine, hf-checkpoint"),
+    (minimal("x-limits: &l {max_batch_size: 8}\nlimits: {<<: *l, max_input_len: 64}"), ("x-limits",),
+     "unknown key 'x-limits' (did you mean 'limits'? allowed: schema, name, source, dtype, variants, calibration, parallelism, limits, serving, "
+     "gpus, backends, toolchain, engine, exclude, validate, publish)"),
+    (minimal("limits: &l {max_batch_size: 8, <<: *l}"), ("limits", "max_batch_size"),
+     "duplicate key 'max_batch_size' (first at line 7)"),
+    ("schema: 1\n---\nschema: 1\n", None,
+     "YAML syntax error: expected a single document in the stream, but found another document"),
+], ids=["alias in the wrong place", "merge key", "merge of itself", "two documents"])
+def test_anchors_aliases_and_documents(sandbox, text, path, problem):
+    line = run_bad(sandbox, text.replace("{config}", "config.json"), ("plan",))
+    assert line.endswith(f": {problem}\n") and line.startswith(f"{sandbox.recipe}:"), line
+    if path:
+        assert names_path(line, sandbox, path), line
+
+
+@pytest.mark.parametrize("content", [laughs(9).encode(), b"schema: 1\nname: \xff\n", b"- 1\n", b"a: " + b"[" * 5000])
+def test_the_console_script_refuses_in_one_line(sandbox, content):
+    """The real process: no traceback on stderr, exit 2, nothing written."""
+    sandbox.recipe.write_bytes(content)
+    before = sandbox.listing()
+    for command in COMMANDS:
+        result = subprocess.run([sys.executable, "-m", "trtbuild", command[0], str(sandbox.recipe), *command[1:]],
+                                capture_output=True, text=True, env={**os.environ, **sandbox.env()}, timeout=60)
+        assert (result.returncode, result.stdout, result.stderr.count("\n")) == (2, "", 1), result.stderr
+        assert result.stderr.startswith(f"{sandbox.recipe}:") and "Traceback" not in result.stderr
+    assert sandbox.listing() == before and not sandbox.store.exists()
+
+
+def test_a_key_with_a_line_break_is_named_on_one_line(sandbox):
+    line = run_bad(sandbox, minimal('"a\\nb": 1').replace("{config}", "config.json"), ("plan",))
+    assert line.startswith(f"{sandbox.recipe}:7:1: 'a\\nb': unknown key 'a\\nb' (allowed: schema, "), line
+
+
+@pytest.mark.parametrize("value, shown", [("true", "True"), ("1.0", "1.0")])
+def test_schema_is_the_integer_one_not_something_equal_to_it(sandbox, value, shown):
+    text = minimal().replace("schema: 1", f"schema: {value}").replace("{config}", "config.json")
+    assert run_bad(sandbox, text, ("plan",)) == f"{sandbox.recipe}:1:9: schema: expected the integer 1, got {shown}\n"

@@ -317,6 +317,14 @@ class Recipe(_Strict):
                                  description="accuracy validation: evaluation text, windows, device, gates")
     publish: Publish = Field(default_factory=Publish, description="where built artifacts are published")
 
+    @field_validator("schema_version", mode="before")
+    @classmethod
+    def _schema_is_an_integer(cls, value: Any) -> Any:
+        # Literal[1] compares by equality, so `true` and `1.0` would pass for 1.
+        if value == 1 and type(value) is not int:
+            raise ValueError(f"expected the integer 1, got {_yaml_type(value)}")
+        return value
+
     @field_validator("variants", mode="before")
     @classmethod
     def _empty_variant_is_unquantized(cls, value: Any) -> Any:

@@ -52,8 +52,9 @@ def format_path(path: YamlPath) -> str:
     for part in path:
         if isinstance(part, int):
             text += f"[{part}]"
-        else:
-            text += ("." if text else "") + str(part)
+        else:  # a key with a line break or other control character is quoted: the path stays one line
+            name = part if isinstance(part, str) and part.isprintable() else repr(part) if isinstance(part, str) else str(part)
+            text += ("." if text else "") + name
     return text or "(document)"
 
 
