@@ -171,3 +171,135 @@ def test_a_link_in_the_destination_is_not_followed_out_of_it(world):
         checkout(store, digest, dest)
     assert str(caught.value) == f"{dest / 'd'}: a link in the destination (to {root / 'outside'}); remove it first"
     assert listing(root / "outside") == before
+
+
+# ---- action records, refs and lock files --------------------------------------------------------
+
+def good_record(store: LocalStore) -> tuple[str, dict]:
+    from trtbuild.records import ActionRecord, Digest, Execution
+    from trtbuild.store.tree import Manifest
+
+    digest = store.manifest_digests()[0]
+    manifest = store.get_manifest(digest)
+    key = "e" * 64
+    record = ActionRecord(key=key, artifact=Digest(hash=digest, size_bytes=manifest.size), stage="test",
+                          stage_version=1, target="t", recipe="r", created="2026-01-01T00:00:00Z", fields={},
+                          execution=Execution(seconds=0, host="test"))
+    return key, json.loads(record.model_dump_json(by_alias=True))
+
+
+def leaves(data, path=()):
+    yield path
+    if isinstance(data, dict):
+        for k, v in data.items():
+            yield from leaves(v, path + (k,))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            yield from leaves(v, path + (i,))
+
+
+def replaced(data, path, value):
+    data = json.loads(json.dumps(data))
+    if not path:
+        return value
+    target = data
+    for part in path[:-1]:
+        target = target[part]
+    target[path[-1]] = value
+    return data
+
+
+WRONG = st.sampled_from([None, 7, -1, 10**30, 1.5, True, "text", "\u2603\n", [], [1], {}, {"x": 1}, "x" * 100_000])
+GARBAGE = st.one_of(st.binary(max_size=40), st.sampled_from([b"[" * 100_000, b"{\"a\":" * 50_000, b"\xff\xfe{}",
+                                                             b"null", b"[]", b"1e999999", b"9" * 5000]))
+
+
+@st.composite
+def json_objects(draw, good: dict):
+    """Bytes of a good object with one field wrong, or an unknown key, or not JSON at all."""
+    how = draw(st.sampled_from(["field", "field", "unknown", "garbage"]))
+    if how == "garbage":
+        return draw(GARBAGE)
+    if how == "unknown":
+        return json.dumps({**good, draw(st.text(min_size=1, max_size=8).filter(lambda k: k not in good)): 1}).encode()
+    path = draw(st.sampled_from([p for p in leaves(good) if p]))
+    return json.dumps(replaced(good, path, draw(WRONG))).encode()
+
+
+def same(read, raw) -> bool:
+    """What a reader returned is what the file says (a float field holds a JSON integer as a float)."""
+    if isinstance(read, float) and type(raw) is int:
+        return read == float(raw)
+    if isinstance(read, dict) and isinstance(raw, dict):
+        return read.keys() == raw.keys() and all(same(read[k], raw[k]) for k in read)
+    if isinstance(read, list) and isinstance(raw, list):
+        return len(read) == len(raw) and all(same(a, b) for a, b in zip(read, raw))
+    return type(read) is type(raw) and read == raw
+
+
+def one_line(exc: TrtbuildError, names: str) -> None:
+    assert len(exc.messages) == 1 and "\n" not in exc.messages[0] and names in exc.messages[0], exc.messages
+
+
+@FUZZ
+@given(data=st.data())
+def test_a_bad_action_record_is_refused_naming_it(world, data):
+    root, store = world
+    key, good = good_record(store)
+    content = data.draw(json_objects(good))
+    store.record_path(key).parent.mkdir(parents=True, exist_ok=True)
+    store.record_path(key).write_bytes(content)
+    try:
+        record = store.get_record(key)
+    except TrtbuildError as exc:
+        one_line(exc, str(store.record_path(key)))
+    else:  # what the reader let through is a record of this key, or an older layout's (None: rebuilt)
+        raw = json.loads(content)
+        assert (record is None and isinstance(raw, dict) and raw.get("schema") is None) or (
+            record.key == key and same(record.model_dump(by_alias=True, mode="json"), raw)), content[:200]
+
+
+@FUZZ
+@given(data=st.data())
+def test_a_bad_ref_is_refused_naming_it(world, data):
+    root, store = world
+    digest = store.manifest_digests()[0]
+    entry = {"digest": digest, "key": "e" * 64, "time": "2026-01-01T00:00:00Z"}
+    good = {"schema": 1, "digest": digest, "key": "e" * 64, "history": [entry]}
+    store.ref_path("r", "t").parent.mkdir(parents=True, exist_ok=True)
+    content = data.draw(json_objects(good))
+    store.ref_path("r", "t").write_bytes(content)
+    try:
+        ref = store.read_ref("r", "t")
+    except TrtbuildError as exc:
+        one_line(exc, str(store.ref_path("r", "t")))
+    else:
+        assert same(ref.model_dump(mode="json", by_alias=True), json.loads(content)), content[:200]
+
+
+def test_a_record_nested_past_the_stack_or_with_coercible_types_is_refused(world):
+    root, store = world
+    key, good = good_record(store)
+    path = store.record_path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"[" * 100_000)
+    with pytest.raises(TrtbuildError) as caught:
+        store.get_record(key)
+    assert str(caught.value) == f"action record {path} is not valid JSON; run `trtbuild cache verify --repair`"
+    path.write_text(json.dumps({**good, "stage_version": "1"}))
+    with pytest.raises(TrtbuildError) as caught:
+        store.get_record(key)
+    assert str(caught.value) == (f"action record {path} is malformed (stage_version: Input should be a valid integer); "
+                                 "run `trtbuild cache verify --repair`")
+
+
+def test_a_ref_with_a_line_break_in_a_key_is_one_line(world):
+    root, store = world
+    digest = store.manifest_digests()[0]
+    path = store.ref_path("r", "t")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"schema": 1, "digest": digest, "key": "e" * 64, "a\nb": 1}))
+    with pytest.raises(TrtbuildError) as caught:
+        store.read_ref("r", "t")
+    assert str(caught.value) == (f"ref {path} is malformed ('a\\nb': Extra inputs are not permitted); "
+                                 "run `trtbuild cache verify --repair`")

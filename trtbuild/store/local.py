@@ -474,7 +474,7 @@ class LocalStore(Store):
     def read_ref(self, recipe: str, target: str) -> Optional[Ref]:
         path = self.ref_path(recipe, target)
         try:
-            return Ref.model_validate_json(path.read_bytes())
+            return Ref.model_validate_json(path.read_bytes(), strict=True)
         except FileNotFoundError:
             return None
         except ValidationError as exc:
@@ -501,7 +501,7 @@ class LocalStore(Store):
             if path.name.startswith("."):
                 continue
             try:
-                yield path.parent.name, path.name, Ref.model_validate_json(path.read_bytes())
+                yield path.parent.name, path.name, Ref.model_validate_json(path.read_bytes(), strict=True)
             except ValidationError:
                 continue  # `cache verify` names it
 

@@ -941,7 +941,7 @@ class S3Store(Store):
     # ---- refs --------------------------------------------------------------------------------------
     def _parse_ref(self, recipe: str, target: str, data: bytes) -> Ref:
         try:
-            return Ref.model_validate_json(data)
+            return Ref.model_validate_json(data, strict=True)
         except ValidationError as exc:
             raise CorruptStore(f"ref {self.describe_ref(recipe, target)} is malformed ({first_error(exc)}); "
                                "run `trtbuild cache verify --repair`") from None
@@ -985,7 +985,7 @@ class S3Store(Store):
             if found is None:
                 continue
             try:
-                yield parts[1], parts[2], Ref.model_validate_json(found[0])
+                yield parts[1], parts[2], Ref.model_validate_json(found[0], strict=True)
             except ValidationError:
                 continue  # `cache verify` names it
 
