@@ -303,3 +303,60 @@ def test_a_ref_with_a_line_break_in_a_key_is_one_line(world):
         store.read_ref("r", "t")
     assert str(caught.value) == (f"ref {path} is malformed ('a\\nb': Extra inputs are not permitted); "
                                  "run `trtbuild cache verify --repair`")
+
+
+def good_lock(digest: str) -> dict:
+    target = {"stage": "checkpoint", "key": "e" * 64, "digest": digest, "size": 215}
+    return {"schema": 2, "recipe": {"name": "tiny", "digest": "a" * 64}, "validation": "run",
+            "source": {"kind": "path", "location": "model", "digest": "5" * 64},
+            "toolchain": {"checkpoint:convert": {"safetensors": "0.8.0"}}, "targets": {"base-tp1": target}}
+
+
+YAML_GARBAGE = st.sampled_from([b"\xff\xfe", b"a: " + b"[" * 5000, b"a: " + b"9" * 5000, b"- 1\n", b"", b"a: !!binary x\n",
+                                b"{a: 1, a: 2}\n", b"a: 2001-13-45\n",
+                                ("l0: &l0 [x, x, x, x, x, x, x, x, x]\n" + "".join(
+                                    f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 10))).encode()])
+
+
+@FUZZ
+@given(data=st.data())
+def test_a_bad_lock_file_is_one_line_naming_it(world, data):
+    from trtbuild import lockfile
+
+    root, store = world
+    good = good_lock(store.manifest_digests()[0])
+    if data.draw(st.booleans()):
+        content = data.draw(YAML_GARBAGE)
+    else:
+        path = data.draw(st.sampled_from([p for p in leaves(good) if p]))
+        content = yaml.safe_dump(replaced(good, path, data.draw(WRONG))).encode()
+    lock = root / "recipe.lock"
+    lock.write_bytes(content)
+    try:
+        read = lockfile.read(lock)
+    except TrtbuildError as exc:
+        one_line(exc, str(lock))
+        assert exc.exit_code == 2
+    else:
+        assert same(read.model_dump(mode="json", by_alias=True, exclude_unset=True), yaml.safe_load(content)), content[:300]
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b"\xff\xfe", "not a trtbuild lock file (not UTF-8: invalid start byte at byte 0)"),
+    (b"a: 2001-13-45\n", "not a trtbuild lock file (month must be in 1..12)"),
+    (b"a: " + b"[" * 100_000 + b"]" * 100_000, "not a trtbuild lock file (nested deeper than 64 levels)"),
+    (None, "targets.'a\\nb'.stage: Field required (edited by hand? rebuild without --locked to rewrite it)"),
+], ids=["not UTF-8", "month 13", "nested", "line break in a name"])
+def test_a_lock_file_python_cannot_read_is_one_line(world, content, problem):
+    from trtbuild import lockfile
+
+    root, store = world
+    if content is None:
+        good = good_lock(store.manifest_digests()[0])
+        good["targets"]["a\nb"] = {k: v for k, v in good["targets"]["base-tp1"].items() if k != "stage"}
+        content = yaml.safe_dump(good).encode()
+    lock = root / "recipe.lock"
+    lock.write_bytes(content)
+    with pytest.raises(TrtbuildError) as caught:
+        lockfile.read(lock)
+    assert (str(caught.value), caught.value.exit_code) == (f"{lock}: {problem}", 2)
