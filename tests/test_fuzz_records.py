@@ -7,6 +7,7 @@ line naming the object; a checkout writes only inside its folder (listed before 
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 from pathlib import Path, PurePosixPath
 
@@ -360,3 +361,79 @@ def test_a_lock_file_python_cannot_read_is_one_line(world, content, problem):
     with pytest.raises(TrtbuildError) as caught:
         lockfile.read(lock)
     assert (str(caught.value), caught.value.exit_code) == (f"{lock}: {problem}", 2)
+
+
+# ---- .nemo tar archives: traversal, links out, devices; a config that lies about shapes ---------
+
+import io  # noqa: E402
+import tarfile  # noqa: E402
+
+from conftest import NEMO_DATA  # noqa: E402
+
+MEMBER_NAMES = st.one_of(st.sampled_from(["model_config.yaml", "w/a.pt", "./x", "../x", "/abs", "a/../../x", "..",
+                                           "a\\..\\..\\x", "C:x", "d/", "x" * 300, "a\nb", "\u00e9"]),
+                         st.lists(st.sampled_from(["a", "..", ".", "d", "\u2603"]), min_size=1, max_size=3).map("/".join))
+MEMBER_KINDS = st.sampled_from(["file", "file", "dir", "symlink", "hardlink", "chardev", "blockdev", "fifo"])
+LINK_TARGETS = st.sampled_from(["model_config.yaml", "../outside/keep", "/etc/passwd", "a/../../x", "d", "x"])
+
+
+def tar_of(members: list[tuple[str, str, str]]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:") as tar:
+        for name, kind, link in members:
+            info = tarfile.TarInfo(name)
+            data = b""
+            if kind == "file":
+                data = b"weights"
+            info.type = {"file": tarfile.REGTYPE, "dir": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE,
+                         "hardlink": tarfile.LNKTYPE, "chardev": tarfile.CHRTYPE, "blockdev": tarfile.BLKTYPE,
+                         "fifo": tarfile.FIFOTYPE}[kind]
+            info.linkname = link if kind in ("symlink", "hardlink") else ""
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data else None)
+    return out.getvalue()
+
+
+@FUZZ
+@given(members=st.lists(st.tuples(MEMBER_NAMES, MEMBER_KINDS, LINK_TARGETS), min_size=1, max_size=4))
+def test_a_nemo_archive_extracts_inside_its_folder_or_is_refused_in_one_line(tmp_path_factory, members):
+    from trtbuild.nemo.archive import extract
+
+    root = tmp_path_factory.mktemp("nemo")
+    (root / "outside").mkdir()
+    (root / "outside" / "keep").write_text("a bystander")
+    archive = root / "m.nemo"
+    archive.write_bytes(tar_of(members))
+    dest = root / "work" / "nemo"
+    dest.mkdir(parents=True)
+    before = listing(root / "outside")
+    try:
+        extract(archive, dest)
+    except TrtbuildError as exc:
+        one_line(exc, str(archive))
+        assert exc.exit_code == 2
+    else:  # only files, folders and links that stay inside were in it
+        assert all(kind in ("file", "dir", "symlink", "hardlink") for _, kind, _ in members), members
+        for p in dest.rglob("*"):
+            assert Path(os.path.realpath(p)).is_relative_to(os.path.realpath(dest)), p
+    assert listing(root / "outside") == before
+    assert {p.name for p in root.iterdir()} == {"outside", "m.nemo", "work"}
+    assert {p.name for p in (root / "work").iterdir()} == {"nemo"}
+
+
+@pytest.mark.parametrize("member, problem", [
+    (("a\nb", "symlink", "../x"), "member 'a\\nb' links outside the archive ('../x')"),
+    (("x" * 300, "file", ""), f"member {'x' * 300!r}: cannot write it (File name too long)"),
+    (("a", "hardlink", "b"), "member 'a' hard-links 'b', which the archive does not hold"),
+    (("d", "file", ""), "member 'd/a': cannot write it (Not a directory)"),
+], ids=["line break", "long name", "dangling hard link", "file, then a folder"])
+def test_a_nemo_member_that_cannot_be_written_is_one_line(tmp_path, member, problem):
+    from trtbuild.nemo.archive import extract
+
+    archive = tmp_path / "m.nemo"
+    members = [member] + ([("d/a", "file", "")] if member[0] == "d" else [])
+    archive.write_bytes(tar_of(members))
+    (tmp_path / "nemo").mkdir()
+    with pytest.raises(TrtbuildError) as caught:
+        extract(archive, tmp_path / "nemo")
+    assert (str(caught.value), caught.value.exit_code) == (f"{archive}: {problem}", 2)
