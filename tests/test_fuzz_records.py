@@ -437,3 +437,30 @@ def test_a_nemo_member_that_cannot_be_written_is_one_line(tmp_path, member, prob
     with pytest.raises(TrtbuildError) as caught:
         extract(archive, tmp_path / "nemo")
     assert (str(caught.value), caught.value.exit_code) == (f"{archive}: {problem}", 2)
+
+
+@pytest.mark.parametrize("field, value, problem", [
+    ("hidden_size", 128, "'model.embedding.word_embeddings.weight' has shape [1000, 64], expected [1000, 128] from {config}"),
+    ("ffn_hidden_size", 168, "'model.decoder.layers.0.mlp.linear_fc1.weight' has shape [320, 64], expected [336, 64] from {config}"),
+    ("num_query_groups", 1, "'model.decoder.layers.0.self_attention.linear_qkv.weight' has shape [128, 64], expected [96, 64] "
+                            "from {config}"),
+    ("num_layers", 3, "found 2 layers, {config} says num_layers 3"),
+])
+def test_a_nemo_config_that_lies_about_shapes_fails_in_one_line(tmp_path, field, value, problem):
+    """The real tiny NeMo 1 checkpoint with one number of its model_config.yaml changed: the
+    conversion checks every tensor's shape against the config (trtbuild/nemo/mapping.py)."""
+    pytest.importorskip("torch")
+    from trtbuild.nemo.convert import convert
+
+    folder = tmp_path / "lie"
+    folder.mkdir()
+    with tarfile.open(NEMO_DATA / "nemo1_tiny_llama_gqa_fp32_torch_dist.nemo") as tar:
+        tar.extractall(folder, filter="data")
+    config = folder / "model_config.yaml"
+    config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), field: value}))
+    with pytest.raises(TrtbuildError) as caught:
+        convert(folder, tmp_path / "out", tmp_path / "work")
+    named = "lie/model_config.yaml"  # the config as the conversion names it: beside its checkpoint
+    assert (str(caught.value), caught.value.exit_code) == (
+        f"{folder / 'model_weights'}: {problem.format(config=named)}", 2)
+    assert not (tmp_path / "out").exists()
