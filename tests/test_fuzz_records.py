@@ -464,3 +464,35 @@ def test_a_nemo_config_that_lies_about_shapes_fails_in_one_line(tmp_path, field,
     assert (str(caught.value), caught.value.exit_code) == (
         f"{folder / 'model_weights'}: {problem.format(config=named)}", 2)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("obj", ["record", "ref", "manifest"])
+def test_cache_verify_names_each_bad_object_in_one_line(world, obj):
+    from click.testing import CliRunner
+
+    from trtbuild.cli import cli
+
+    root, store = world
+    key = "e" * 64
+    if obj == "record":
+        path = store.record_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"[" * 100_000)
+        line = f"action record {path} is not valid JSON; run `trtbuild cache verify --repair`"
+    elif obj == "ref":
+        path = store.ref_path("r", "t")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"schema": 1, "digest": store.manifest_digests()[0], "key": key, "a\nb": 1}))
+        line = f"{path}: malformed ('a\\nb': Extra inputs are not permitted)"
+    else:
+        digest = stored_manifest(store, [entry("a\x00b")])
+        line = f"{store.manifest_path(digest)}: unsafe path 'a\\x00b' (a NUL byte)"
+    def written() -> set:  # the stat cache (index.db) is the store's own, refreshed by every re-hash
+        return {item for item in listing(root) if not item[0].startswith("store/index.db")}
+
+    before = written()
+    result = CliRunner().invoke(cli, ["cache", "verify", "--store", str(store.root)], catch_exceptions=False)
+    assert (result.exit_code, result.stdout) == (1, ""), result.output
+    assert result.stderr == (f"{line}\nstore {store.root}: 1 problem(s) found; `trtbuild cache verify --repair` "
+                             "drops them\n")
+    assert written() == before

@@ -199,7 +199,9 @@ class Store(abc.ABC):
     def update_ref(self, recipe: str, target: str, digest: str, key: str) -> None: ...
 
     @abc.abstractmethod
-    def refs(self) -> Iterator[tuple[str, str, Ref]]: ...
+    def refs(self, malformed: Optional[list] = None) -> Iterator[tuple[str, str, Ref]]:
+        """Every ref that parses; one that does not is skipped, or appended to `malformed` as
+        (recipe, target, why) for `cache verify` to name."""
 
     @abc.abstractmethod
     def delete_ref(self, recipe: str, target: str) -> None: ...
