@@ -112,14 +112,39 @@ def lock_path_for(loaded: LoadedRecipe, store: Optional["Store"], embedded: bool
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+MAX_NESTING = 64  # a lock trtbuild writes nests 5 levels; libyaml's composer recurses in C and
+# overflows the C stack (a crash, not an exception) somewhere past 10,000
+
+
+def _too_deep(text: str) -> bool:
+    """Whether the document nests deeper than MAX_NESTING, from libyaml's event stream (its parser
+    does not recurse); it stops at the first level too deep, before libyaml reads on."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_SAFE_LOADER):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_NESTING:
+                return True
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+    return False
+
+
 def read(path: Path, older_ok: bool = False) -> Optional[LockFile]:
     """The lock at `path`, or None when there is none (or, with `older_ok`, one of an older schema,
     which a build simply rewrites). Anything else that is not a lock trtbuild wrote: one line."""
     try:
-        data = yaml.load(path.read_text(), Loader=_SAFE_LOADER)
+        text = path.read_text()
+        if _too_deep(text):
+            raise InvalidInput(f"{path}: not a trtbuild lock file (nested deeper than {MAX_NESTING} levels)")
+        data = yaml.load(text, Loader=_SAFE_LOADER)
     except FileNotFoundError:
         return None
     except yaml.YAMLError as exc:
+        raise InvalidInput(f"{path}: not a trtbuild lock file ({' '.join(str(exc).split())})") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{path}: not a trtbuild lock file (not UTF-8: {exc.reason} at byte {exc.start})") from None
+    except ValueError as exc:  # a value no constructor can make: an integer of 5000 digits, a date with month 13
         raise InvalidInput(f"{path}: not a trtbuild lock file ({' '.join(str(exc).split())})") from None
     if not isinstance(data, dict):
         raise InvalidInput(f"{path}: not a trtbuild lock file (not a mapping)")
@@ -132,7 +157,7 @@ def read(path: Path, older_ok: bool = False) -> Optional[LockFile]:
         return LockFile.model_validate(data)
     except ValidationError as exc:
         error = exc.errors()[0]
-        where = ".".join(str(p) for p in error["loc"])
+        where = ".".join(str(p) if str(p).isprintable() else repr(p) for p in error["loc"])  # one line, always
         raise InvalidInput(f"{path}: {where}: {error['msg']} (edited by hand? rebuild without --locked to rewrite it)") from None
 
 

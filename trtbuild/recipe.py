@@ -14,7 +14,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PositiveInt,
     ValidationError,
     field_validator,
     model_validator,
@@ -40,6 +39,11 @@ def _known_gpu(name: str) -> str:
 
 
 GpuName = Annotated[str, AfterValidator(_known_gpu)]
+# Counts and sizes: TensorRT-LLM holds them in 32-bit integers, so a larger one is a typo, refused
+# here rather than overflowing in a stage hours later. Seeds are bounded to what 64 bits hold.
+INT32_MAX = 2**31 - 1
+Count = Annotated[int, Field(gt=0, le=INT32_MAX)]
+SEED_MAX = 2**63 - 1
 
 
 class _Strict(BaseModel):
@@ -98,9 +102,9 @@ class Calibration(_Strict):
     """The calibration set ModelOpt quantizes with (its token ids are hashed into the checkpoint key)."""
 
     text: str = Field("builtin", min_length=1, description="`builtin`, or a text file or folder of text files")
-    samples: PositiveInt = Field(512, description="number of calibration windows (default 512)")
-    seq_len: PositiveInt = Field(512, description="tokens per calibration window (default 512)")
-    seed: int = Field(0, ge=0, description="seed that picks the windows from the text (default 0); the same seed "
+    samples: Count = Field(512, description="number of calibration windows (default 512)")
+    seq_len: Count = Field(512, description="tokens per calibration window (default 512)")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="seed that picks the windows from the text (default 0); the same seed "
                       "and text give the same windows")
     device: Device = Field("auto", description="where ModelOpt calibrates: `auto` (CUDA when this host has an NVIDIA "
                            "GPU, else CPU), `cpu` or `cuda`; part of the key, since results differ in the last bits")
@@ -110,9 +114,9 @@ class CalibrationOverride(_Strict):
     """Per-variant calibration: only the fields given replace the top-level calibration's."""
 
     text: Optional[str] = Field(None, min_length=1, description="replaces calibration.text for this variant")
-    samples: Optional[PositiveInt] = Field(None, description="replaces calibration.samples for this variant")
-    seq_len: Optional[PositiveInt] = Field(None, description="replaces calibration.seq_len for this variant")
-    seed: Optional[int] = Field(None, ge=0, description="replaces calibration.seed for this variant")
+    samples: Optional[Count] = Field(None, description="replaces calibration.samples for this variant")
+    seq_len: Optional[Count] = Field(None, description="replaces calibration.seq_len for this variant")
+    seed: Optional[int] = Field(None, ge=0, le=SEED_MAX, description="replaces calibration.seed for this variant")
     device: Optional[Device] = Field(None, description="replaces calibration.device for this variant (`auto`, `cpu`, `cuda`)")
 
 
@@ -124,7 +128,7 @@ class Variant(_Strict):
         "`int4_awq`, `w4a8_awq`, `int8_wo`, `int4_wo` (weight-only), `nvfp4`; unset: the recipe's dtype")
     kv_cache: Optional[KvCacheName] = Field(
         None, description="KV-cache quantization: `fp8`, `int8` or `nvfp4`; unset: the KV cache is kept in the dtype")
-    group_size: Optional[PositiveInt] = Field(
+    group_size: Optional[Count] = Field(
         None, description="block size along the input dimension of the grouped INT4 formats (default 128)")
     calibration: Optional[CalibrationOverride] = Field(
         None, description="fields that replace the top-level calibration's for this variant only")
@@ -151,29 +155,29 @@ class Variant(_Strict):
 class Parallelism(_Strict):
     """One tensor x pipeline split: an engine runs on tp * pp GPUs."""
 
-    tp: PositiveInt = Field(1, description="tensor-parallel degree: GPUs each layer is split over (default 1)")
-    pp: PositiveInt = Field(1, description="pipeline-parallel degree: stages the layers are split into (default 1)")
+    tp: Count = Field(1, description="tensor-parallel degree: GPUs each layer is split over (default 1)")
+    pp: Count = Field(1, description="pipeline-parallel degree: stages the layers are split into (default 1)")
 
 
 class Limits(_Strict):
     """Engine limits; defaults are trtllm-build's (BuildConfig), max_seq_len from the model config."""
 
-    max_batch_size: PositiveInt = Field(
+    max_batch_size: Count = Field(
         trtllm.build_default("max_batch_size"),
         description=f"most requests an engine serves at once (trtllm-build default {trtllm.build_default('max_batch_size')})")
-    max_input_len: PositiveInt = Field(
+    max_input_len: Count = Field(
         trtllm.build_default("max_input_len"),
         description=f"most prompt tokens per request (trtllm-build default {trtllm.build_default('max_input_len')}); "
         "at most max_seq_len")
-    max_seq_len: Optional[PositiveInt] = Field(
+    max_seq_len: Optional[Count] = Field(
         None, description="most tokens per request, prompt and output together; unset: the model's positions "
         "(max_position_embeddings, times the rope scaling factor where it applies), 2048 when the config has none; "
         "at most those positions")
-    max_num_tokens: PositiveInt = Field(
+    max_num_tokens: Count = Field(
         trtllm.build_default("max_num_tokens"),
         description=f"most tokens in one forward pass over the whole batch (trtllm-build default "
         f"{trtllm.build_default('max_num_tokens')}); sizes the activation memory")
-    max_beam_width: PositiveInt = Field(
+    max_beam_width: Count = Field(
         trtllm.build_default("max_beam_width"),
         description=f"most beams of beam search (trtllm-build default {trtllm.build_default('max_beam_width')}; "
         "1 means no beam search)")
@@ -215,8 +219,8 @@ class Exclude(_Strict):
     """Drops every target that matches all the fields given."""
 
     variant: Optional[str] = Field(None, description="a variant name of this recipe")
-    tp: Optional[PositiveInt] = Field(None, description="a tensor-parallel degree")
-    pp: Optional[PositiveInt] = Field(None, description="a pipeline-parallel degree")
+    tp: Optional[Count] = Field(None, description="a tensor-parallel degree")
+    pp: Optional[Count] = Field(None, description="a pipeline-parallel degree")
     gpu: Optional[GpuName] = Field(None, description="an SM (`sm90`) or a product (`H100`, matched by its SM); "
                                    "matches engine targets only")
     backend: Optional[Backend] = Field(None, description="`engine` or `hf-checkpoint`")
@@ -229,13 +233,13 @@ class Exclude(_Strict):
 
 
 class Gates(_Strict):
-    kld_mean: Optional[float] = Field(None, ge=0, description="largest mean KL divergence to the reference, in nats "
+    kld_mean: Optional[float] = Field(None, ge=0, allow_inf_nan=False, description="largest mean KL divergence to the reference, in nats "
                                       "per token; unset: the family's default")
-    kld_p99: Optional[float] = Field(None, ge=0, description="largest 99th-percentile per-token KL divergence, in nats; "
+    kld_p99: Optional[float] = Field(None, ge=0, allow_inf_nan=False, description="largest 99th-percentile per-token KL divergence, in nats; "
                                      "unset: the family's default")
-    top1_agreement: Optional[float] = Field(None, ge=0, le=1, description="smallest share (0-1) of tokens whose most "
+    top1_agreement: Optional[float] = Field(None, ge=0, allow_inf_nan=False, le=1, description="smallest share (0-1) of tokens whose most "
                                             "likely next token is the reference's; unset: the family's default")
-    ppl_delta_pct: Optional[float] = Field(None, ge=0, description="largest perplexity increase over the reference, in "
+    ppl_delta_pct: Optional[float] = Field(None, ge=0, allow_inf_nan=False, description="largest perplexity increase over the reference, in "
                                            "percent; unset: the family's default")
 
 
@@ -245,8 +249,8 @@ class Validate(_Strict):
     text: str = Field("builtin", min_length=1, description="evaluation text: `builtin` (the docstrings of Python's "
                       "standard library modules, no text shared with the calibration default), or a text file or "
                       "folder of .txt/.md/.rst files, relative to the recipe")
-    samples: PositiveInt = Field(32, description="number of evaluation windows (default 32)")
-    seq_len: PositiveInt = Field(512, description="tokens per evaluation window (default 512)")
+    samples: Count = Field(32, description="number of evaluation windows (default 32)")
+    seq_len: Count = Field(512, description="tokens per evaluation window (default 512)")
     device: Device = Field("auto", description="where the torch runner evaluates the reference and the checkpoints: "
                            "`auto` (CUDA when this host has an NVIDIA GPU, else CPU), `cpu` or `cuda`")
     gates: Gates = Field(default_factory=Gates, description="limits a target must meet; each unset limit is the "
@@ -312,6 +316,14 @@ class Recipe(_Strict):
     validation: Validate = Field(default_factory=Validate, alias="validate",
                                  description="accuracy validation: evaluation text, windows, device, gates")
     publish: Publish = Field(default_factory=Publish, description="where built artifacts are published")
+
+    @field_validator("schema_version", mode="before")
+    @classmethod
+    def _schema_is_an_integer(cls, value: Any) -> Any:
+        # Literal[1] compares by equality, so `true` and `1.0` would pass for 1.
+        if value == 1 and type(value) is not int:
+            raise ValueError(f"expected the integer 1, got {_yaml_type(value)}")
+        return value
 
     @field_validator("variants", mode="before")
     @classmethod

@@ -13,6 +13,12 @@ from trtbuild.errors import InvalidInput
 
 YamlPath = tuple  # keys (str) and list indices (int) from the document root
 
+# Aliases share nodes, so a small file can stand for an exponential tree (billion laughs): the
+# builder counts what it builds and stops far above any real recipe. Nesting is bounded too, so no
+# later walk over the data recurses past Python's stack.
+MAX_VALUES = 10_000
+MAX_DEPTH = 64
+
 
 @dataclass
 class LocatedDocument:
@@ -46,8 +52,9 @@ def format_path(path: YamlPath) -> str:
     for part in path:
         if isinstance(part, int):
             text += f"[{part}]"
-        else:
-            text += ("." if text else "") + str(part)
+        else:  # a key with a line break or other control character is quoted: the path stays one line
+            name = part if isinstance(part, str) and part.isprintable() else repr(part) if isinstance(part, str) else str(part)
+            text += ("." if text else "") + name
     return text or "(document)"
 
 
@@ -59,8 +66,38 @@ class _Builder:
     def __init__(self, loader: yaml.SafeLoader, doc: LocatedDocument) -> None:
         self.loader = loader
         self.doc = doc
+        self.built = 0
+        self.open: set[int] = set()  # ids of the collections being built (an alias to one is a cycle)
+
+    def _refuse(self, node: Node, path: YamlPath, problem: str) -> InvalidInput:
+        line, col = _mark(node)
+        return InvalidInput(f"{self.doc.filename}:{line}:{col}: {format_path(path)}: {problem}")
 
     def build(self, node: Node, path: YamlPath) -> Any:
+        self.built += 1
+        if self.built > MAX_VALUES:
+            raise self._refuse(node, path, f"the document expands to more than {MAX_VALUES} values "
+                                           "(aliases that repeat aliases?)")
+        if isinstance(node, (MappingNode, SequenceNode)):
+            if id(node) in self.open:
+                raise self._refuse(node, path, "an alias refers to the node that contains it")
+            if len(path) >= MAX_DEPTH:
+                raise self._refuse(node, path, f"nested deeper than {MAX_DEPTH} levels")
+            self.open.add(id(node))
+            try:
+                return self._collection(node, path)
+            finally:
+                self.open.discard(id(node))
+        self.doc.values[path] = _mark(node)
+        return self._scalar(node, path)
+
+    def _scalar(self, node: Node, path: YamlPath) -> Any:
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except ValueError as exc:  # an integer of over 4300 digits, a date with month 13, ...
+            raise self._refuse(node, path, f"cannot read this value: {exc}") from None
+
+    def _collection(self, node: Node, path: YamlPath) -> Any:
         self.doc.values[path] = _mark(node)
         if isinstance(node, MappingNode):
             self.loader.flatten_mapping(node)  # YAML merge keys (<<), as safe_load does
@@ -72,7 +109,7 @@ class _Builder:
                         f"{self.doc.filename}:{line}:{col}: {format_path(path)}: "
                         "mapping keys must be plain scalars"
                     )
-                key = self.loader.construct_object(key_node, deep=True)
+                key = self._scalar(key_node, path)
                 child = path + (key,)
                 if key in out:
                     line, col = _mark(key_node)
@@ -83,9 +120,7 @@ class _Builder:
                 self.doc.keys[child] = _mark(key_node)
                 out[key] = self.build(value_node, child)
             return out
-        if isinstance(node, SequenceNode):
-            return [self.build(item, path + (i,)) for i, item in enumerate(node.value)]
-        return self.loader.construct_object(node, deep=True)
+        return [self.build(item, path + (i,)) for i, item in enumerate(node.value)]
 
 
 def load_located(text: str, filename: str) -> LocatedDocument:
@@ -104,6 +139,8 @@ def load_located(text: str, filename: str) -> LocatedDocument:
             problem = f"{context}, {problem}" if problem.startswith("but") else f"{problem} ({context})"
         problem = problem or context or "invalid YAML"
         raise InvalidInput(f"{where}: YAML syntax error: {problem}") from None
+    except RecursionError:  # PyYAML's composer recurses once per level, before the builder's limit
+        raise InvalidInput(f"{filename}: nested deeper than {MAX_DEPTH} levels") from None
     except yaml.YAMLError as exc:  # e.g. a stream with several documents
         raise InvalidInput(f"{filename}: YAML error: {' '.join(str(exc).split())}") from None
     finally:

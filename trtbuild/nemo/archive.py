@@ -88,18 +88,18 @@ def _check_members(path: Path, tar: tarfile.TarFile, limits: Limits) -> list[tar
             raise InvalidInput(f"{path}: more than {limits.max_members} members (limit)")
         name = _safe_name(m.name)
         if name is None:
-            raise InvalidInput(f"{path}: unsafe member name '{m.name}' (absolute or '..')")
+            raise InvalidInput(f"{path}: unsafe member name {m.name!r} (absolute or '..')")
         if m.isdev() or m.isfifo() or not (m.isreg() or m.isdir() or m.issym() or m.islnk()):
-            raise InvalidInput(f"{path}: member '{m.name}' is a device, fifo or other special file")
+            raise InvalidInput(f"{path}: member {m.name!r} is a device, fifo or other special file")
         if m.issparse():
-            raise InvalidInput(f"{path}: member '{m.name}' is a sparse file (not allowed)")
+            raise InvalidInput(f"{path}: member {m.name!r} is a sparse file (not allowed)")
         if m.issym():
             if m.linkname.startswith("/") or _safe_name(posixpath.join(posixpath.dirname(name), m.linkname)) is None:
-                raise InvalidInput(f"{path}: member '{m.name}' links outside the archive ('{m.linkname}')")
+                raise InvalidInput(f"{path}: member {m.name!r} links outside the archive ({m.linkname!r})")
         if m.islnk() and _safe_name(m.linkname) is None:
-            raise InvalidInput(f"{path}: member '{m.name}' hard-links outside the archive ('{m.linkname}')")
+            raise InvalidInput(f"{path}: member {m.name!r} hard-links outside the archive ({m.linkname!r})")
         if limits.max_member_bytes is not None and m.size > limits.max_member_bytes:
-            raise InvalidInput(f"{path}: member '{m.name}' is {m.size} bytes (limit {limits.max_member_bytes})")
+            raise InvalidInput(f"{path}: member {m.name!r} is {m.size} bytes (limit {limits.max_member_bytes})")
         total += m.size
         if total > limits.max_total_bytes:
             raise InvalidInput(f"{path}: members total more than {limits.max_total_bytes} bytes (limit)")
@@ -134,12 +134,23 @@ def _extract_members(path: Path, tar: tarfile.TarFile, dest: Path, limits: Limit
             continue
         # Re-check against the disk as it is now: an earlier symlink member could redirect a path.
         if not _inside(dest, dest / name):
-            raise InvalidInput(f"{path}: member '{m.name}' resolves outside the destination")
+            raise InvalidInput(f"{path}: member {m.name!r} resolves outside the destination")
         if has_filter:
             try:
                 tar.extract(m, dest, filter="data")
             except tarfile.FilterError as e:
-                raise InvalidInput(f"{path}: member '{m.name}' rejected: {e}") from None
+                raise InvalidInput(f"{path}: member {m.name!r} rejected: {e}") from None
+            except OSError as e:  # a name too long, a file where an earlier member made a folder, ...
+                raise InvalidInput(f"{path}: member {m.name!r}: cannot write it ({e.strerror or e})") from None
+            except KeyError:  # tarfile's answer to a hard link whose target it does not hold
+                raise InvalidInput(f"{path}: member {m.name!r} hard-links {m.linkname!r}, which the archive "
+                                   "does not hold") from None
         else:  # our own checks above are the guard; drop special bits, keep it removable by us
             m.mode = (m.mode & 0o755) | (0o700 if m.isdir() else 0o600)
-            tar.extract(m, dest, set_attrs=False)
+            try:
+                tar.extract(m, dest, set_attrs=False)
+            except OSError as e:
+                raise InvalidInput(f"{path}: member {m.name!r}: cannot write it ({e.strerror or e})") from None
+            except KeyError:  # tarfile's answer to a hard link whose target it does not hold
+                raise InvalidInput(f"{path}: member {m.name!r} hard-links {m.linkname!r}, which the archive "
+                                   "does not hold") from None

@@ -28,7 +28,9 @@ class CorruptStore(TrtbuildError):
 def first_error(exc) -> str:
     """A pydantic ValidationError's first problem, as `loc: msg`."""
     error = exc.errors()[0]
-    return f"{'.'.join(str(p) for p in error['loc']) or 'record'}: {error['msg']}"
+    # A key with a line break (a tampered file) is quoted, so the problem stays one line.
+    where = ".".join(str(p) if str(p).isprintable() else repr(p) for p in error["loc"])
+    return f"{where or 'record'}: {' '.join(error['msg'].split())}"
 
 
 def parse_record(key: str, data: bytes, where: str) -> Optional[ActionRecord]:
@@ -41,12 +43,12 @@ def parse_record(key: str, data: bytes, where: str) -> Optional[ActionRecord]:
 
     try:
         raw = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested past Python's stack
         raise CorruptStore(f"action record {where} is not valid JSON; run `trtbuild cache verify --repair`") from None
     if isinstance(raw, dict) and raw.get("schema") is None:
         return None  # written before records were versioned
     try:
-        record = ActionRecord.model_validate(raw)
+        record = ActionRecord.model_validate(raw, strict=True)  # a tampered "1" or true is not coerced
     except ValidationError as exc:
         raise CorruptStore(f"action record {where} is malformed ({first_error(exc)}); "
                            "run `trtbuild cache verify --repair`") from None
@@ -197,7 +199,9 @@ class Store(abc.ABC):
     def update_ref(self, recipe: str, target: str, digest: str, key: str) -> None: ...
 
     @abc.abstractmethod
-    def refs(self) -> Iterator[tuple[str, str, Ref]]: ...
+    def refs(self, malformed: Optional[list] = None) -> Iterator[tuple[str, str, Ref]]:
+        """Every ref that parses; one that does not is skipped, or appended to `malformed` as
+        (recipe, target, why) for `cache verify` to name."""
 
     @abc.abstractmethod
     def delete_ref(self, recipe: str, target: str) -> None: ...

@@ -480,7 +480,7 @@ class LocalStore(Store):
     def read_ref(self, recipe: str, target: str) -> Optional[Ref]:
         path = self.ref_path(recipe, target)
         try:
-            return Ref.model_validate_json(path.read_bytes())
+            return Ref.model_validate_json(path.read_bytes(), strict=True)
         except FileNotFoundError:
             return None
         except ValidationError as exc:
@@ -502,14 +502,17 @@ class LocalStore(Store):
     def delete_ref(self, recipe: str, target: str) -> None:
         self.ref_path(recipe, target).unlink(missing_ok=True)
 
-    def refs(self) -> Iterator[tuple[str, str, Ref]]:
+    def refs(self, malformed: Optional[list] = None) -> Iterator[tuple[str, str, Ref]]:
         for path in sorted((self.root / "refs").glob("*/*")):
             if path.name.startswith("."):
                 continue
             try:
-                yield path.parent.name, path.name, Ref.model_validate_json(path.read_bytes())
-            except ValidationError:
-                continue  # `cache verify` names it
+                ref = Ref.model_validate_json(path.read_bytes(), strict=True)
+            except ValidationError as exc:
+                if malformed is not None:  # `cache verify` names it
+                    malformed.append((path.parent.name, path.name, first_error(exc)))
+                continue
+            yield path.parent.name, path.name, ref
 
     def claim_recipe(self, name: str, identity: str) -> None:
         """Refs under refs/<name>/ belong to one recipe: the first to build under that name. Another

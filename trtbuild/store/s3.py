@@ -941,7 +941,7 @@ class S3Store(Store):
     # ---- refs --------------------------------------------------------------------------------------
     def _parse_ref(self, recipe: str, target: str, data: bytes) -> Ref:
         try:
-            return Ref.model_validate_json(data)
+            return Ref.model_validate_json(data, strict=True)
         except ValidationError as exc:
             raise CorruptStore(f"ref {self.describe_ref(recipe, target)} is malformed ({first_error(exc)}); "
                                "run `trtbuild cache verify --repair`") from None
@@ -976,7 +976,7 @@ class S3Store(Store):
     def delete_ref(self, recipe: str, target: str) -> None:
         self._delete(self.ref_key(recipe, target))
 
-    def refs(self) -> Iterator[tuple[str, str, Ref]]:
+    def refs(self, malformed: Optional[list] = None) -> Iterator[tuple[str, str, Ref]]:
         for rel, _ in list(self._list("refs/")):
             parts = rel.split("/")
             if len(parts) != 3 or parts[2].startswith("."):
@@ -985,9 +985,12 @@ class S3Store(Store):
             if found is None:
                 continue
             try:
-                yield parts[1], parts[2], Ref.model_validate_json(found[0])
-            except ValidationError:
-                continue  # `cache verify` names it
+                ref = Ref.model_validate_json(found[0], strict=True)
+            except ValidationError as exc:
+                if malformed is not None:  # `cache verify` names it
+                    malformed.append((parts[1], parts[2], first_error(exc)))
+                continue
+            yield parts[1], parts[2], ref
 
     def claim_recipe(self, name: str, identity: str) -> None:
         object_key = self.key(f"refs/{name}/.recipe.json")

@@ -47,11 +47,16 @@ class Manifest:
         return sum(e.size for e in self.entries)
 
     @classmethod
-    def from_entries(cls, entries: Iterable[Entry]) -> "Manifest":
+    def from_entries(cls, entries: Iterable[Entry], name: str = "manifest") -> "Manifest":
         ordered = tuple(sorted(entries, key=lambda e: e.path))
         for a, b in zip(ordered, ordered[1:]):
             if a.path == b.path:
-                raise BadTree(f"manifest lists {a.path!r} twice")
+                raise BadTree(f"{name} lists {a.path!r} twice")
+        files = {e.path for e in ordered}
+        for e in ordered:  # a checkout could not make both the file and the folder
+            folder = next((str(f) for f in PurePosixPath(e.path).parents if str(f) in files), None)
+            if folder is not None:
+                raise BadTree(f"{name} lists {folder!r} as a file and as the folder of {e.path!r}")
         return cls(ordered)
 
     @classmethod
@@ -74,16 +79,26 @@ class Manifest:
                     and is_digest(item["sha256"]) and isinstance(item["executable"], bool)):
                 raise BadTree(f"{name}: malformed entry for {item['path']!r}")
             entries.append(Entry(item["path"], item["size"], item["sha256"], item["executable"]))
-        return cls.from_entries(entries)
+        return cls.from_entries(entries, name)
+
+
+NAME_MAX = 255  # bytes in one file name: ext4, XFS, btrfs, APFS and NTFS all stop there
 
 
 def check_relative(path: object, where: str) -> None:
-    """Manifests with absolute paths, `..`, empty parts or backslashes are rejected (design.md s.4)."""
+    """Manifests with absolute paths, `..`, empty parts, backslashes, NUL or names too long for a file
+    system are rejected (design.md s.4)."""
     if not isinstance(path, str) or not path:
         raise BadTree(f"{where}: entry path {path!r} is not a relative path")
     parts = PurePosixPath(path).parts
     if path.startswith("/") or "\\" in path or any(p in ("..", ".", "") for p in path.split("/")) or not parts:
         raise BadTree(f"{where}: unsafe path {path!r} (absolute, '..' or not normalized)")
+    if "\x00" in path:  # no file system can name it
+        raise BadTree(f"{where}: unsafe path {path!r} (a NUL byte)")
+    long = next((p for p in path.split("/") if len(p.encode("utf-8", "surrogatepass")) > NAME_MAX), None)
+    if long is not None:
+        raise BadTree(f"{where}: unsafe path {path[:80]!r}... (a name of {len(long.encode('utf-8', 'surrogatepass'))} "
+                      f"bytes; file systems hold {NAME_MAX})")
 
 
 def walk_files(root: Path, include: Optional[Callable[[str], bool]] = None,

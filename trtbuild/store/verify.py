@@ -93,7 +93,8 @@ def scan(store: Store, progress=None) -> Scan:
             found.problems.append(f"{where}: names artifact {digest}, whose manifest is missing")
             found.bad_records[key] = f"its artifact {digest} is missing"
 
-    for recipe, target, ref in store.refs():
+    malformed: list[tuple[str, str, str]] = []
+    for recipe, target, ref in store.refs(malformed):
         digest = ref.digest
         if digest not in found.good_manifests:
             if digest not in found.bad_manifests:
@@ -101,6 +102,9 @@ def scan(store: Store, progress=None) -> Scan:
                                       "whose manifest is missing or bad")
             found.bad_refs[(recipe, target)] = f"points at artifact {digest}, which is " + (
                 "bad" if digest in found.bad_manifests else "missing")
+    for recipe, target, why in malformed:
+        found.problems.append(f"{store.describe_ref(recipe, target)}: malformed ({why})")
+        found.bad_refs[(recipe, target)] = f"malformed ({why})"
     return found
 
 
