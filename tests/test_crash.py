@@ -1,0 +1,263 @@
+"""Crash consistency: `trtbuild build`, `push` and `pull --dest` run as real processes on tiny
+artifacts and killed with SIGKILL at seeded moments spread over the command's measured duration.
+After each kill the store verifies, no record or ref names a missing or partial object (local and
+S3), `--dest` is absent or whole, and a re-run of the same command completes with the same digest.
+
+Trial i of a command is killed `duration * (i + r) / TRIALS` seconds after it starts, r drawn from
+random.Random(seed), seed = TRTBUILD_CRASH_SEED * 1000 + i: a failure names its seed and moment.
+Replay: TRTBUILD_CRASH_SEED=<s> TRTBUILD_CRASH_TRIALS=<n> pytest tests/test_crash.py -k <command>
+(the moment also scales with the duration measured on the host, so replay is by seed, not by
+microsecond). The loops are marked `reliability` (run by default; `-m "not reliability"` skips).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from test_transfer import Project, three_files
+from trtbuild import lockfile
+from trtbuild.cli import cli
+from trtbuild.store.base import CorruptStore, Store
+from trtbuild.store.local import LocalStore
+
+SEED = int(os.environ.get("TRTBUILD_CRASH_SEED", "14"))
+TRIALS = int(os.environ.get("TRTBUILD_CRASH_TRIALS", "50"))
+TINY_HF = Path(__file__).resolve().parent / "data" / "nemo" / "hf_tiny_llama_tied_bf16"
+
+pytestmark = pytest.mark.reliability
+
+
+def moments(duration: float) -> list[tuple[int, int, float]]:
+    """(trial, seed, seconds after start to kill): one per slice of the duration, placed at random."""
+    out = []
+    for i in range(TRIALS):
+        seed = SEED * 1000 + i
+        out.append((i, seed, duration * (i + random.Random(seed).random()) / TRIALS))
+    return out
+
+
+def trtbuild_proc(args: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "trtbuild", *map(str, args)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+
+
+def timed(args: list[str], env: dict) -> float:
+    """An uninterrupted run (which must succeed): how long the command takes here."""
+    start = time.monotonic()
+    proc = trtbuild_proc(args, env)
+    assert proc.wait(timeout=120) == 0, f"trtbuild {' '.join(map(str, args))} failed uninterrupted"
+    return time.monotonic() - start
+
+
+def kill_at(args: list[str], env: dict, after: float) -> bool:
+    """Start the command and SIGKILL it `after` seconds later; True when the kill landed (it was
+    still running), False when it had already exited (it must have succeeded)."""
+    start = time.monotonic()
+    proc = trtbuild_proc(args, env)
+    while proc.poll() is None and time.monotonic() - start < after:
+        time.sleep(0.002)
+    if proc.poll() is not None:
+        assert proc.returncode == 0, f"exited {proc.returncode} before the kill"
+        return False
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return True
+
+
+def cli_run(args: list[str], env: dict):
+    """The same command again, in this process (the re-run after a crash; no interpreter start)."""
+    return CliRunner(env=env).invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def dangling(store: Store) -> list[str]:
+    """Records and refs that name an artifact whose manifest is missing or bad, or one of whose
+    blobs is missing or of the wrong size (a partial object)."""
+    sizes = dict(store.iter_blobs())
+    problems = []
+
+    def check(what: str, digest: str) -> None:
+        try:
+            manifest = store.get_manifest(digest)
+        except CorruptStore as exc:
+            problems.append(f"{what} -> {digest}: {exc}")
+            return
+        for entry in manifest.entries:
+            if sizes.get(entry.sha256) != entry.size:
+                problems.append(f"{what} -> {digest}: blob {entry.sha256} ({entry.path}) has "
+                                f"{sizes.get(entry.sha256, 'no')} bytes, its manifest says {entry.size}")
+
+    for key in store.record_keys():
+        record = store.get_record(key)  # a record that does not parse raises: also a failure
+        if record is not None:
+            check(f"record {key}", record.digest)
+    for recipe, target, ref in store.refs():
+        check(f"ref {recipe}/{target}", ref.digest)
+        for entry in ref.history:
+            check(f"ref {recipe}/{target} history", entry.digest)
+    return problems
+
+
+def store_is_sound(url: str, env: dict) -> list[str]:
+    """`trtbuild cache verify` clean (or no store at all, when the kill came before its first
+    write), and nothing dangling. Problems as lines; empty when sound."""
+    from trtbuild.store.local import open_store
+
+    store = open_store(url, create=True)
+    if not store.exists():
+        return []
+    result = cli_run(["cache", "verify", "--store", url], env)
+    lines = [] if result.exit_code == 0 else [f"cache verify exited {result.exit_code}: {result.stderr.strip()}"]
+    return lines + dangling(store)
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def report(command: str, landed: int) -> None:
+    """A line for benchmarks/RESULTS.md (seen with -s)."""
+    print(f"crash[{command}]: {TRIALS} trials (seed base {SEED}), {landed} killed mid-run, all survived")
+
+
+def where(command: str, i: int, seed: int, after: float, duration: float) -> str:
+    return (f"{command} trial {i}: seed {seed} (TRTBUILD_CRASH_SEED={SEED}), SIGKILL {after:.3f}s after start "
+            f"of a {duration:.3f}s run")
+
+
+# ---- build ---------------------------------------------------------------------------------------
+
+RECIPE = """schema: 1
+name: tiny
+source: {path: model}
+variants: {bf16: {}}
+gpus: [sm90]
+backends: [hf-checkpoint]
+"""
+
+
+def test_build_killed_at_random_moments(tmp_path):
+    """`build --until source` ingests the model (6 files, 0.3 MB): blobs, manifest, record, ref,
+    checkout and the lock file. Each trial builds into a fresh store."""
+    model = tmp_path / "model"
+    shutil.copytree(TINY_HF, model)
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(RECIPE)
+    args = ["build", recipe, "--until", "source", "--json"]
+    base_env = {"TRTBUILD_CACHE": str(tmp_path / "baseline")}
+    duration = timed(args, base_env)
+    expected = lockfile.read(recipe.with_suffix(".lock")).source["digest"]
+    landed = 0
+    for i, seed, after in moments(duration):
+        store = tmp_path / f"store{i}"
+        env = {"TRTBUILD_CACHE": str(store)}
+        recipe.with_suffix(".lock").unlink(missing_ok=True)
+        landed += kill_at(args, env, after)
+        at = where("build", i, seed, after, duration)
+        assert store_is_sound(str(store), env) == [], at
+        if recipe.with_suffix(".lock").exists():  # a lock that is there is whole
+            assert lockfile.read(recipe.with_suffix(".lock")).source["digest"] == expected, at
+        again = cli_run(args, env)
+        assert again.exit_code == 0, f"{at}: re-run failed: {again.stderr}"
+        source = next(t for t in json.loads(again.stdout)["targets"] if t["name"] == "source")
+        assert (source["status"] in ("built", "cached"), source["digest"]) == (True, expected), at
+        assert store_is_sound(str(store), env) == [], at
+        shutil.rmtree(store)
+    report("build", landed)
+    assert landed >= TRIALS // 2, f"only {landed} of {TRIALS} kills landed while the build ran"
+
+
+# ---- push and pull through S3 --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def seaweed():
+    from s3server import SeaweedS3
+
+    with SeaweedS3() as server:
+        yield server
+
+
+@pytest.fixture
+def bucket(seaweed, monkeypatch, request):
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    name = request.node.name.replace("_", "-")[:50].strip("-").lower()
+    seaweed.client().create_bucket(Bucket=name)
+    return f"s3://{name}"
+
+
+@pytest.fixture
+def published(ws, tmp_path, monkeypatch):
+    """A lock of two validated checkpoints (3 small files each) in a local store."""
+    project = Project(ws, tmp_path, monkeypatch)
+    for target in ("base-tp1", "fp8-tp1"):
+        project.add(target)
+        project.add(f"{target}:validate", "validate", gates_passed=True)
+    project.write_lock()
+    return project
+
+
+def test_push_killed_at_random_moments(published, bucket):
+    """Each trial pushes to a fresh prefix of the bucket (blobs, manifests, records, the lock, refs)."""
+    env = {"TRTBUILD_CACHE": str(published.local.root)}
+    digests = {t: published.targets[t].digest for t in ("base-tp1", "fp8-tp1")}
+    duration = timed(["push", published.recipe, "--store", f"{bucket}/baseline"], env)
+    landed = 0
+    for i, seed, after in moments(duration):
+        url = f"{bucket}/trial{i}"
+        args = ["push", published.recipe, "--store", url]
+        landed += kill_at(args, env, after)
+        at = where("push", i, seed, after, duration)
+        assert store_is_sound(url, env) == [], at
+        assert published.local.artifact_problem(digests["base-tp1"]) is None, at  # push only reads the local store
+        again = cli_run(args, env)
+        assert (again.exit_code, again.stderr) == (0, ""), at
+        from trtbuild.store.s3 import S3Store
+
+        remote = S3Store(url)
+        assert {t: remote.read_ref("tiny", t).digest for t in digests} == digests, at
+    assert store_is_sound(url, env) == [], "after the last re-run"  # (each trial's re-run is checked by its refs)
+    report("push", landed)
+    assert landed >= TRIALS // 2, f"only {landed} of {TRIALS} kills landed while the push ran"
+
+
+def test_pull_dest_killed_at_random_moments(published, bucket, tmp_path):
+    """Each trial pulls base-tp1 into a fresh local store and a fresh --dest."""
+    url = f"{bucket}/team"
+    pushed = cli_run(["push", published.recipe, "--store", url], {"TRTBUILD_CACHE": str(published.local.root)})
+    assert pushed.exit_code == 0, pushed.stderr
+    digest = published.targets["base-tp1"].digest
+
+    def args(dest: Path) -> list:
+        return ["pull", published.lock_path, "--target", "base-tp1", "--store", url, "--dest", dest]
+
+    duration = timed(args(tmp_path / "baseline-dest"), {"TRTBUILD_CACHE": str(tmp_path / "baseline-store")})
+    landed = 0
+    for i, seed, after in moments(duration):
+        store, dest = tmp_path / f"deploy{i}", tmp_path / f"serve{i}" / "base-tp1"
+        env = {"TRTBUILD_CACHE": str(store)}
+        landed += kill_at(args(dest), env, after)
+        at = where("pull", i, seed, after, duration)
+        if dest.exists():
+            assert folder_bytes(dest) == three_files("base-tp1"), f"{at}: --dest exists but is not whole"
+        assert store_is_sound(str(store), env) == [], at
+        again = cli_run(args(dest), env)
+        assert (again.exit_code, again.stdout, again.stderr) == (0, f"{dest}\n", ""), at
+        assert folder_bytes(dest) == three_files("base-tp1"), at
+        assert LocalStore(store).get_record(published.targets["base-tp1"].key).digest == digest, at
+        assert store_is_sound(str(store), env) == [], at
+        shutil.rmtree(store)
+        shutil.rmtree(dest.parent)
+    report("pull", landed)
+    assert landed >= TRIALS // 2, f"only {landed} of {TRIALS} kills landed while the pull ran"
