@@ -157,3 +157,52 @@ def test_two_stores_publishing_to_one_s3_store_at_once_lose_no_ref_update(seawee
     verify = subprocess.run([sys.executable, "-m", "trtbuild", "cache", "verify", "--store", url], capture_output=True,
                             text=True, env={**os.environ})
     assert (verify.returncode, verify.stderr) == (0, ""), verify.stderr
+
+
+def test_many_writers_moving_one_s3_ref_at_once_keep_every_entry_of_its_history(seaweed, tmp_path, monkeypatch):
+    """update_ref's conditional writes under a real race: 6 writers x 4 updates of one ref, each
+    writer with its own client, all released at once; every update is in the history exactly once."""
+    import threading
+
+    from trtbuild.store.s3 import S3Store
+
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    seaweed.client().create_bucket(Bucket="one-ref")
+    writers, updates = 6, 4
+    stores = [S3Store("s3://one-ref/team") for _ in range(writers)]
+    for store in stores:
+        store.read_ref("tiny", "base-tp1")  # clients made before the start
+    refused = []  # conditional writes the server turned down: the race was real
+    put = S3Store._put
+
+    def counted(self, key, data, if_match=None, if_none_match=False):
+        written = put(self, key, data, if_match=if_match, if_none_match=if_none_match)
+        if not written:
+            refused.append(key)
+        return written
+
+    monkeypatch.setattr(S3Store, "_put", counted)
+    start, failures = threading.Barrier(writers), []
+
+    def write(w: int) -> None:
+        start.wait()
+        try:
+            for u in range(updates):
+                stores[w].update_ref("tiny", "base-tp1", f"{w:032x}{u:032x}", f"{w * 100 + u:064x}")
+        except Exception as exc:  # reported below, with the writer
+            failures.append(f"writer {w}: {exc}")
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert failures == []
+    assert len(refused) > 0, "no write was refused: the writers did not race"
+    history = [(e.digest, e.key) for e in stores[0].read_ref("tiny", "base-tp1").history]
+    assert sorted(history) == sorted((f"{w:032x}{u:032x}", f"{w * 100 + u:064x}")
+                                     for w in range(writers) for u in range(updates))
+    for w in range(writers):  # each writer's updates in the order it made them
+        assert [k for _, k in history if int(k, 16) // 100 == w] == [f"{w * 100 + u:064x}" for u in range(updates)]
