@@ -84,18 +84,19 @@ def dangling(store: Store) -> list[str]:
     """Records and refs that name an artifact whose manifest is missing or bad, or one of whose
     blobs is missing or of the wrong size (a partial object)."""
     sizes = dict(store.iter_blobs())
-    problems = []
+    problems, known = [], {}  # known: digest -> why it is not whole ("" when it is), each read once
 
     def check(what: str, digest: str) -> None:
-        try:
-            manifest = store.get_manifest(digest)
-        except CorruptStore as exc:
-            problems.append(f"{what} -> {digest}: {exc}")
-            return
-        for entry in manifest.entries:
-            if sizes.get(entry.sha256) != entry.size:
-                problems.append(f"{what} -> {digest}: blob {entry.sha256} ({entry.path}) has "
-                                f"{sizes.get(entry.sha256, 'no')} bytes, its manifest says {entry.size}")
+        if digest not in known:
+            try:
+                manifest = store.get_manifest(digest)
+                known[digest] = next((f"blob {e.sha256} ({e.path}) has {sizes.get(e.sha256, 'no')} bytes, its "
+                                      f"manifest says {e.size}" for e in manifest.entries
+                                      if sizes.get(e.sha256) != e.size), "")
+            except CorruptStore as exc:
+                known[digest] = str(exc)
+        if known[digest]:
+            problems.append(f"{what} -> {digest}: {known[digest]}")
 
     for key in store.record_keys():
         record = store.get_record(key)  # a record that does not parse raises: also a failure
@@ -199,9 +200,9 @@ def bucket(seaweed, monkeypatch, request):
 
 @pytest.fixture
 def published(ws, tmp_path, monkeypatch):
-    """A lock of two validated checkpoints (3 small files each) in a local store."""
+    """A lock of a validated checkpoint (3 small files) and its validation in a local store."""
     project = Project(ws, tmp_path, monkeypatch)
-    for target in ("base-tp1", "fp8-tp1"):
+    for target in ("base-tp1",):
         project.add(target)
         project.add(f"{target}:validate", "validate", gates_passed=True)
     project.write_lock()
@@ -211,7 +212,7 @@ def published(ws, tmp_path, monkeypatch):
 def test_push_killed_at_random_moments(published, bucket):
     """Each trial pushes to a fresh prefix of the bucket (blobs, manifests, records, the lock, refs)."""
     env = {"TRTBUILD_CACHE": str(published.local.root)}
-    digests = {t: published.targets[t].digest for t in ("base-tp1", "fp8-tp1")}
+    digests = {t: published.targets[t].digest for t in ("base-tp1", "base-tp1:validate")}
     duration = timed(["push", published.recipe, "--store", f"{bucket}/baseline"], env)
     landed = 0
     for i, seed, after in moments(duration):
