@@ -1,13 +1,15 @@
 """Crash consistency: `trtbuild build`, `push` and `pull --dest` run as real processes on tiny
-artifacts and killed with SIGKILL at seeded moments spread over the command's measured duration.
+artifacts and killed with SIGKILL at seeded moments spread over the time the command writes.
 After each kill the store verifies, no record or ref names a missing or partial object (local and
 S3), `--dest` is absent or whole, and a re-run of the same command completes with the same digest.
 
-Trial i of a command is killed `duration * (i + r) / TRIALS` seconds after it starts, r drawn from
+An uninterrupted run measures how long the command writes (from its first write, seen by polling:
+the local store appearing, or the first object under the S3 prefix, to its exit). Trial i is
+killed `window * (i + r) / TRIALS` seconds after its own first write, r drawn from
 random.Random(seed), seed = TRTBUILD_CRASH_SEED * 1000 + i: a failure names its seed and moment.
 Replay: TRTBUILD_CRASH_SEED=<s> TRTBUILD_CRASH_TRIALS=<n> pytest tests/test_crash.py -k <command>
-(the moment also scales with the duration measured on the host, so replay is by seed, not by
-microsecond). The loops are marked `reliability` (run by default; `-m "not reliability"` skips).
+(the window is measured on the host, so replay is by seed, not by microsecond). The loops are
+marked `reliability` (run by default; `-m "not reliability"` leaves them out).
 """
 
 from __future__ import annotations
@@ -38,13 +40,10 @@ TINY_HF = Path(__file__).resolve().parent / "data" / "nemo" / "hf_tiny_llama_tie
 pytestmark = pytest.mark.reliability
 
 
-def moments(duration: float) -> list[tuple[int, int, float]]:
-    """(trial, seed, seconds after start to kill): one per slice of the duration, placed at random."""
-    out = []
-    for i in range(TRIALS):
-        seed = SEED * 1000 + i
-        out.append((i, seed, duration * (i + random.Random(seed).random()) / TRIALS))
-    return out
+def moments(window: float) -> list[tuple[int, int, float]]:
+    """(trial, seed, seconds after the first write to kill): one per slice of the window, placed at random."""
+    return [(i, SEED * 1000 + i, window * (i + random.Random(SEED * 1000 + i).random()) / TRIALS)
+            for i in range(TRIALS)]
 
 
 def trtbuild_proc(args: list[str], env: dict) -> subprocess.Popen:
@@ -52,20 +51,30 @@ def trtbuild_proc(args: list[str], env: dict) -> subprocess.Popen:
                             stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
 
 
-def timed(args: list[str], env: dict) -> float:
-    """An uninterrupted run (which must succeed): how long the command takes here."""
+def timed(args: list[str], env: dict, wrote) -> float:
+    """An uninterrupted run (which must succeed): how long it writes, from when `wrote()` first holds
+    to its end (start-up and imports write nothing: kills there would prove nothing)."""
     start = time.monotonic()
     proc = trtbuild_proc(args, env)
+    first = None
+    while proc.poll() is None:
+        if first is None and wrote():
+            first = time.monotonic()
+        time.sleep(0.002)
     assert proc.wait(timeout=120) == 0, f"trtbuild {' '.join(map(str, args))} failed uninterrupted"
-    return time.monotonic() - start
+    assert first is not None, "the uninterrupted run was over before its first write was seen"
+    return time.monotonic() - first
 
 
-def kill_at(args: list[str], env: dict, after: float) -> bool:
-    """Start the command and SIGKILL it `after` seconds later; True when the kill landed (it was
-    still running), False when it had already exited (it must have succeeded)."""
-    start = time.monotonic()
+def kill_at(args: list[str], env: dict, wrote, after: float) -> bool:
+    """Start the command and SIGKILL it `after` seconds after `wrote()` first holds; True when the
+    kill landed (it was still running), False when it had already exited (it must have succeeded)."""
     proc = trtbuild_proc(args, env)
-    while proc.poll() is None and time.monotonic() - start < after:
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and not wrote() and time.monotonic() < deadline:
+        time.sleep(0.002)
+    seen = time.monotonic()
+    while proc.poll() is None and time.monotonic() - seen < after:
         time.sleep(0.002)
     if proc.poll() is not None:
         assert proc.returncode == 0, f"exited {proc.returncode} before the kill"
@@ -126,14 +135,28 @@ def folder_bytes(folder: Path) -> dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
-def report(command: str, landed: int) -> None:
-    """A line for benchmarks/RESULTS.md (seen with -s)."""
-    print(f"crash[{command}]: {TRIALS} trials (seed base {SEED}), {landed} killed mid-run, all survived")
+def left_at(url: str) -> str:
+    """How far the killed command got in the store: the last kind of object it holds, in write order."""
+    from trtbuild.store.local import open_store
+
+    store = open_store(url, create=True)
+    if not store.exists():
+        return "no store"
+    kinds = [("blobs", lambda: next(iter(store.iter_blobs()), None)), ("manifests", store.manifest_digests),
+             ("records", store.record_keys), ("refs", lambda: next(iter(store.refs()), None))]
+    present = [name for name, listed in kinds if listed()]
+    return present[-1] if present else "empty store"
 
 
-def where(command: str, i: int, seed: int, after: float, duration: float) -> str:
-    return (f"{command} trial {i}: seed {seed} (TRTBUILD_CRASH_SEED={SEED}), SIGKILL {after:.3f}s after start "
-            f"of a {duration:.3f}s run")
+def report(command: str, landed: int, states: dict) -> None:
+    """A line for benchmarks/RESULTS.md (seen with -s): kills that landed, and where they left the store."""
+    print(f"crash[{command}]: {TRIALS} trials (seed base {SEED}), {landed} killed mid-run, all survived; "
+          f"left at: {dict(sorted(states.items()))}")
+
+
+def where(command: str, i: int, seed: int, after: float, window: float) -> str:
+    return (f"{command} trial {i}: seed {seed} (TRTBUILD_CRASH_SEED={SEED}), SIGKILL {after:.3f}s after its first "
+            f"write (an uninterrupted run wrote for {window:.3f}s)")
 
 
 # ---- build ---------------------------------------------------------------------------------------
@@ -156,15 +179,17 @@ def test_build_killed_at_random_moments(tmp_path):
     recipe.write_text(RECIPE)
     args = ["build", recipe, "--until", "source", "--json"]
     base_env = {"TRTBUILD_CACHE": str(tmp_path / "baseline")}
-    duration = timed(args, base_env)
+    window = timed(args, base_env, lambda: (tmp_path / "baseline").exists())
     expected = lockfile.read(recipe.with_suffix(".lock")).source["digest"]
-    landed = 0
-    for i, seed, after in moments(duration):
+    landed, states = 0, {}
+    for i, seed, after in moments(window):
         store = tmp_path / f"store{i}"
         env = {"TRTBUILD_CACHE": str(store)}
         recipe.with_suffix(".lock").unlink(missing_ok=True)
-        landed += kill_at(args, env, after)
-        at = where("build", i, seed, after, duration)
+        landed += kill_at(args, env, store.exists, after)
+        at = where("build", i, seed, after, window)
+        state = left_at(str(store))
+        states[state] = states.get(state, 0) + 1
         assert store_is_sound(str(store), env) == [], at
         if recipe.with_suffix(".lock").exists():  # a lock that is there is whole
             assert lockfile.read(recipe.with_suffix(".lock")).source["digest"] == expected, at
@@ -174,7 +199,7 @@ def test_build_killed_at_random_moments(tmp_path):
         assert (source["status"] in ("built", "cached"), source["digest"]) == (True, expected), at
         assert store_is_sound(str(store), env) == [], at
         shutil.rmtree(store)
-    report("build", landed)
+    report("build", landed, states)
     assert landed >= TRIALS // 2, f"only {landed} of {TRIALS} kills landed while the build ran"
 
 
@@ -209,17 +234,25 @@ def published(ws, tmp_path, monkeypatch):
     return project
 
 
-def test_push_killed_at_random_moments(published, bucket):
+def test_push_killed_at_random_moments(published, bucket, seaweed):
     """Each trial pushes to a fresh prefix of the bucket (blobs, manifests, records, the lock, refs)."""
     env = {"TRTBUILD_CACHE": str(published.local.root)}
     digests = {t: published.targets[t].digest for t in ("base-tp1", "base-tp1:validate")}
-    duration = timed(["push", published.recipe, "--store", f"{bucket}/baseline"], env)
-    landed = 0
-    for i, seed, after in moments(duration):
+    name = bucket[len("s3://"):]
+    client = seaweed.client()
+
+    def wrote(prefix: str):
+        return lambda: client.list_objects_v2(Bucket=name, Prefix=f"{prefix}/", MaxKeys=1)["KeyCount"] > 0
+
+    window = timed(["push", published.recipe, "--store", f"{bucket}/baseline"], env, wrote("baseline"))
+    landed, states = 0, {}
+    for i, seed, after in moments(window):
         url = f"{bucket}/trial{i}"
         args = ["push", published.recipe, "--store", url]
-        landed += kill_at(args, env, after)
-        at = where("push", i, seed, after, duration)
+        landed += kill_at(args, env, wrote(f"trial{i}"), after)
+        at = where("push", i, seed, after, window)
+        state = left_at(url)
+        states[state] = states.get(state, 0) + 1
         assert store_is_sound(url, env) == [], at
         assert published.local.artifact_problem(digests["base-tp1"]) is None, at  # push only reads the local store
         again = cli_run(args, env)
@@ -229,7 +262,7 @@ def test_push_killed_at_random_moments(published, bucket):
         remote = S3Store(url)
         assert {t: remote.read_ref("tiny", t).digest for t in digests} == digests, at
     assert store_is_sound(url, env) == [], "after the last re-run"  # (each trial's re-run is checked by its refs)
-    report("push", landed)
+    report("push", landed, states)
     assert landed >= TRIALS // 2, f"only {landed} of {TRIALS} kills landed while the push ran"
 
 
@@ -243,13 +276,18 @@ def test_pull_dest_killed_at_random_moments(published, bucket, tmp_path):
     def args(dest: Path) -> list:
         return ["pull", published.lock_path, "--target", "base-tp1", "--store", url, "--dest", dest]
 
-    duration = timed(args(tmp_path / "baseline-dest"), {"TRTBUILD_CACHE": str(tmp_path / "baseline-store")})
-    landed = 0
-    for i, seed, after in moments(duration):
+    window = timed(args(tmp_path / "baseline-dest"), {"TRTBUILD_CACHE": str(tmp_path / "baseline-store")},
+                     lambda: (tmp_path / "baseline-store").exists())
+    landed, states = 0, {}
+    for i, seed, after in moments(window):
         store, dest = tmp_path / f"deploy{i}", tmp_path / f"serve{i}" / "base-tp1"
         env = {"TRTBUILD_CACHE": str(store)}
-        landed += kill_at(args(dest), env, after)
-        at = where("pull", i, seed, after, duration)
+        landed += kill_at(args(dest), env, store.exists, after)
+        at = where("pull", i, seed, after, window)
+        state = "dest whole" if dest.exists() else left_at(str(store))
+        states[state] = states.get(state, 0) + 1
+        partial = list(dest.parent.glob(f".{dest.name}.partial-*")) if dest.parent.exists() else []
+        states["partial folders left beside --dest"] = states.get("partial folders left beside --dest", 0) + len(partial)
         if dest.exists():
             assert folder_bytes(dest) == three_files("base-tp1"), f"{at}: --dest exists but is not whole"
         assert store_is_sound(str(store), env) == [], at
@@ -260,5 +298,5 @@ def test_pull_dest_killed_at_random_moments(published, bucket, tmp_path):
         assert store_is_sound(str(store), env) == [], at
         shutil.rmtree(store)
         shutil.rmtree(dest.parent)
-    report("pull", landed)
+    report("pull", landed, states)
     assert landed >= TRIALS // 2, f"only {landed} of {TRIALS} kills landed while the pull ran"
