@@ -27,8 +27,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from test_transfer import Project, three_files
+from test_transfer import Project, make_artifact
 from trtbuild import lockfile
+from trtbuild.lockfile import LockedTarget
 from trtbuild.cli import cli
 from trtbuild.store.base import CorruptStore, Store
 from trtbuild.store.local import LocalStore
@@ -51,19 +52,21 @@ def trtbuild_proc(args: list[str], env: dict) -> subprocess.Popen:
                             stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
 
 
-def timed(args: list[str], env: dict, wrote) -> float:
-    """An uninterrupted run (which must succeed): how long it writes, from when `wrote()` first holds
-    to its end (start-up and imports write nothing: kills there would prove nothing)."""
+def timed(args: list[str], env: dict, *wrote) -> list[float]:
+    """An uninterrupted run (which must succeed): for each predicate, how long the run went on after
+    it first held (start-up and imports write nothing: kills there would prove nothing)."""
     start = time.monotonic()
     proc = trtbuild_proc(args, env)
-    first = None
+    first: list = [None] * len(wrote)
     while proc.poll() is None:
-        if first is None and wrote():
-            first = time.monotonic()
+        for n, predicate in enumerate(wrote):
+            if first[n] is None and predicate():
+                first[n] = time.monotonic()
         time.sleep(0.002)
     assert proc.wait(timeout=120) == 0, f"trtbuild {' '.join(map(str, args))} failed uninterrupted"
-    assert first is not None, "the uninterrupted run was over before its first write was seen"
-    return time.monotonic() - first
+    assert None not in first, "the uninterrupted run was over before its first write was seen"
+    end = time.monotonic()
+    return [end - t for t in first]
 
 
 def kill_at(args: list[str], env: dict, wrote, after: float) -> bool:
@@ -179,7 +182,7 @@ def test_build_killed_at_random_moments(tmp_path):
     recipe.write_text(RECIPE)
     args = ["build", recipe, "--until", "source", "--json"]
     base_env = {"TRTBUILD_CACHE": str(tmp_path / "baseline")}
-    window = timed(args, base_env, lambda: (tmp_path / "baseline").exists())
+    [window] = timed(args, base_env, lambda: (tmp_path / "baseline").exists())
     expected = lockfile.read(recipe.with_suffix(".lock")).source["digest"]
     landed, states = 0, {}
     for i, seed, after in moments(window):
@@ -244,7 +247,7 @@ def test_push_killed_at_random_moments(published, bucket, seaweed):
     def wrote(prefix: str):
         return lambda: client.list_objects_v2(Bucket=name, Prefix=f"{prefix}/", MaxKeys=1)["KeyCount"] > 0
 
-    window = timed(["push", published.recipe, "--store", f"{bucket}/baseline"], env, wrote("baseline"))
+    [window] = timed(["push", published.recipe, "--store", f"{bucket}/baseline"], env, wrote("baseline"))
     landed, states = 0, {}
     for i, seed, after in moments(window):
         url = f"{bucket}/trial{i}"
@@ -266,35 +269,50 @@ def test_push_killed_at_random_moments(published, bucket, seaweed):
     assert landed >= TRIALS // 2, f"only {landed} of {TRIALS} kills landed while the push ran"
 
 
+# 16 files of 64 bytes in 2 folders: assembling --dest takes long enough for a kill to land in it
+WIDE = {f"shard{n // 8}/part{n:02d}.bin": bytes([n]) * 64 for n in range(16)}
+
+
 def test_pull_dest_killed_at_random_moments(published, bucket, tmp_path):
-    """Each trial pulls base-tp1 into a fresh local store and a fresh --dest."""
+    """Each trial pulls wide-tp1 (WIDE) into a fresh local store and a fresh --dest."""
+    record = make_artifact(published.local, tmp_path / "art" / "wide", WIDE, "wide-tp1", 90)
+    published.targets["wide-tp1"] = LockedTarget(stage="checkpoint", key=record.key, digest=record.digest,
+                                                 size=record.size)
+    published.add("wide-tp1:validate", "validate", gates_passed=True)
+    published.write_lock()
     url = f"{bucket}/team"
     pushed = cli_run(["push", published.recipe, "--store", url], {"TRTBUILD_CACHE": str(published.local.root)})
     assert pushed.exit_code == 0, pushed.stderr
-    digest = published.targets["base-tp1"].digest
+    digest = record.digest
 
     def args(dest: Path) -> list:
-        return ["pull", published.lock_path, "--target", "base-tp1", "--store", url, "--dest", dest]
+        return ["pull", published.lock_path, "--target", "wide-tp1", "--store", url, "--dest", dest]
 
-    window = timed(args(tmp_path / "baseline-dest"), {"TRTBUILD_CACHE": str(tmp_path / "baseline-store")},
-                     lambda: (tmp_path / "baseline-store").exists())
+    # Odd trials are timed from the moment --dest's parent appears (materialize_to makes it just
+    # before it assembles the folder), even ones from the local store's first write: the
+    # materialization is a few milliseconds at the end, which kills spread over the whole pull
+    # would hardly ever hit.
+    baseline_dest = tmp_path / "baseline" / "wide-tp1"
+    windows = timed(args(baseline_dest), {"TRTBUILD_CACHE": str(tmp_path / "baseline-store")},
+                    lambda: (tmp_path / "baseline-store").exists(), baseline_dest.parent.exists)
     landed, states = 0, {}
-    for i, seed, after in moments(window):
-        store, dest = tmp_path / f"deploy{i}", tmp_path / f"serve{i}" / "base-tp1"
+    for (i, seed, after), (j, _, after_dest) in zip(moments(windows[0]), moments(windows[1])):
+        store, dest = tmp_path / f"deploy{i}", tmp_path / f"serve{i}" / "wide-tp1"
         env = {"TRTBUILD_CACHE": str(store)}
-        landed += kill_at(args(dest), env, store.exists, after)
+        window, after, wrote = (windows[1], after_dest, dest.parent.exists) if i % 2 else (windows[0], after, store.exists)
+        landed += kill_at(args(dest), env, wrote, after)
         at = where("pull", i, seed, after, window)
         state = "dest whole" if dest.exists() else left_at(str(store))
         states[state] = states.get(state, 0) + 1
         partial = list(dest.parent.glob(f".{dest.name}.partial-*")) if dest.parent.exists() else []
         states["partial folders left beside --dest"] = states.get("partial folders left beside --dest", 0) + len(partial)
         if dest.exists():
-            assert folder_bytes(dest) == three_files("base-tp1"), f"{at}: --dest exists but is not whole"
+            assert folder_bytes(dest) == WIDE, f"{at}: --dest exists but is not whole"
         assert store_is_sound(str(store), env) == [], at
         again = cli_run(args(dest), env)
         assert (again.exit_code, again.stdout, again.stderr) == (0, f"{dest}\n", ""), at
-        assert folder_bytes(dest) == three_files("base-tp1"), at
-        assert LocalStore(store).get_record(published.targets["base-tp1"].key).digest == digest, at
+        assert folder_bytes(dest) == WIDE, at
+        assert LocalStore(store).get_record(record.key).digest == digest, at
         assert store_is_sound(str(store), env) == [], at
         shutil.rmtree(store)
         shutil.rmtree(dest.parent)
