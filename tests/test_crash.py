@@ -52,7 +52,7 @@ def trtbuild_proc(args: list[str], env: dict) -> subprocess.Popen:
                             stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
 
 
-def timed(args: list[str], env: dict, *wrote) -> list[float]:
+def timed(args: list[str], env: dict, *wrote, poll: float = 0.002) -> list[float]:
     """An uninterrupted run (which must succeed): for each predicate, how long the run went on after
     it first held (start-up and imports write nothing: kills there would prove nothing)."""
     start = time.monotonic()
@@ -62,20 +62,21 @@ def timed(args: list[str], env: dict, *wrote) -> list[float]:
         for n, predicate in enumerate(wrote):
             if first[n] is None and predicate():
                 first[n] = time.monotonic()
-        time.sleep(0.002)
+        time.sleep(poll)
     assert proc.wait(timeout=120) == 0, f"trtbuild {' '.join(map(str, args))} failed uninterrupted"
     assert None not in first, "the uninterrupted run was over before its first write was seen"
     end = time.monotonic()
     return [end - t for t in first]
 
 
-def kill_at(args: list[str], env: dict, wrote, after: float) -> bool:
-    """Start the command and SIGKILL it `after` seconds after `wrote()` first holds; True when the
-    kill landed (it was still running), False when it had already exited (it must have succeeded)."""
+def kill_at(args: list[str], env: dict, wrote, after: float, poll: float = 0.002) -> bool:
+    """Start the command and SIGKILL it `after` seconds after `wrote()` first holds (asked every
+    `poll` seconds); True when the kill landed (it was still running), False when it had already
+    exited (it must have succeeded)."""
     proc = trtbuild_proc(args, env)
     deadline = time.monotonic() + 120
     while proc.poll() is None and not wrote() and time.monotonic() < deadline:
-        time.sleep(0.002)
+        time.sleep(poll)
     seen = time.monotonic()
     while proc.poll() is None and time.monotonic() - seen < after:
         time.sleep(0.002)
@@ -130,7 +131,9 @@ def store_is_sound(url: str, env: dict) -> list[str]:
     if not store.exists():
         return []
     result = cli_run(["cache", "verify", "--store", url], env)
-    lines = [] if result.exit_code == 0 else [f"cache verify exited {result.exit_code}: {result.stderr.strip()}"]
+    clean = (0, f"store {store.location}: every blob, manifest, record and ref checks out\n", "")
+    lines = [] if (result.exit_code, result.stdout, result.stderr) == clean else [
+        f"cache verify exited {result.exit_code}: {result.stdout.strip()} {result.stderr.strip()}"]
     return lines + dangling(store)
 
 
@@ -144,11 +147,11 @@ def left_at(url: str) -> str:
 
     store = open_store(url, create=True)
     if not store.exists():
-        return "no store"
+        return "no store (or its layout half made)"
     kinds = [("blobs", lambda: next(iter(store.iter_blobs()), None)), ("manifests", store.manifest_digests),
              ("records", store.record_keys), ("refs", lambda: next(iter(store.refs()), None))]
     present = [name for name, listed in kinds if listed()]
-    return present[-1] if present else "empty store"
+    return present[-1] if present else "layout only"
 
 
 def report(command: str, landed: int, states: dict) -> None:
@@ -247,12 +250,13 @@ def test_push_killed_at_random_moments(published, bucket, seaweed):
     def wrote(prefix: str):
         return lambda: client.list_objects_v2(Bucket=name, Prefix=f"{prefix}/", MaxKeys=1)["KeyCount"] > 0
 
-    [window] = timed(["push", published.recipe, "--store", f"{bucket}/baseline"], env, wrote("baseline"))
+    # each look is a request: asked every 10 ms, not to take the CPU from the push it watches
+    [window] = timed(["push", published.recipe, "--store", f"{bucket}/baseline"], env, wrote("baseline"), poll=0.01)
     landed, states = 0, {}
     for i, seed, after in moments(window):
         url = f"{bucket}/trial{i}"
         args = ["push", published.recipe, "--store", url]
-        landed += kill_at(args, env, wrote(f"trial{i}"), after)
+        landed += kill_at(args, env, wrote(f"trial{i}"), after, poll=0.01)
         at = where("push", i, seed, after, window)
         state = left_at(url)
         states[state] = states.get(state, 0) + 1
