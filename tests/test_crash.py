@@ -1,0 +1,324 @@
+"""Crash consistency: `trtbuild build`, `push` and `pull --dest` run as real processes on tiny
+artifacts and killed with SIGKILL at seeded moments spread over the time the command writes.
+After each kill the store verifies, no record or ref names a missing or partial object (local and
+S3), `--dest` is absent or whole, and a re-run of the same command completes with the same digest.
+
+An uninterrupted run measures how long the command writes (from its first write, seen by polling:
+the local store appearing, or the first object under the S3 prefix, to its exit). Trial i is
+killed `window * (i + r) / TRIALS` seconds after its own first write, r drawn from
+random.Random(seed), seed = TRTBUILD_CRASH_SEED * 1000 + i: a failure names its seed and moment.
+Replay: TRTBUILD_CRASH_SEED=<s> TRTBUILD_CRASH_TRIALS=<n> pytest tests/test_crash.py -k <command>
+(the window is measured on the host, so replay is by seed, not by microsecond). The loops are
+marked `reliability` (run by default; `-m "not reliability"` leaves them out).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from test_transfer import Project, make_artifact
+from trtbuild import lockfile
+from trtbuild.lockfile import LockedTarget
+from trtbuild.cli import cli
+from trtbuild.store.base import CorruptStore, Store
+from trtbuild.store.local import LocalStore
+
+SEED = int(os.environ.get("TRTBUILD_CRASH_SEED", "14"))
+TRIALS = int(os.environ.get("TRTBUILD_CRASH_TRIALS", "50"))
+TINY_HF = Path(__file__).resolve().parent / "data" / "nemo" / "hf_tiny_llama_tied_bf16"
+
+pytestmark = pytest.mark.reliability
+
+
+def moments(window: float) -> list[tuple[int, int, float]]:
+    """(trial, seed, seconds after the first write to kill): one per slice of the window, placed at random."""
+    return [(i, SEED * 1000 + i, window * (i + random.Random(SEED * 1000 + i).random()) / TRIALS)
+            for i in range(TRIALS)]
+
+
+def trtbuild_proc(args: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "trtbuild", *map(str, args)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+
+
+def timed(args: list[str], env: dict, *wrote, poll: float = 0.002) -> list[float]:
+    """An uninterrupted run (which must succeed): for each predicate, how long the run went on after
+    it first held (start-up and imports write nothing: kills there would prove nothing)."""
+    start = time.monotonic()
+    proc = trtbuild_proc(args, env)
+    first: list = [None] * len(wrote)
+    while proc.poll() is None:
+        for n, predicate in enumerate(wrote):
+            if first[n] is None and predicate():
+                first[n] = time.monotonic()
+        time.sleep(poll)
+    assert proc.wait(timeout=120) == 0, f"trtbuild {' '.join(map(str, args))} failed uninterrupted"
+    assert None not in first, "the uninterrupted run was over before its first write was seen"
+    end = time.monotonic()
+    return [end - t for t in first]
+
+
+def kill_at(args: list[str], env: dict, wrote, after: float, poll: float = 0.002) -> bool:
+    """Start the command and SIGKILL it `after` seconds after `wrote()` first holds (asked every
+    `poll` seconds); True when the kill landed (it was still running), False when it had already
+    exited (it must have succeeded)."""
+    proc = trtbuild_proc(args, env)
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and not wrote() and time.monotonic() < deadline:
+        time.sleep(poll)
+    seen = time.monotonic()
+    while proc.poll() is None and time.monotonic() - seen < after:
+        time.sleep(0.002)
+    if proc.poll() is not None:
+        assert proc.returncode == 0, f"exited {proc.returncode} before the kill"
+        return False
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return True
+
+
+def cli_run(args: list[str], env: dict):
+    """The same command again, in this process (the re-run after a crash; no interpreter start)."""
+    return CliRunner(env=env).invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def dangling(store: Store) -> list[str]:
+    """Records and refs that name an artifact whose manifest is missing or bad, or one of whose
+    blobs is missing or of the wrong size (a partial object)."""
+    sizes = dict(store.iter_blobs())
+    problems, known = [], {}  # known: digest -> why it is not whole ("" when it is), each read once
+
+    def check(what: str, digest: str) -> None:
+        if digest not in known:
+            try:
+                manifest = store.get_manifest(digest)
+                known[digest] = next((f"blob {e.sha256} ({e.path}) has {sizes.get(e.sha256, 'no')} bytes, its "
+                                      f"manifest says {e.size}" for e in manifest.entries
+                                      if sizes.get(e.sha256) != e.size), "")
+            except CorruptStore as exc:
+                known[digest] = str(exc)
+        if known[digest]:
+            problems.append(f"{what} -> {digest}: {known[digest]}")
+
+    for key in store.record_keys():
+        record = store.get_record(key)  # a record that does not parse raises: also a failure
+        if record is not None:
+            check(f"record {key}", record.digest)
+    for recipe, target, ref in store.refs():
+        check(f"ref {recipe}/{target}", ref.digest)
+        for entry in ref.history:
+            check(f"ref {recipe}/{target} history", entry.digest)
+    return problems
+
+
+def store_is_sound(url: str, env: dict) -> list[str]:
+    """`trtbuild cache verify` clean (or no store at all, when the kill came before its first
+    write), and nothing dangling. Problems as lines; empty when sound."""
+    from trtbuild.store.local import open_store
+
+    store = open_store(url, create=True)
+    if not store.exists():
+        return []
+    result = cli_run(["cache", "verify", "--store", url], env)
+    clean = (0, f"store {store.location}: every blob, manifest, record and ref checks out\n", "")
+    lines = [] if (result.exit_code, result.stdout, result.stderr) == clean else [
+        f"cache verify exited {result.exit_code}: {result.stdout.strip()} {result.stderr.strip()}"]
+    return lines + dangling(store)
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def left_at(url: str) -> str:
+    """How far the killed command got in the store: the last kind of object it holds, in write order."""
+    from trtbuild.store.local import open_store
+
+    store = open_store(url, create=True)
+    if not store.exists():
+        return "no store (or its layout half made)"
+    kinds = [("blobs", lambda: next(iter(store.iter_blobs()), None)), ("manifests", store.manifest_digests),
+             ("records", store.record_keys), ("refs", lambda: next(iter(store.refs()), None))]
+    present = [name for name, listed in kinds if listed()]
+    return present[-1] if present else "layout only"
+
+
+def report(command: str, landed: int, states: dict) -> None:
+    """A line for benchmarks/RESULTS.md (seen with -s): kills that landed, and where they left the store."""
+    print(f"crash[{command}]: {TRIALS} trials (seed base {SEED}), {landed} killed mid-run, all survived; "
+          f"left at: {dict(sorted(states.items()))}")
+
+
+def where(command: str, i: int, seed: int, after: float, window: float) -> str:
+    return (f"{command} trial {i}: seed {seed} (TRTBUILD_CRASH_SEED={SEED}), SIGKILL {after:.3f}s after its first "
+            f"write (an uninterrupted run wrote for {window:.3f}s)")
+
+
+# ---- build ---------------------------------------------------------------------------------------
+
+RECIPE = """schema: 1
+name: tiny
+source: {path: model}
+variants: {bf16: {}}
+gpus: [sm90]
+backends: [hf-checkpoint]
+"""
+
+
+def test_build_killed_at_random_moments(tmp_path):
+    """`build --until source` ingests the model (6 files, 0.3 MB): blobs, manifest, record, ref,
+    checkout and the lock file. Each trial builds into a fresh store."""
+    model = tmp_path / "model"
+    shutil.copytree(TINY_HF, model)
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(RECIPE)
+    args = ["build", recipe, "--until", "source", "--json"]
+    base_env = {"TRTBUILD_CACHE": str(tmp_path / "baseline")}
+    [window] = timed(args, base_env, lambda: (tmp_path / "baseline").exists())
+    expected = lockfile.read(recipe.with_suffix(".lock")).source["digest"]
+    landed, states = 0, {}
+    for i, seed, after in moments(window):
+        store = tmp_path / f"store{i}"
+        env = {"TRTBUILD_CACHE": str(store)}
+        recipe.with_suffix(".lock").unlink(missing_ok=True)
+        landed += kill_at(args, env, store.exists, after)
+        at = where("build", i, seed, after, window)
+        state = left_at(str(store))
+        states[state] = states.get(state, 0) + 1
+        assert store_is_sound(str(store), env) == [], at
+        if recipe.with_suffix(".lock").exists():  # a lock that is there is whole
+            assert lockfile.read(recipe.with_suffix(".lock")).source["digest"] == expected, at
+        again = cli_run(args, env)
+        assert again.exit_code == 0, f"{at}: re-run failed: {again.stderr}"
+        source = next(t for t in json.loads(again.stdout)["targets"] if t["name"] == "source")
+        assert (source["status"] in ("built", "cached"), source["digest"]) == (True, expected), at
+        assert store_is_sound(str(store), env) == [], at
+        shutil.rmtree(store)
+    report("build", landed, states)
+    assert landed >= TRIALS // 2, f"only {landed} of {TRIALS} kills landed while the build ran"
+
+
+# ---- push and pull through S3 --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def seaweed():
+    from s3server import SeaweedS3
+
+    with SeaweedS3() as server:
+        yield server
+
+
+@pytest.fixture
+def bucket(seaweed, monkeypatch, request):
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    name = request.node.name.replace("_", "-")[:50].strip("-").lower()
+    seaweed.client().create_bucket(Bucket=name)
+    return f"s3://{name}"
+
+
+@pytest.fixture
+def published(ws, tmp_path, monkeypatch):
+    """A lock of a validated checkpoint (3 small files) and its validation in a local store."""
+    project = Project(ws, tmp_path, monkeypatch)
+    for target in ("base-tp1",):
+        project.add(target)
+        project.add(f"{target}:validate", "validate", gates_passed=True)
+    project.write_lock()
+    return project
+
+
+def test_push_killed_at_random_moments(published, bucket, seaweed):
+    """Each trial pushes to a fresh prefix of the bucket (blobs, manifests, records, the lock, refs)."""
+    env = {"TRTBUILD_CACHE": str(published.local.root)}
+    digests = {t: published.targets[t].digest for t in ("base-tp1", "base-tp1:validate")}
+    name = bucket[len("s3://"):]
+    client = seaweed.client()
+
+    def wrote(prefix: str):
+        return lambda: client.list_objects_v2(Bucket=name, Prefix=f"{prefix}/", MaxKeys=1)["KeyCount"] > 0
+
+    # each look is a request: asked every 10 ms, not to take the CPU from the push it watches
+    [window] = timed(["push", published.recipe, "--store", f"{bucket}/baseline"], env, wrote("baseline"), poll=0.01)
+    landed, states = 0, {}
+    for i, seed, after in moments(window):
+        url = f"{bucket}/trial{i}"
+        args = ["push", published.recipe, "--store", url]
+        landed += kill_at(args, env, wrote(f"trial{i}"), after, poll=0.01)
+        at = where("push", i, seed, after, window)
+        state = left_at(url)
+        states[state] = states.get(state, 0) + 1
+        assert store_is_sound(url, env) == [], at
+        assert published.local.artifact_problem(digests["base-tp1"]) is None, at  # push only reads the local store
+        again = cli_run(args, env)
+        assert (again.exit_code, again.stderr) == (0, ""), at
+        from trtbuild.store.s3 import S3Store
+
+        remote = S3Store(url)
+        assert {t: remote.read_ref("tiny", t).digest for t in digests} == digests, at
+    assert store_is_sound(url, env) == [], "after the last re-run"  # (each trial's re-run is checked by its refs)
+    report("push", landed, states)
+    assert landed >= TRIALS // 2, f"only {landed} of {TRIALS} kills landed while the push ran"
+
+
+# 16 files of 64 bytes in 2 folders: assembling --dest takes long enough for a kill to land in it
+WIDE = {f"shard{n // 8}/part{n:02d}.bin": bytes([n]) * 64 for n in range(16)}
+
+
+def test_pull_dest_killed_at_random_moments(published, bucket, tmp_path):
+    """Each trial pulls wide-tp1 (WIDE) into a fresh local store and a fresh --dest."""
+    record = make_artifact(published.local, tmp_path / "art" / "wide", WIDE, "wide-tp1", 90)
+    published.targets["wide-tp1"] = LockedTarget(stage="checkpoint", key=record.key, digest=record.digest,
+                                                 size=record.size)
+    published.add("wide-tp1:validate", "validate", gates_passed=True)
+    published.write_lock()
+    url = f"{bucket}/team"
+    pushed = cli_run(["push", published.recipe, "--store", url], {"TRTBUILD_CACHE": str(published.local.root)})
+    assert pushed.exit_code == 0, pushed.stderr
+    digest = record.digest
+
+    def args(dest: Path) -> list:
+        return ["pull", published.lock_path, "--target", "wide-tp1", "--store", url, "--dest", dest]
+
+    # Odd trials are timed from the moment --dest's parent appears (materialize_to makes it just
+    # before it assembles the folder), even ones from the local store's first write: the
+    # materialization is a few milliseconds at the end, which kills spread over the whole pull
+    # would hardly ever hit.
+    baseline_dest = tmp_path / "baseline" / "wide-tp1"
+    windows = timed(args(baseline_dest), {"TRTBUILD_CACHE": str(tmp_path / "baseline-store")},
+                    lambda: (tmp_path / "baseline-store").exists(), baseline_dest.parent.exists)
+    landed, states = 0, {}
+    for (i, seed, after), (j, _, after_dest) in zip(moments(windows[0]), moments(windows[1])):
+        store, dest = tmp_path / f"deploy{i}", tmp_path / f"serve{i}" / "wide-tp1"
+        env = {"TRTBUILD_CACHE": str(store)}
+        window, after, wrote = (windows[1], after_dest, dest.parent.exists) if i % 2 else (windows[0], after, store.exists)
+        landed += kill_at(args(dest), env, wrote, after)
+        at = where("pull", i, seed, after, window)
+        state = "dest whole" if dest.exists() else left_at(str(store))
+        states[state] = states.get(state, 0) + 1
+        partial = list(dest.parent.glob(f".{dest.name}.partial-*")) if dest.parent.exists() else []
+        states["partial folders left beside --dest"] = states.get("partial folders left beside --dest", 0) + len(partial)
+        if dest.exists():
+            assert folder_bytes(dest) == WIDE, f"{at}: --dest exists but is not whole"
+        assert store_is_sound(str(store), env) == [], at
+        again = cli_run(args(dest), env)
+        assert (again.exit_code, again.stdout, again.stderr) == (0, f"{dest}\n", ""), at
+        assert folder_bytes(dest) == WIDE, at
+        assert LocalStore(store).get_record(record.key).digest == digest, at
+        assert store_is_sound(str(store), env) == [], at
+        shutil.rmtree(store)
+        shutil.rmtree(dest.parent)
+    report("pull", landed, states)
+    assert landed >= TRIALS // 2, f"only {landed} of {TRIALS} kills landed while the pull ran"
