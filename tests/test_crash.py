@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from test_transfer import Project, make_artifact
+from test_transfer import Project, make_artifact, seaweed  # noqa: F401 (the module's SeaweedFS fixture)
 from trtbuild import lockfile
 from trtbuild.lockfile import LockedTarget
 from trtbuild.cli import cli
@@ -55,7 +55,6 @@ def trtbuild_proc(args: list[str], env: dict) -> subprocess.Popen:
 def timed(args: list[str], env: dict, *wrote, poll: float = 0.002) -> list[float]:
     """An uninterrupted run (which must succeed): for each predicate, how long the run went on after
     it first held (start-up and imports write nothing: kills there would prove nothing)."""
-    start = time.monotonic()
     proc = trtbuild_proc(args, env)
     first: list = [None] * len(wrote)
     while proc.poll() is None:
@@ -210,14 +209,6 @@ def test_build_killed_at_random_moments(tmp_path):
 
 
 # ---- push and pull through S3 --------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def seaweed():
-    from s3server import SeaweedS3
-
-    with SeaweedS3() as server:
-        yield server
-
 
 @pytest.fixture
 def bucket(seaweed, monkeypatch, request):

@@ -588,20 +588,15 @@ def test_large_blobs_go_up_in_parts_and_come_down_in_ranges_and_nothing_is_hashe
     assert hashed == []  # the pulled blobs were hashed as they arrived, once
 
 
-def test_a_re_push_sends_the_small_requests_of_all_its_artifacts_together(seaweed, tmp_path, monkeypatch):
+def test_a_re_push_sends_the_small_requests_of_all_its_artifacts_together(bucket, tmp_path, monkeypatch):
     """Re-pushing N unchanged artifacts costs about one round trip per kind of request, not N: the
     manifest checks, then each artifact's record and ref, go out at once (S3Store.requests_at_once)."""
     import threading
     import time
-    import uuid
 
     from trtbuild.store.s3 import S3Store
 
-    for name, value in seaweed.env().items():
-        monkeypatch.setenv(name, value)
-    bucket = f"together-{uuid.uuid4().hex[:12]}"
-    seaweed.client().create_bucket(Bucket=bucket)
-    remote = S3Store(f"s3://{bucket}/store", local_root=tmp_path / "s3-local")
+    remote = S3Store(bucket, local_root=tmp_path / "s3-local")
     local = LocalStore(tmp_path / "local")
     items = [PushItem(make_artifact(local, tmp_path / f"a{i}", three_files(f"a{i}"), f"t{i}-tp1", i + 1), ("tiny", f"t{i}"))
              for i in range(4)]
@@ -625,23 +620,18 @@ def test_a_re_push_sends_the_small_requests_of_all_its_artifacts_together(seawee
     assert [remote.read_ref("tiny", f"t{i}").digest for i in range(4)] == [item.record.digest for item in items]
 
 
-def test_a_pull_asks_for_the_next_blobs_ranges_before_the_last_one_is_done_and_fsyncs_each(seaweed, tmp_path,
+def test_a_pull_asks_for_the_next_blobs_ranges_before_the_last_one_is_done_and_fsyncs_each(bucket, tmp_path,
                                                                                             monkeypatch):
     """One window of ranged GETs spans every blob of a pull: no drain between files. Here the
     first blob's ranges are held until a range of the second has begun, which happens only when
     both are in one window; each blob is fsynced (off the hashing thread) before it is recorded."""
     import threading
-    import uuid
 
     from trtbuild.store import s3 as s3_module
     from trtbuild.store.s3 import S3Store
 
     MiB = 1024 * 1024
-    for name, value in seaweed.env().items():
-        monkeypatch.setenv(name, value)
-    bucket = f"window-{uuid.uuid4().hex[:12]}"
-    seaweed.client().create_bucket(Bucket=bucket)
-    remote = S3Store(f"s3://{bucket}/store", local_root=tmp_path / "s3-local", concurrency=4, download_chunk=MiB)
+    remote = S3Store(bucket, local_root=tmp_path / "s3-local", concurrency=4, download_chunk=MiB)
     local = LocalStore(tmp_path / "local")
     first_blob, second_blob = os.urandom(2 * MiB), os.urandom(2 * MiB)
     record = make_artifact(local, tmp_path / "a", {"a.safetensors": first_blob, "b.safetensors": second_blob},
