@@ -87,6 +87,16 @@ def add_file(ctx: StageContext) -> None:
     target.write_text(ctx.params["text"])
 
 
+def hold_memory(ctx: StageContext) -> None:
+    """Touches params["mib"] MiB, says so in its log, and reports its pid (for the shared worker's tests)."""
+    _count(ctx)
+    block = bytearray(ctx.params["mib"] << 20)
+    block[::4096] = b"x" * len(block[::4096])  # every page resident
+    print(f"hold_memory {ctx.runtime.get('node')}", flush=True)
+    ctx.measure(pid=os.getpid())
+    (ctx.out / "done.txt").write_text(str(ctx.params["mib"]))
+
+
 WRITE = Stage("write", 1, "stagekit:write_text")
 UPPER = Stage("upper", 1, "stagekit:upper")
 CONCAT = Stage("concat", 1, "stagekit:concat")
@@ -96,6 +106,13 @@ DIE = Stage("die", 1, "stagekit:die")
 UPPER_INPROCESS = Stage("upper", 1, "stagekit:upper", isolated=False)
 OVERLAY = Stage("overlay", 1, "stagekit:add_file", isolated=False, overlay="base")
 OVERLAY_ISOLATED = Stage("overlay", 1, "stagekit:add_file", overlay="base")
+# the same stages in the build's shared worker process (worker_pool.py)
+SHARED_WRITE = Stage("write", 1, "stagekit:write_text", shares_worker=True)
+SHARED_UPPER = Stage("upper", 1, "stagekit:upper", shares_worker=True)
+SHARED_FAIL = Stage("fail", 1, "stagekit:fail", shares_worker=True)
+SHARED_DIE = Stage("die", 1, "stagekit:die", shares_worker=True)
+SHARED_HOLD = Stage("hold", 1, "stagekit:hold_memory", shares_worker=True)
+HOLD = Stage("hold", 1, "stagekit:hold_memory")
 
 
 def node(node_id: str, stage: Stage, runs: Path | None = None, inputs: dict | None = None, **params) -> Node:

@@ -369,7 +369,7 @@ def test_checkpoint_stage_logs_every_problem_and_fails_in_one_line(ours, hf_mode
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"entry": "test_trtllm_convert:_verify_stage", "out": str(broken),
                                 "inputs": {"source": str(tmp_path / "hf")}, "params": {}, "runtime": {}}))
-    assert worker.main(str(spec)) == 1
+    assert worker.run(str(spec)) == 1
     out, err = capsys.readouterr()
     logged = [line for line in out.splitlines() if line.startswith("verify:")]
     assert logged[0] == "verify: ckpt: 31 problem(s):" and len(logged) == 32

@@ -9,8 +9,6 @@ import enum
 import json
 import shutil
 import socket
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +25,7 @@ from trtbuild.store.checkout import materialize
 from trtbuild.store.local import CorruptStore, LocalStore
 from trtbuild.store.tree import Manifest
 from trtbuild.validate import gates
+from trtbuild.worker_pool import WorkerPool
 
 
 class Status(str, enum.Enum):
@@ -172,7 +171,7 @@ def _failure_reason(log: Path, returncode: int) -> str:
     return f"stage process exited with status {returncode}"
 
 
-def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path], reporter) -> Executed:
+def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path], reporter, pool: WorkerPool) -> Executed:
     """Run the node's stage into a fresh folder under the store's tmp/ and ingest the result. The
     stage's log is written beside that folder, not in it: it is stored as a blob of its own and
     named in the action record, so the artifact holds only what the key's inputs determine. An
@@ -198,11 +197,7 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
             spec = {"entry": stage.entry, "out": str(out), "inputs": {k: str(v) for k, v in inputs.items()},
                     "params": node.param_values(), "runtime": runtime, "execution": str(work / "execution.json")}
             (work / "spec.json").write_text(json.dumps(spec))
-            with open(log, "wb") as handle:
-                proc = subprocess.Popen([sys.executable, "-m", "trtbuild.stages.worker", str(work / "spec.json")],
-                                        stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        preexec_fn=_die_with_parent)
-                returncode = _follow(proc, log, reporter)
+            returncode = pool.run(work / "spec.json", log, stage.shares_worker, reporter.step)
             if returncode != 0:
                 try:
                     reason = _failure_reason(log, returncode)
@@ -298,40 +293,6 @@ def _timing_cache(keyed: nodekeys.KeyedNode, store: LocalStore, work: Path) -> _
     return _TimingCache(key, runtime, folder)
 
 
-def _follow(proc: subprocess.Popen, log: Path, reporter) -> int:
-    """Wait for a stage process, turning its progress lines into the reporter's bar."""
-    offset = 0
-    while True:
-        try:
-            returncode = proc.wait(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            returncode = None
-        with open(log, "rb") as f:
-            f.seek(offset)
-            chunk = f.read()
-        complete = chunk.rfind(b"\n") + 1
-        offset += complete
-        for line in chunk[:complete].decode(errors="replace").splitlines():
-            if line.startswith(PROGRESS_PREFIX):
-                counts, _, label = line[len(PROGRESS_PREFIX):].partition(" ")
-                done, _, total = counts.partition("/")
-                if done.isdigit() and total.isdigit():
-                    reporter.step(int(done), int(total), label)
-        if returncode is not None:
-            return returncode
-
-
-def _die_with_parent() -> None:
-    """In the stage process: get SIGKILL if the runner dies, so no orphan keeps writing."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 # ---- the walk ------------------------------------------------------------------------------------
 
 def run_graph(graph: Graph, store: LocalStore, options: Optional[RunOptions] = None, reporter=None) -> RunResult:
@@ -339,11 +300,11 @@ def run_graph(graph: Graph, store: LocalStore, options: Optional[RunOptions] = N
     reporter = reporter or Silent()
     results: dict[str, NodeResult] = {}
     resolutions: dict[str, Resolved] = {}
-    with store.using():
+    with store.using(), WorkerPool() as pool:
         if options.recipe_identity:
             store.claim_recipe(graph.recipe, options.recipe_identity)
         for node in graph.nodes:
-            result = _run_node(graph, node, store, options, results, resolutions, reporter)
+            result = _run_node(graph, node, store, options, results, resolutions, reporter, pool)
             results[node.id] = result
             reporter.finished(result)
         _move_refs(graph, store, results)
@@ -351,7 +312,7 @@ def run_graph(graph: Graph, store: LocalStore, options: Optional[RunOptions] = N
 
 
 def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, results: dict[str, NodeResult],
-              resolutions: dict[str, Resolved], reporter) -> NodeResult:
+              resolutions: dict[str, Resolved], reporter, pool: WorkerPool) -> NodeResult:
     result = NodeResult(node.id, node.kind, node.stage.name if node.stage else node.kind, SKIPPED)
     ruled_out = node.ruled_out()
     if ruled_out and ruled_out.kind == Blocker.PLAN:
@@ -413,7 +374,7 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
                 if rebuild or not found.hit:
                     reporter.started(node, "rebuilding" if found.problem or rebuild else "building")
                     input_paths = {role: materialize(store, results[dep].digest) for role, dep in node.inputs.items()}
-                    done = execute(keyed, store, input_paths, reporter)
+                    done = execute(keyed, store, input_paths, reporter, pool)
                     record = ActionRecord(
                         key=keyed.key, artifact=Digest(hash=done.manifest.digest, size_bytes=done.manifest.size),
                         stage=node.stage.ident, stage_version=node.stage.version, target=node.id,

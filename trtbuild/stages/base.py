@@ -17,6 +17,9 @@ class Stage:
     toolchain: tuple[str, ...] = ()  # parts of the toolchain fingerprint that shape the output
     needs: tuple[str, ...] = ()  # packages that must be installed to run it
     isolated: bool = True  # run in a subprocess: a crash or OOM fails the stage, not the runner
+    # run in the build's shared worker process (worker_pool.py), after the stages before it: the
+    # torch stages of a variant share its imports and its model (stages/models.py)
+    shares_worker: bool = False
     id: str = ""  # the registry's name for it (`checkpoint:export`); the lock file's toolchain is per id
     timing_cache: bool = False  # fed the newest TensorRT timing cache for its key, and stores the one it writes
     # the input role whose artifact this stage's artifact extends: the runner stores that input's

@@ -44,14 +44,21 @@ def make_windows(ctx: StageContext) -> None:
 def quantize(ctx: StageContext) -> None:
     from trtbuild import hardware
     from trtbuild.checkpoint import calibration, quantize as mq
+    from trtbuild.stages import models
 
     started = time.monotonic()
     device = hardware.resolve_device(ctx.runtime.get("device", "auto"))
     windows = calibration.load_windows(ctx.inputs["calibration"])
-    model = mq.load_model(ctx.inputs["source"], ctx.params["dtype"], device)
+    dtype = ctx.params["dtype"]
+    model = models.take(models.source_key(ctx.runtime["input_digests"]["source"], dtype),
+                        lambda: mq.load_model(ctx.inputs["source"], dtype, device))
+    models.on_device(model, device)
     report = mq.calibrate_and_quantize(model, ctx.params["quant"], ctx.params["kv_cache"], ctx.params.get("group_size"),
                                        windows, device, progress=lambda done, total: report_progress(done, total, "calibration batches"))
     mq.save_quantized(model, ctx.out)
+    # exactly what restore_quantized rebuilds from this folder (save_quantized pinned every
+    # parameter's sha256): the exports and validation after this stage start from it
+    models.keep(models.quantized_key(ctx.out, dtype), model)
     ctx.report({**report, "device": device})
     ctx.measure(calibration_seconds=round(time.monotonic() - started, 2))
 
@@ -99,12 +106,12 @@ def convert_checkpoint(ctx: StageContext) -> None:
 
 def export_checkpoint(ctx: StageContext) -> None:
     from trtbuild.checkpoint import quantize as mq
+    from trtbuild.stages import models
 
     source = ctx.inputs["source"]
-    model = mq.restore_quantized(source, ctx.inputs["quantized"], ctx.params["dtype"], "cpu")
-    # restored for this export only: no deep copy (a second model in memory)
-    report = mq.export_trtllm(model, ctx.out, ctx.params["tp"], ctx.params["pp"], ctx.params["dtype"], inplace=True)
-    del model
+    quantized = models.quantized(source, ctx.inputs["quantized"], ctx.params["dtype"], "cpu")
+    # on a deep copy (the export rewrites weights and amax): the kept model stays as it is
+    report = mq.export_trtllm(quantized, ctx.out, ctx.params["tp"], ctx.params["pp"], ctx.params["dtype"])
     verify(ctx.out, _hf_config(source))
     ctx.report({**report, "config_fixes": report.pop("patched")})
 
@@ -118,8 +125,9 @@ def convert_hf(ctx: StageContext) -> None:
 
 def export_hf(ctx: StageContext) -> None:
     from trtbuild.checkpoint import quantize as mq
+    from trtbuild.stages import models
 
     source = ctx.inputs["source"]
-    model = mq.restore_quantized(source, ctx.inputs["quantized"], ctx.params["dtype"], "cpu")
-    report = mq.export_hf(model, ctx.out, source, inplace=True)
+    quantized = models.quantized(source, ctx.inputs["quantized"], ctx.params["dtype"], "cpu")
+    report = mq.export_hf(quantized, ctx.out, source)  # on a deep copy: the kept model stays as it is
     ctx.report(report)

@@ -53,7 +53,14 @@ STAGES: dict[str, Optional[Stage]] = {
                            toolchain=("vllm", "torch", "cuda"), needs=("vllm",)),
 }
 
+# The torch stages run one after another in the build's shared worker (worker_pool.py): a variant
+# pays the imports and the model load once. Engines and TensorRT-LLM or vLLM validation keep a
+# process of their own, which frees the GPU memory they take when they end.
+SHARE_A_WORKER = frozenset({"source:gguf", "source:nemo", "calibration", "quantize", "checkpoint:convert",
+                            "checkpoint:export", "hf-export:convert", "hf-export:export", "reference", "validate"})
+
 # Each stage knows its registry name: the lock file records the toolchain per stage id.
-STAGES = {kind: (replace(stage, id=kind) if stage else None) for kind, stage in STAGES.items()}
+STAGES = {kind: (replace(stage, id=kind, shares_worker=kind in SHARE_A_WORKER) if stage else None)
+          for kind, stage in STAGES.items()}
 
 NOT_YET = "this version of trtbuild has no {kind} stage yet"

@@ -37,7 +37,7 @@ def make_reference(ctx: StageContext) -> None:
     source, device = ctx.inputs["source"], _device(ctx)
     text = read_eval_text(ctx.runtime["text"], Path(ctx.runtime["base_dir"]))
     windows, meta = make_windows(source, text, ctx.params["samples"], ctx.params["seq_len"], ctx.params["seed"])
-    model = torch_runner.load_source(source, device, ctx.params["dtype"])
+    model = _source_model(ctx, source, device)
     ref = torch_runner.reference(model, windows, device, ctx.params["top_k"],
                                  progress=lambda d, t: report_progress(d, t, "reference windows"))
     np.save(ctx.out / WINDOWS, windows)
@@ -50,15 +50,28 @@ def make_reference(ctx: StageContext) -> None:
     ctx.measure(reference_seconds=round(time.monotonic() - started, 2))
 
 
+def _source_model(ctx: StageContext, source: Path, device: str):
+    """The source model as the torch runner computes with it: borrowed, so a variant's quantized
+    model, kept by the shared worker between its quantize and its validation, stays kept."""
+    from trtbuild.stages import models
+    from trtbuild.validate import torch_runner
+
+    dtype = ctx.params["dtype"]
+    computed_in = torch_runner.compute_dtype_name(device, dtype)
+    return models.borrow(models.source_key(ctx.runtime["input_digests"]["source"], computed_in),
+                         lambda: torch_runner.load_source(source, device, dtype), device)
+
+
 def _candidate(ctx: StageContext, device: str):
+    from trtbuild.stages import models
     from trtbuild.validate import torch_runner
 
     source, dtype = ctx.inputs["source"], ctx.params["dtype"]
-    if "quantized" in ctx.inputs:
-        return torch_runner.load_quantized(source, ctx.inputs["quantized"], device, dtype)
+    if "quantized" in ctx.inputs:  # the shared worker's model, if quantize or an export just used it
+        return torch_runner.in_compute_dtype(models.quantized(source, ctx.inputs["quantized"], dtype, device), device, dtype)
     if "checkpoint" in ctx.inputs:
-        return torch_runner.load_trtllm_checkpoint(ctx.inputs["checkpoint"], source, device, dtype)
-    return torch_runner.load_source(ctx.inputs["hf_checkpoint"], device, dtype)
+        return models.read_back(lambda: torch_runner.load_trtllm_checkpoint(ctx.inputs["checkpoint"], source, device, dtype))
+    return models.read_back(lambda: torch_runner.load_source(ctx.inputs["hf_checkpoint"], device, dtype))
 
 
 def _load_reference(ctx: StageContext) -> tuple[np.ndarray, dict]:

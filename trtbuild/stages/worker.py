@@ -1,4 +1,7 @@
-"""Runs one stage in a subprocess: `python -m trtbuild.stages.worker SPEC.json`.
+"""Runs stages in a subprocess: `python -m trtbuild.stages.worker SPEC.json` runs one;
+`python -m trtbuild.stages.worker --serve` runs one after another (runner.WorkerPool: the stages of
+a variant share one process, its imports and its model: stages/models.py), each reading a line
+`{"spec": PATH, "log": PATH}` on stdin and answering `{"returncode": N}` on stdout.
 
 The runner sends stdout and stderr to a log beside the output folder (stored as a blob and named in
 the action record, never inside the artifact); the last line of a failure is
@@ -28,10 +31,26 @@ def report_progress(done: int, total: int, label: str) -> None:
 
 
 def peak_rss_mib() -> float:
-    """This worker's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
+    """This process's peak resident memory since the last reset_peak_rss (Linux's VmHWM; where
+    /proc has none, ru_maxrss: the peak of the whole process)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
     import resource
 
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def reset_peak_rss() -> None:
+    """Start the peak over at the current resident memory (writing 5 to clear_refs resets VmHWM),
+    so a stage in a shared worker reports its own peak, the kept model included."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
 
 
 def load_entry(entry: str):
@@ -39,7 +58,22 @@ def load_entry(entry: str):
     return getattr(importlib.import_module(module), name)
 
 
-def main(spec_path: str) -> int:
+# torch's default generator starts from this seed in every new process: a stage in a shared
+# worker starts from it too, so no stage's output depends on the stages that ran before it.
+TORCH_DEFAULT_SEED = 67280421310721
+
+
+def _fresh_start() -> None:
+    reset_peak_rss()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(TORCH_DEFAULT_SEED)
+
+
+def run(spec_path: str) -> int:
+    """Run the stage that SPEC.json names; 0 when it succeeded."""
+    from trtbuild.stages import models
+
     spec = json.loads(Path(spec_path).read_text())
     ctx = StageContext(
         out=Path(spec["out"]),
@@ -47,6 +81,8 @@ def main(spec_path: str) -> int:
         params=spec["params"],
         runtime=spec["runtime"],
     )
+    _fresh_start()
+    loads_before, reads_before = models.loads, models.read_backs
     try:
         load_entry(spec["entry"])(ctx)
     except InvalidInput as exc:
@@ -62,9 +98,51 @@ def main(spec_path: str) -> int:
         print(f"{ERROR_PREFIX}an isolated stage cannot adopt a folder", file=sys.stderr, flush=True)
         return 1
     if spec.get("execution"):
-        Path(spec["execution"]).write_text(json.dumps({"peak_rss_mib": peak_rss_mib(), "figures": ctx.figures}))
+        figures = {**ctx.figures, "model_loads": models.loads - loads_before,
+                   "checkpoint_reads": models.read_backs - reads_before}
+        Path(spec["execution"]).write_text(json.dumps({"peak_rss_mib": peak_rss_mib(), "figures": figures}))
     return 0
 
 
+def serve() -> int:
+    """Run stages from stdin until it closes. Each stage's stdout and stderr (file descriptors 1
+    and 2, so the tools' own output too) go to its log; the answers go out on the stdout this
+    process started with. A stage that fails leaves the process serving (its model is released);
+    one that crashes it is reported by the runner from the exit status."""
+    import os
+
+    from trtbuild.stages import models
+
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    quiet = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(quiet, 1)
+    os.dup2(quiet, 2)
+    for line in sys.stdin:
+        request = json.loads(line)
+        if request.get("release"):
+            models.release()
+            answers.write(json.dumps({"released": True}) + "\n")
+            continue
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        try:
+            returncode = run(request["spec"])
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(quiet, 1)
+            os.dup2(quiet, 2)
+        if returncode != 0:
+            models.release()  # a failed stage may have left the kept model half-changed
+        answers.write(json.dumps({"returncode": returncode}) + "\n")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    return serve() if argv == ["--serve"] else run(argv[0])
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1:]))

@@ -55,11 +55,19 @@ def load_trtllm_checkpoint(checkpoint: Path, source: Path, device: str, dtype: s
     return model.to(_compute_dtype(device, dtype)).to(device).eval()
 
 
-def load_quantized(source: Path, quantized: Path, device: str, dtype: str):
-    from trtbuild.checkpoint.quantize import restore_quantized
+def compute_dtype_name(device: str, dtype: str) -> str:
+    return str(_compute_dtype(device, dtype)).replace("torch.", "")
 
-    model = restore_quantized(source, quantized, dtype, device)
-    return model.to(_compute_dtype(device, dtype)).eval()
+
+def in_compute_dtype(model, device: str, dtype: str):
+    """`model` as the runner computes with it: itself when it is in the compute dtype already, else a
+    cast deep copy (a cast in place would change the caller's model, quantizer buffers included)."""
+    import copy
+
+    wanted = _compute_dtype(device, dtype)
+    if next(model.parameters()).dtype == wanted:
+        return model.eval()
+    return copy.deepcopy(model).to(wanted).eval()
 
 
 def reference(model, windows: np.ndarray, device: str, k: int = TOP_K, progress=None) -> dict[str, np.ndarray]:

@@ -1,0 +1,106 @@
+"""One model load per variant (issue #15): quantize, both exports and validation of a variant run in
+the build's shared worker and start from the model quantize made; the artifacts are the same bytes
+as when every stage runs in a fresh process and restores the model from the store."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from tinymodels import make_model, make_tokenizer, pydoc_text
+from trtbuild.stages import registry
+from trtbuild.store.local import LocalStore
+
+RECIPE = """
+schema: 1
+name: shared-worker
+source: {path: model}
+dtype: bfloat16
+variants:
+  fp8: {quant: fp8, kv_cache: fp8}
+  awq: {quant: int4_awq, group_size: 32}
+calibration: {text: calibration.txt, samples: 4, seq_len: 32}
+validate: {text: evaluation.txt, samples: 2, seq_len: 32}
+parallelism: [{tp: 1}]
+gpus: [sm90]
+limits: {max_input_len: 128, max_seq_len: 256}
+backends: [engine, hf-checkpoint]
+"""
+# the nodes that load a model, with the loads each costs when it runs in the shared worker
+COLD_LOADS = {"reference": 1, "fp8-quantized": 1, "fp8-tp1": 0, "fp8-hf-export": 0, "fp8-tp1:validate": 0,
+              "awq-quantized": 1, "awq-tp1": 0, "awq-hf-export": 0, "awq-tp1:validate": 0}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("shared-worker")
+    make_model(folder / "model", "llama", make_tokenizer(folder / "tokenizer"))
+    text = pydoc_text()
+    (folder / "calibration.txt").write_text(text[:20000])
+    (folder / "evaluation.txt").write_text(text[20000:40000])
+    (folder / "recipe.yaml").write_text(RECIPE)
+    return folder
+
+
+def build(project: Path, store: Path, *args: str) -> dict:
+    """`trtbuild build --until validate --json` run in-process, into `store`; its targets by name."""
+    from click.testing import CliRunner
+
+    from trtbuild.cli import cli
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRTBUILD_CACHE", str(store))
+        result = CliRunner().invoke(cli, ["build", str(project / "recipe.yaml"), "--until", "validate", "--json", *args],
+                                    catch_exceptions=False)
+    assert result.exit_code == 0, result.output[-3000:]
+    return {t["name"]: t for t in json.loads(result.stdout)["targets"]}
+
+
+def figures(store: Path, targets: dict) -> dict[str, dict]:
+    local = LocalStore(store)
+    return {name: local.get_record(t["key"]).execution.figures for name, t in targets.items() if t["status"] == "built"}
+
+
+@pytest.fixture(scope="module")
+def cold(project, tmp_path_factory):
+    store = tmp_path_factory.mktemp("cold") / "store"
+    return store, build(project, store)
+
+
+def test_a_cold_build_loads_each_variants_model_once(cold):
+    store, targets = cold
+    loads = {name: f["model_loads"] for name, f in figures(store, targets).items() if name in COLD_LOADS}
+    assert loads == COLD_LOADS
+    assert all(targets[name]["status"] == "built" for name in COLD_LOADS)
+
+
+def test_the_artifacts_are_those_of_stages_in_fresh_processes(cold, project, tmp_path, monkeypatch):
+    store, shared = cold
+    for kind, stage in registry.STAGES.items():
+        if stage is not None:
+            monkeypatch.setitem(registry.STAGES, kind, dataclasses.replace(stage, shares_worker=False))
+    fresh = build(project, tmp_path / "store")
+    assert {n: t["digest"] for n, t in fresh.items()} == {n: t["digest"] for n, t in shared.items()}
+    # each stage restored the model from the store
+    loads = {name: f["model_loads"] for name, f in figures(tmp_path / "store", fresh).items() if name in COLD_LOADS}
+    assert loads == {name: 1 for name in COLD_LOADS}
+
+
+def test_a_rerun_of_exports_and_validation_restores_once_and_calibrates_never(cold, tmp_path, project):
+    import shutil
+
+    store, first = cold
+    again = tmp_path / "store"
+    shutil.copytree(store, again, symlinks=True)
+    rebuilt = ("awq-tp1", "awq-hf-export", "awq-tp1:validate")
+    for name in rebuilt:  # their records lost (a new stage version would do the same): built again
+        LocalStore(again).delete_record(first[name]["key"])
+    targets = build(project, again)
+    assert targets["awq-quantized"]["status"] == "cached"
+    assert {name: targets[name]["status"] for name in rebuilt} == dict.fromkeys(rebuilt, "built")
+    assert {name: targets[name]["digest"] for name in rebuilt} == {name: first[name]["digest"] for name in rebuilt}
+    loads = {name: f["model_loads"] for name, f in figures(again, targets).items()}
+    assert loads == {"awq-tp1": 1, "awq-hf-export": 0, "awq-tp1:validate": 0}

@@ -1,0 +1,116 @@
+"""The shared worker (worker_pool.py): the stages that share it run one after another in one process,
+each with its own log, figures and failure; a crash costs one stage, not the build."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from stagekit import (COUNTING, HOLD, SHARED_DIE, SHARED_FAIL, SHARED_HOLD, SHARED_UPPER, SHARED_WRITE, WRITE,
+                      node)
+from trtbuild import worker_pool
+from trtbuild.graph import Graph
+from trtbuild.runner import run_graph
+from trtbuild.store.local import LocalStore
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(autouse=True)
+def stage_modules_importable(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+
+
+@pytest.fixture
+def store(tmp_path) -> LocalStore:
+    return LocalStore(tmp_path / "store")
+
+
+def pids(runs: Path) -> dict[str, int]:
+    return {name: int(pid) for name, pid in (line.split() for line in runs.read_text().splitlines())}
+
+
+def test_stages_that_share_a_worker_run_in_one_process_and_others_in_their_own(store, tmp_path):
+    runs = tmp_path / "runs.log"
+    graph = Graph("g", [node("a", SHARED_WRITE, runs, text="alpha"), node("A", SHARED_UPPER, runs, inputs={"src": "a"}),
+                        node("own", WRITE, runs, text="own"), node("b", SHARED_WRITE, runs, text="beta")])
+    results = run_graph(graph, store).results
+    assert [r.status for r in results] == ["built"] * 4
+    seen = pids(runs)
+    assert seen["a"] == seen["A"] == seen["b"]  # the release before `own` left the worker serving
+    assert len({seen["a"], seen["own"], os.getpid()}) == 3
+
+
+def test_each_stage_keeps_its_own_log_and_peak_memory(store, tmp_path):
+    runs = tmp_path / "runs.log"
+    graph = Graph("g", [node("large", SHARED_HOLD, runs, mib=300), node("small", SHARED_HOLD, runs, mib=1)])
+    large, small = run_graph(graph, store).results
+    records = {r.id: store.get_record(r.key) for r in (large, small)}
+    for name, record in records.items():
+        log = store.blob_path(record.execution.logs["hold.log"].hash).read_text()
+        assert log == f"hold_memory {name}\n"
+    assert records["large"].execution.figures["pid"] == records["small"].execution.figures["pid"]
+    # the peak starts over for each stage: the second one's is not the first one's 300 MiB
+    assert records["large"].execution.peak_rss_mib > 300
+    assert records["small"].execution.peak_rss_mib < records["large"].execution.peak_rss_mib - 250
+
+
+def test_a_failed_stage_fails_alone_and_the_worker_serves_the_next(store, tmp_path):
+    runs = tmp_path / "runs.log"
+    graph = Graph("g", [node("bad", SHARED_FAIL, runs), node("next", SHARED_WRITE, runs, text="x")])
+    bad, after = run_graph(graph, store).results
+    assert bad.status == "failed" and bad.reason.startswith("ValueError: the input is not what this stage expects second line")
+    assert after.status == "built"
+    seen = pids(runs)
+    assert seen["bad"] == seen["next"]
+
+
+def test_a_stage_that_kills_the_worker_fails_and_a_new_worker_runs_the_next(store, tmp_path):
+    runs = tmp_path / "runs.log"
+    graph = Graph("g", [node("oom", SHARED_DIE, runs), node("next", SHARED_WRITE, runs, text="x")])
+    died, after = run_graph(graph, store).results
+    assert died.status == "failed" and died.reason.startswith("stage process killed by SIGKILL (out of memory?)")
+    assert after.status == "built"
+    seen = pids(runs)
+    assert seen["oom"] != seen["next"]
+    assert not list((store.root / "tmp").iterdir())
+
+
+def test_progress_lines_of_a_shared_stage_reach_the_reporter(store, tmp_path):
+    steps = []
+
+    class Reporter:  # records the progress steps
+        def started(self, node, what):
+            return self
+
+        def advance(self, nbytes):
+            pass
+
+        def step(self, done, total, label):
+            steps.append((done, total, label))
+
+        def finished(self, result):
+            pass
+
+    shared_counting = type(COUNTING)(COUNTING.name, COUNTING.version, COUNTING.entry, shares_worker=True)
+    result, = run_graph(Graph("g", [node("c", shared_counting, steps=3)]), store, reporter=Reporter()).results
+    assert result.status == "built"
+    assert steps == [(1, 3, "batches"), (2, 3, "batches"), (3, 3, "batches")]
+
+
+def test_a_build_served_from_the_store_starts_no_stage_process(store, tmp_path, monkeypatch):
+    runs = tmp_path / "runs.log"
+
+    def graph():
+        return Graph("g", [node("a", SHARED_WRITE, runs, text="alpha"), node("own", HOLD, runs, mib=1),
+                           node("A", SHARED_UPPER, runs, inputs={"src": "a"})])
+
+    assert [r.status for r in run_graph(graph(), store).results] == ["built"] * 3
+
+    def no_process(*args, **kwargs):
+        raise AssertionError(f"a stage process was started: {args[0]}")
+
+    monkeypatch.setattr(worker_pool.subprocess, "Popen", no_process)
+    assert [r.status for r in run_graph(graph(), store).results] == ["cached"] * 3

@@ -1,0 +1,135 @@
+"""Stage processes for the runner: a fresh one per stage, or one shared by the stages that ask.
+
+Stages that share a worker (Stage.shares_worker: the torch stages) run one after another in one
+long-lived process (`python -m trtbuild.stages.worker --serve`), which pays the imports once
+(ModelOpt's alone take 5-20 s) and keeps the last model it loaded (stages/models.py), so a
+variant's quantize, exports and validation load the model once. The pool starts that process only
+when a stage must run (a build served from the store starts none), and starts a new one if a stage
+crashed it. Every stage still has its own spec, output folder, log and action record.
+
+Before a stage that runs in a process of its own (an engine build, TensorRT-LLM or vLLM
+validation, which need the GPU's memory), the shared worker lets go of its model.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+from trtbuild.stages.worker import PROGRESS_PREFIX
+
+POLL_S = 0.5  # how often a running stage's log is read for progress lines
+
+
+class WorkerPool:
+    def __init__(self) -> None:
+        self._shared: Optional[subprocess.Popen] = None
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def run(self, spec: Path, log: Path, shared: bool, on_progress: Callable[[int, int, str], None]) -> int:
+        """Run the stage `spec` names with its output in `log`; its exit status (negative: the
+        signal that killed its process)."""
+        if not shared:
+            self.release()
+            with open(log, "wb") as handle:
+                proc = subprocess.Popen([sys.executable, "-m", "trtbuild.stages.worker", str(spec)],
+                                        stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        preexec_fn=_die_with_parent)
+                return _follow(proc, log, on_progress, lambda: proc.wait(timeout=POLL_S))
+        proc = self._worker()
+        proc.stdin.write(json.dumps({"spec": str(spec), "log": str(log)}) + "\n")
+        proc.stdin.flush()
+        return _follow(proc, log, on_progress, lambda: self._answer(proc))
+
+    def release(self) -> None:
+        """Ask the shared worker, if there is one, to let go of its model and GPU memory."""
+        if self._shared is None:
+            return
+        try:
+            self._shared.stdin.write(json.dumps({"release": True}) + "\n")
+            self._shared.stdin.flush()
+            ready, _, _ = select.select([self._shared.stdout], [], [], 60)
+            if ready and self._shared.stdout.readline():
+                return
+        except (BrokenPipeError, OSError):
+            pass
+        self.close()  # it did not answer: a new one starts when needed
+
+    def close(self) -> None:
+        proc, self._shared = self._shared, None
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()  # the worker ends when its input does
+            proc.wait(timeout=30)
+        except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+        finally:
+            proc.stdout.close()
+
+    def _worker(self) -> subprocess.Popen:
+        if self._shared is None or self._shared.poll() is not None:
+            self._shared = subprocess.Popen([sys.executable, "-m", "trtbuild.stages.worker", "--serve"],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                            text=True, bufsize=1, preexec_fn=_die_with_parent)
+        return self._shared
+
+    def _answer(self, proc: subprocess.Popen) -> Optional[int]:
+        """The stage's exit status once the worker answers (or dies); None while it runs."""
+        ready, _, _ = select.select([proc.stdout], [], [], POLL_S)
+        if not ready:
+            return None
+        line = proc.stdout.readline()
+        if line:
+            return int(json.loads(line)["returncode"])
+        returncode = proc.wait()  # the process died with the stage: its status is the stage's
+        self._shared = None
+        proc.stdout.close()
+        return returncode if returncode != 0 else 1
+
+
+def _follow(proc: subprocess.Popen, log: Path, on_progress, poll: Callable[[], Optional[int]]) -> int:
+    """Wait for a stage, turning its progress lines into on_progress calls."""
+    offset = 0
+    while True:
+        try:
+            returncode = poll()
+        except subprocess.TimeoutExpired:
+            returncode = None
+        try:
+            with open(log, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+        except FileNotFoundError:  # a shared worker opens the log itself
+            chunk = b""
+        complete = chunk.rfind(b"\n") + 1
+        offset += complete
+        for line in chunk[:complete].decode(errors="replace").splitlines():
+            if line.startswith(PROGRESS_PREFIX):
+                counts, _, label = line[len(PROGRESS_PREFIX):].partition(" ")
+                done, _, total = counts.partition("/")
+                if done.isdigit() and total.isdigit():
+                    on_progress(int(done), int(total), label)
+        if returncode is not None:
+            return returncode
+
+
+def _die_with_parent() -> None:
+    """In the stage process: get SIGKILL if the runner dies, so no orphan keeps writing."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
