@@ -134,3 +134,42 @@ def test_a_recipe_gate_fails_the_build_and_a_loose_one_passes_it(project):
     check = built["int8-tp1:validate"]
     assert (check["status"], check["reason"]) == ("built", None)
     assert check["gates"]["kld_mean"] == {"value": value, "limit": 1.0, "passed": True}
+
+
+def tree(folder: Path) -> dict[str, bytes | None]:
+    """Every path under `folder`, a file with its bytes (None for a folder)."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() if p.is_file() else None
+            for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize("store_arg", [None, "--store"], ids=["TRTBUILD_CACHE", "--store"])
+def test_a_source_refused_at_build_time_writes_nothing(project, store_arg):
+    """source.config lets the plan pass without the folder's config.json; the source stage then
+    refuses the folder. The store (two folders deep, neither there) must not be created."""
+    (project / "config.json").write_bytes((project / "model" / "config.json").read_bytes())
+    (project / "model" / "config.json").unlink()
+    recipe = write(project).read_text().replace("path: model", "path: model, config: config.json")
+    (project / "tiny.yaml").write_text(recipe)
+    before = tree(project)
+    store = project / "deep" / "store"
+    args = ["--store", store] if store_arg else []
+    result = subprocess.run([sys.executable, "-m", "trtbuild", "build", "tiny.yaml", "--until", "source", *args],
+                            capture_output=True, text=True, cwd=project, timeout=300,
+                            env={**os.environ, "TRTBUILD_CACHE": str(store)})
+    assert (result.returncode, result.stdout, result.stderr) == (
+        2, "", f"source.path: {project / 'model'} has no config.json (is it a Hugging Face model folder?)\n")
+    assert tree(project) == before
+
+
+def test_a_source_refused_at_build_time_leaves_an_existing_store_as_it_was(project):
+    built = trtbuild(project, write(project).name, "--until", "source")
+    assert built.returncode == 0, built.stderr
+    (project / "config.json").write_bytes((project / "model" / "config.json").read_bytes())
+    (project / "model" / "config.json").unlink()
+    (project / "tiny.yaml").write_text(write(project).read_text().replace("path: model", "path: model, config: config.json"))
+    # index.db-shm is SQLite's shared-memory index of the write-ahead log: any reader rewrites it
+    store = {path: data for path, data in tree(project / "store").items() if path != "index.db-shm"}
+    result = trtbuild(project, "tiny.yaml", "--until", "source")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.endswith("has no config.json (is it a Hugging Face model folder?)\n")
+    assert {path: data for path, data in tree(project / "store").items() if path != "index.db-shm"} == store

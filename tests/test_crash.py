@@ -1,7 +1,9 @@
 """Crash consistency: `trtbuild build`, `push` and `pull --dest` run as real processes on tiny
 artifacts and killed with SIGKILL at seeded moments spread over the time the command writes.
 After each kill the store verifies, no record or ref names a missing or partial object (local and
-S3), `--dest` is absent or whole, and a re-run of the same command completes with the same digest.
+S3), `--dest` is absent or whole, and a re-run of the same command completes with the same digest
+(and, for pull, leaves no hidden partial folder of --dest behind, the killed pull's included).
+Each command is forked from a process that has done the imports already (ForkServer).
 
 An uninterrupted run measures how long the command writes (from its first write, seen by polling:
 the local store appearing, or the first object under the S3 prefix, to its exit). Trial i is
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import subprocess
@@ -47,32 +50,124 @@ def moments(window: float) -> list[tuple[int, int, float]]:
             for i in range(TRIALS)]
 
 
-def trtbuild_proc(args: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "trtbuild", *map(str, args)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+# The killed commands are forked from one process that has imported what `python -m trtbuild` runs
+# on (click, pydantic, botocore, boto3's transfer manager): each trial then starts in milliseconds,
+# where an interpreter's start and those imports (0.3-1.2 s, writing nothing) were most of the
+# file's time. From trtbuild.cli.main on, the child is what `python -m trtbuild ARGS` is: its own
+# argv, environment (TRTBUILD_CACHE, AWS_*), stdin/stdout/stderr on /dev/null, exit without teardown.
+FORK_SERVER = r"""
+import json, os, sys
+import botocore.session, boto3.s3.transfer
+import trtbuild.cli, trtbuild.pipeline, trtbuild.publish, trtbuild.store.s3, trtbuild.store.transfer
+print("ready", flush=True)
+for line in sys.stdin:
+    request = json.loads(line)
+    if request["op"] == "wait":  # reaped only when asked: until then the pid stays this child's
+        _, status = os.waitpid(request["pid"], 0)
+        print(os.waitstatus_to_exitcode(status), flush=True)
+        continue
+    pid = os.fork()
+    if pid == 0:  # main() ends the process: os._exit, or a SystemExit out of this script (as under -m)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = ["trtbuild", *request["args"]]
+        trtbuild.cli.main()
+    print(pid, flush=True)
+"""
 
 
-def timed(args: list[str], env: dict, *wrote, poll: float = 0.002) -> list[float]:
+class ForkServer:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", FORK_SERVER], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert self.proc.stdout.readline() == "ready\n"
+
+    def ask(self, **request) -> int:
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return int(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+class Forked:
+    """A trtbuild command forked by the ForkServer, watched through a pidfd (it is not our child)."""
+
+    def __init__(self, server: ForkServer, args: list[str], env: dict) -> None:
+        self.server = server
+        self.pid = server.ask(op="run", args=[str(a) for a in args], env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+        self.pidfd = os.pidfd_open(self.pid)
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None and select.select([self.pidfd], [], [], 0)[0]:
+            self.returncode = self.server.ask(op="wait", pid=self.pid)
+            os.close(self.pidfd)
+        return self.returncode
+
+    def wait(self, timeout: float = 120) -> int:
+        if self.returncode is None:
+            select.select([self.pidfd], [], [], timeout)
+        if self.poll() is None:
+            raise TimeoutError(f"trtbuild (pid {self.pid}) still runs after {timeout}s")
+        return self.returncode
+
+    def kill(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)  # still ours to kill: not reaped before wait() asks
+
+
+@pytest.fixture(scope="module")
+def fork_server():
+    server = ForkServer()
+    yield server
+    server.close()
+
+
+def test_a_forked_command_exits_as_python_m_trtbuild_does(fork_server, tmp_path):
+    """The harness itself: exit status and effects of a forked command are those of the real one."""
+    missing = tmp_path / "nowhere.yaml"
+    ran = subprocess.run([sys.executable, "-m", "trtbuild", "build", missing], capture_output=True,
+                         env={**os.environ, "TRTBUILD_CACHE": str(tmp_path / "s1")})
+    assert ran.returncode == Forked(fork_server, ["build", missing], {"TRTBUILD_CACHE": str(tmp_path / "s2")}).wait() == 2
+    recipe = tmp_path / "tiny.yaml"
+    shutil.copytree(TINY_HF, tmp_path / "model")
+    recipe.write_text(RECIPE)
+    assert Forked(fork_server, ["build", recipe, "--until", "source"], {"TRTBUILD_CACHE": str(tmp_path / "s3")}).wait() == 0
+    assert lockfile.read(recipe.with_suffix(".lock")).source["digest"] == LocalStore(tmp_path / "s3").read_ref(
+        "tiny", "source").digest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "s3", "tiny.lock", "tiny.yaml"]
+
+
+def trtbuild_proc(server: ForkServer, args: list[str], env: dict) -> Forked:
+    return Forked(server, args, env)
+
+
+def timed(server: ForkServer, args: list[str], env: dict, *wrote, poll: float = 0.002) -> list[float]:
     """An uninterrupted run (which must succeed): for each predicate, how long the run went on after
     it first held (start-up and imports write nothing: kills there would prove nothing)."""
-    proc = trtbuild_proc(args, env)
+    proc = trtbuild_proc(server, args, env)
     first: list = [None] * len(wrote)
     while proc.poll() is None:
         for n, predicate in enumerate(wrote):
             if first[n] is None and predicate():
                 first[n] = time.monotonic()
         time.sleep(poll)
-    assert proc.wait(timeout=120) == 0, f"trtbuild {' '.join(map(str, args))} failed uninterrupted"
+    assert proc.wait() == 0, f"trtbuild {' '.join(map(str, args))} failed uninterrupted"
     assert None not in first, "the uninterrupted run was over before its first write was seen"
     end = time.monotonic()
     return [end - t for t in first]
 
 
-def kill_at(args: list[str], env: dict, wrote, after: float, poll: float = 0.002) -> bool:
+def kill_at(server: ForkServer, args: list[str], env: dict, wrote, after: float, poll: float = 0.002) -> bool:
     """Start the command and SIGKILL it `after` seconds after `wrote()` first holds (asked every
     `poll` seconds); True when the kill landed (it was still running), False when it had already
     exited (it must have succeeded)."""
-    proc = trtbuild_proc(args, env)
+    proc = trtbuild_proc(server, args, env)
     deadline = time.monotonic() + 120
     while proc.poll() is None and not wrote() and time.monotonic() < deadline:
         time.sleep(poll)
@@ -82,7 +177,7 @@ def kill_at(args: list[str], env: dict, wrote, after: float, poll: float = 0.002
     if proc.poll() is not None:
         assert proc.returncode == 0, f"exited {proc.returncode} before the kill"
         return False
-    proc.send_signal(signal.SIGKILL)
+    proc.kill()
     proc.wait()
     return True
 
@@ -121,15 +216,20 @@ def dangling(store: Store) -> list[str]:
     return problems
 
 
-def store_is_sound(url: str, env: dict) -> list[str]:
-    """`trtbuild cache verify` clean (or no store at all, when the kill came before its first
-    write), and nothing dangling. Problems as lines; empty when sound."""
+def opened(url: str) -> Store:
+    """The store at `url`, opened once per trial for all its checks (an S3 store's client takes
+    0.1-0.2 s to make)."""
     from trtbuild.store.local import open_store
 
-    store = open_store(url, create=True)
+    return open_store(url, create=True)
+
+
+def store_is_sound(store: Store, env: dict) -> list[str]:
+    """`trtbuild cache verify` clean (or no store at all, when the kill came before its first
+    write), and nothing dangling. Problems as lines; empty when sound."""
     if not store.exists():
         return []
-    result = cli_run(["cache", "verify", "--store", url], env)
+    result = cli_run(["cache", "verify", "--store", store.location], env)
     clean = (0, f"store {store.location}: every blob, manifest, record and ref checks out\n", "")
     lines = [] if (result.exit_code, result.stdout, result.stderr) == clean else [
         f"cache verify exited {result.exit_code}: {result.stdout.strip()} {result.stderr.strip()}"]
@@ -140,11 +240,8 @@ def folder_bytes(folder: Path) -> dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
-def left_at(url: str) -> str:
+def left_at(store: Store) -> str:
     """How far the killed command got in the store: the last kind of object it holds, in write order."""
-    from trtbuild.store.local import open_store
-
-    store = open_store(url, create=True)
     if not store.exists():
         return "no store (or its layout half made)"
     kinds = [("blobs", lambda: next(iter(store.iter_blobs()), None)), ("manifests", store.manifest_digests),
@@ -175,7 +272,7 @@ backends: [hf-checkpoint]
 """
 
 
-def test_build_killed_at_random_moments(tmp_path):
+def test_build_killed_at_random_moments(tmp_path, fork_server):
     """`build --until source` ingests the model (6 files, 0.3 MB): blobs, manifest, record, ref,
     checkout and the lock file. Each trial builds into a fresh store."""
     model = tmp_path / "model"
@@ -184,25 +281,26 @@ def test_build_killed_at_random_moments(tmp_path):
     recipe.write_text(RECIPE)
     args = ["build", recipe, "--until", "source", "--json"]
     base_env = {"TRTBUILD_CACHE": str(tmp_path / "baseline")}
-    [window] = timed(args, base_env, lambda: (tmp_path / "baseline").exists())
+    [window] = timed(fork_server, args, base_env, lambda: (tmp_path / "baseline").exists())
     expected = lockfile.read(recipe.with_suffix(".lock")).source["digest"]
     landed, states = 0, {}
     for i, seed, after in moments(window):
         store = tmp_path / f"store{i}"
         env = {"TRTBUILD_CACHE": str(store)}
         recipe.with_suffix(".lock").unlink(missing_ok=True)
-        landed += kill_at(args, env, store.exists, after)
+        landed += kill_at(fork_server, args, env, store.exists, after)
         at = where("build", i, seed, after, window)
-        state = left_at(str(store))
+        opened_store = opened(str(store))
+        state = left_at(opened_store)
         states[state] = states.get(state, 0) + 1
-        assert store_is_sound(str(store), env) == [], at
+        assert store_is_sound(opened_store, env) == [], at
         if recipe.with_suffix(".lock").exists():  # a lock that is there is whole
             assert lockfile.read(recipe.with_suffix(".lock")).source["digest"] == expected, at
         again = cli_run(args, env)
         assert again.exit_code == 0, f"{at}: re-run failed: {again.stderr}"
         source = next(t for t in json.loads(again.stdout)["targets"] if t["name"] == "source")
         assert (source["status"] in ("built", "cached"), source["digest"]) == (True, expected), at
-        assert store_is_sound(str(store), env) == [], at
+        assert store_is_sound(opened(str(store)), env) == [], at
         shutil.rmtree(store)
     report("build", landed, states)
     assert landed >= TRIALS // 2, f"only {landed} of {TRIALS} kills landed while the build ran"
@@ -231,7 +329,7 @@ def published(ws, tmp_path, monkeypatch):
     return project
 
 
-def test_push_killed_at_random_moments(published, bucket, seaweed):
+def test_push_killed_at_random_moments(published, bucket, seaweed, fork_server):
     """Each trial pushes to a fresh prefix of the bucket (blobs, manifests, records, the lock, refs)."""
     env = {"TRTBUILD_CACHE": str(published.local.root)}
     digests = {t: published.targets[t].digest for t in ("base-tp1", "base-tp1:validate")}
@@ -242,24 +340,22 @@ def test_push_killed_at_random_moments(published, bucket, seaweed):
         return lambda: client.list_objects_v2(Bucket=name, Prefix=f"{prefix}/", MaxKeys=1)["KeyCount"] > 0
 
     # each look is a request: asked every 10 ms, not to take the CPU from the push it watches
-    [window] = timed(["push", published.recipe, "--store", f"{bucket}/baseline"], env, wrote("baseline"), poll=0.01)
+    [window] = timed(fork_server, ["push", published.recipe, "--store", f"{bucket}/baseline"], env, wrote("baseline"), poll=0.01)
     landed, states = 0, {}
     for i, seed, after in moments(window):
         url = f"{bucket}/trial{i}"
         args = ["push", published.recipe, "--store", url]
-        landed += kill_at(args, env, wrote(f"trial{i}"), after, poll=0.01)
+        landed += kill_at(fork_server, args, env, wrote(f"trial{i}"), after, poll=0.01)
         at = where("push", i, seed, after, window)
-        state = left_at(url)
+        remote = opened(url)
+        state = left_at(remote)
         states[state] = states.get(state, 0) + 1
-        assert store_is_sound(url, env) == [], at
+        assert store_is_sound(remote, env) == [], at
         assert published.local.artifact_problem(digests["base-tp1"]) is None, at  # push only reads the local store
         again = cli_run(args, env)
         assert (again.exit_code, again.stderr) == (0, ""), at
-        from trtbuild.store.s3 import S3Store
-
-        remote = S3Store(url)
         assert {t: remote.read_ref("tiny", t).digest for t in digests} == digests, at
-    assert store_is_sound(url, env) == [], "after the last re-run"  # (each trial's re-run is checked by its refs)
+    assert store_is_sound(opened(url), env) == [], "after the last re-run"  # (each trial's re-run is checked by its refs)
     report("push", landed, states)
     assert landed >= TRIALS // 2, f"only {landed} of {TRIALS} kills landed while the push ran"
 
@@ -268,7 +364,7 @@ def test_push_killed_at_random_moments(published, bucket, seaweed):
 WIDE = {f"shard{n // 8}/part{n:02d}.bin": bytes([n]) * 64 for n in range(16)}
 
 
-def test_pull_dest_killed_at_random_moments(published, bucket, tmp_path):
+def test_pull_dest_killed_at_random_moments(published, bucket, tmp_path, fork_server):
     """Each trial pulls wide-tp1 (WIDE) into a fresh local store and a fresh --dest."""
     record = make_artifact(published.local, tmp_path / "art" / "wide", WIDE, "wide-tp1", 90)
     published.targets["wide-tp1"] = LockedTarget(stage="checkpoint", key=record.key, digest=record.digest,
@@ -288,27 +384,28 @@ def test_pull_dest_killed_at_random_moments(published, bucket, tmp_path):
     # materialization is a few milliseconds at the end, which kills spread over the whole pull
     # would hardly ever hit.
     baseline_dest = tmp_path / "baseline" / "wide-tp1"
-    windows = timed(args(baseline_dest), {"TRTBUILD_CACHE": str(tmp_path / "baseline-store")},
+    windows = timed(fork_server, args(baseline_dest), {"TRTBUILD_CACHE": str(tmp_path / "baseline-store")},
                     lambda: (tmp_path / "baseline-store").exists(), baseline_dest.parent.exists)
     landed, states = 0, {}
     for (i, seed, after), (j, _, after_dest) in zip(moments(windows[0]), moments(windows[1])):
         store, dest = tmp_path / f"deploy{i}", tmp_path / f"serve{i}" / "wide-tp1"
         env = {"TRTBUILD_CACHE": str(store)}
         window, after, wrote = (windows[1], after_dest, dest.parent.exists) if i % 2 else (windows[0], after, store.exists)
-        landed += kill_at(args(dest), env, wrote, after)
+        landed += kill_at(fork_server, args(dest), env, wrote, after)
         at = where("pull", i, seed, after, window)
-        state = "dest whole" if dest.exists() else left_at(str(store))
+        state = "dest whole" if dest.exists() else left_at(opened(str(store)))
         states[state] = states.get(state, 0) + 1
-        partial = list(dest.parent.glob(f".{dest.name}.partial-*")) if dest.parent.exists() else []
+        partial = [p for p in dest.parent.glob(f".{dest.name}.partial-*") if p.is_dir()] if dest.parent.exists() else []
         states["partial folders left beside --dest"] = states.get("partial folders left beside --dest", 0) + len(partial)
         if dest.exists():
             assert folder_bytes(dest) == WIDE, f"{at}: --dest exists but is not whole"
-        assert store_is_sound(str(store), env) == [], at
+        assert store_is_sound(opened(str(store)), env) == [], at
         again = cli_run(args(dest), env)
         assert (again.exit_code, again.stdout, again.stderr) == (0, f"{dest}\n", ""), at
         assert folder_bytes(dest) == WIDE, at
+        assert list(dest.parent.glob(f".{dest.name}.partial-*")) == [], f"{at}: the re-run left partial folders"
         assert LocalStore(store).get_record(record.key).digest == digest, at
-        assert store_is_sound(str(store), env) == [], at
+        assert store_is_sound(opened(str(store)), env) == [], at
         shutil.rmtree(store)
         shutil.rmtree(dest.parent)
     report("pull", landed, states)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from trtbuild.errors import InvalidInput
 from trtbuild.keys import canonical_json
 from trtbuild.store.checkout import checkout, materialize
 from trtbuild.store.gc import gc
@@ -366,6 +367,50 @@ def test_opening_and_reading_a_missing_store_writes_nothing(tmp_path):
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["ac", "cas", "checkouts", "locks", "manifests",
                                                                    "refs", "tmp"]
     assert (root / "index.db").is_file()
+
+
+
+def test_a_store_made_for_work_refused_on_its_input_is_removed_unless_used_or_written(tmp_path):
+    """using() creates the store; an InvalidInput out of it removes what it created (the missing
+    folders above the root too), but never a store another process holds or one that got a blob."""
+    import fcntl
+
+    root = tmp_path / "a" / "b" / "store"
+
+    def refused(store: LocalStore, before=lambda: None) -> None:
+        with pytest.raises(InvalidInput, match="refused"):
+            with store.using():
+                store.claim_recipe("r", "recipe.yaml")  # what a build writes before its source is resolved
+                before()
+                raise InvalidInput("refused")
+
+    refused(LocalStore(root))
+    assert os.listdir(tmp_path) == []
+
+    held = {}
+
+    def another_process_attaches() -> None:  # a second open file description: flock treats it as another holder
+        held["lock"] = open(root / "locks" / "store.lock", "a+")
+        fcntl.flock(held["lock"], fcntl.LOCK_SH)
+
+    refused(LocalStore(root), another_process_attaches)
+    assert LocalStore(root).exists()
+    held["lock"].close()
+    refused(LocalStore(root))  # it was there before this call: not this call's to remove
+    assert LocalStore(root).exists()
+
+    shutil.rmtree(tmp_path / "a")
+    source = make_tree(tmp_path / "src", {"x": b"x"}) / "x"
+    refused(LocalStore(root), lambda: LocalStore(root).put_blob(source, sha(b"x")))
+    assert LocalStore(root).has_blob(sha(b"x"))
+
+    plain = tmp_path / "plain"  # a folder that is there but no store: only the layout goes
+    make_tree(plain, {"notes.txt": b"mine"})
+    refused(LocalStore(plain))
+    assert os.listdir(plain) == ["notes.txt"]
+    shutil.rmtree(tmp_path / "a")
+    shutil.rmtree(tmp_path / "src")
+    shutil.rmtree(plain)
 
 
 # ---- cache verify --repair -----------------------------------------------------------------------

@@ -167,6 +167,74 @@ def test_materialize_to_refuses_an_existing_dest_unless_it_is_the_same_artifact(
                                  "remove it or pick another folder")
 
 
+
+HOLD_AFTER_ONE_FILE = """
+import sys, time
+from pathlib import Path
+from trtbuild.store.local import LocalStore
+from trtbuild.store.transfer import materialize_to
+
+store = LocalStore(sys.argv[1])
+place = store.place_blob
+
+def place_then_hang(digest, target, executable):
+    place(digest, target, executable)
+    print("placed", flush=True)
+    time.sleep(600)
+
+store.place_blob = place_then_hang
+materialize_to(store, sys.argv[2], Path(sys.argv[3]))
+"""
+
+
+def test_a_pull_to_dest_removes_the_partial_folders_of_killed_pulls_and_never_a_live_ones(stores, tmp_path):
+    """Each pull of --dest assembles it in a hidden sibling; a SIGKILL leaves that folder behind.
+    The next materialize_to of the same dest removes those no live process owns; a pull still
+    writing (here: hung after its first file) keeps its folder, and a folder of another dest is
+    left alone."""
+    import signal
+    import subprocess
+    import sys
+
+    local, _ = stores
+    record = make_artifact(local, tmp_path / "a", three_files("a"), "base-tp1", 1)
+    dest = tmp_path / "deploy" / "model"
+
+    def hung_pull() -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", HOLD_AFTER_ONE_FILE, local.root, record.digest, dest],
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline() == "placed\n"
+        return proc
+
+    def partials() -> set[str]:
+        return {p.name for p in dest.parent.iterdir() if p.name.startswith(".model.partial-")}
+
+    killed = hung_pull()
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    left_by_kill = partials()
+    assert left_by_kill  # the folder of the killed pull (and whatever marks it as being written)
+    live = hung_pull()
+    try:
+        of_live = partials() - left_by_kill
+        assert of_live
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])  # a pid that no longer runs
+        gone.wait()
+        (dest.parent / f".model.partial-{gone.pid}-0badc0de").mkdir()  # an older trtbuild's, dead
+        (dest.parent / f".model.partial-{os.getpid()}-0badc0de").mkdir()  # an older trtbuild's, alive
+        (dest.parent / ".other.partial-1-0badc0de").mkdir()  # another dest's
+        assert materialize_to(local, record.digest, dest) == dest
+        assert {p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()} == three_files("a")
+        assert partials() == of_live | {f".model.partial-{os.getpid()}-0badc0de"}
+        assert (dest.parent / ".other.partial-1-0badc0de").is_dir()
+    finally:
+        live.kill()
+        live.wait()
+    (dest.parent / f".model.partial-{os.getpid()}-0badc0de").rmdir()
+    assert materialize_to(local, record.digest, dest) == dest  # dest is whole: the killed one's is removed still
+    assert sorted(p.name for p in dest.parent.iterdir()) == [".other.partial-1-0badc0de", "model"]
+
+
 # ---- the commands ---------------------------------------------------------------------------------------
 
 class Project:

@@ -194,21 +194,99 @@ class LocalStore(Store):
         """Builds hold the store shared, and create it: a build creates its store when it first
         writes, not before its recipe was checked. `cache gc` holds it exclusive, so it never
         deletes bytes a running build has written but not yet recorded; exclusive use needs a store
-        that exists (gc and repair never create one)."""
+        that exists (gc and repair never create one). A store this call created is removed again
+        when the work is refused on its input (InvalidInput) before storing anything: a source
+        refused at build time writes nothing."""
+        made = None
         if exclusive:
             self.require()
-        else:
-            self._writing()
-        with open(self.root / "locks" / "store.lock", "a+") as handle:
-            flags = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        elif not self.exists():
+            made = self._missing_layout()
+        handle = self._lock_store(exclusive, wait)
+        try:
+            yield
+        except InvalidInput:
+            if made is not None:
+                self._discard_if_empty(handle, made)
+            raise
+        finally:
+            handle.close()  # closing the last descriptor releases the flock
+
+    def _lock_store(self, exclusive: bool, wait: bool):
+        """locks/store.lock, flocked. A store removed (by _discard_if_empty) between opening the
+        file and locking it leaves a lock on a file no one else will open: then again, on the new one."""
+        while True:
+            if not exclusive:
+                self._writing()
+            path = self.root / "locks" / "store.lock"
             try:
-                fcntl.flock(handle, flags | (0 if wait else fcntl.LOCK_NB))
+                handle = open(path, "a+")
+            except FileNotFoundError:  # removed just after it was made: make it again
+                if exclusive:
+                    self.require()
+                continue
+            try:
+                fcntl.flock(handle, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB))
             except BlockingIOError:
+                handle.close()
                 raise TrtbuildError(f"store {self.root} is in use by a running build; try again when it ends") from None
             try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+                if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+                    return handle
+            except FileNotFoundError:
+                pass
+            handle.close()
+            if exclusive:
+                self.require()
+
+    def _missing_layout(self) -> list[Path]:
+        """What creating the store makes: the topmost missing folder of the root, or, in a folder
+        that is there but not a store, the layout entries it lacks."""
+        if not self.root.exists():
+            top = self.root
+            while not top.parent.exists():
+                top = top.parent
+            return [top]
+        return [self.root / name for name in (*{sub.split("/")[0] for sub in LAYOUT}, "index.db", "index.db-wal",
+                                                "index.db-shm") if not (self.root / name).exists()]
+
+    def _holds_nothing(self, made: list[Path]) -> bool:
+        """Nothing under `made` but what opening and locking a store writes: folders, lock files,
+        the stat cache, and the recipe claims under refs/ (no blob, manifest, record, ref,
+        checkout, log or report)."""
+        for path in (p for top in made for p in (top, *(top.rglob("*") if top.is_dir() else ()))):
+            if path.is_dir() and not path.is_symlink():
+                continue  # a folder holds nothing by itself
+            if self.root not in path.parents:
+                return False  # a file beside the store, in a folder made for it: someone else's
+            rel = path.relative_to(self.root).parts
+            if rel[0] == "locks" or (len(rel) == 1 and rel[0] in ("index.db", "index.db-wal", "index.db-shm")):
+                continue
+            if len(rel) == 3 and rel[0] == "refs" and rel[2] == ".recipe.json":
+                continue
+            return False
+        return True
+
+    def _discard_if_empty(self, handle, made: list[Path]) -> None:
+        """Remove what this process created of the store, when no other process uses the store
+        (the shared lock becomes exclusive, or nothing is removed) and it holds nothing stored."""
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return
+        try:
+            if not self._holds_nothing(made):
+                return
+            if self._state is not None:
+                self._state.close()
+                self._state = None
+            for path in made:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
+        except OSError:
+            pass  # an empty store left behind is harmless; the error that brought us here is what counts
 
     # ---- blobs -----------------------------------------------------------------------------------
     def _blob_file(self, name: str) -> Path:

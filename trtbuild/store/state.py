@@ -26,6 +26,7 @@ class StatCache:
     def __init__(self, db_path: Optional[Path]) -> None:
         self.db_path = db_path
         self._local = threading.local()
+        self._opened: list[sqlite3.Connection] = []  # every thread's connection, for close()
         if db_path is not None:
             db_path.parent.mkdir(parents=True, exist_ok=True)
             with self._faults():
@@ -82,7 +83,19 @@ class StatCache:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             self._local.db = db
+            self._opened.append(db)
         return db
+
+    def close(self) -> None:
+        """Close every connection (before index.db is removed: SQLite closing a connection later
+        would unlink the WAL file by name, whatever file then has that name)."""
+        for db in self._opened:
+            try:
+                db.close()
+            except sqlite3.ProgrammingError:  # opened by another thread; closed when that thread is collected
+                pass
+        self._opened.clear()
+        self._local = threading.local()
 
     @staticmethod
     def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:

@@ -10,6 +10,7 @@ hash to its name (Bazel's CAS and Nix's binary caches: verify before use).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -272,24 +273,108 @@ def _is_artifact(folder: Path, manifest: Manifest, store: Store) -> bool:
     return True
 
 
+def _pid_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it runs
+        pass
+    return True
+
+
+def _start_partial(dest: Path) -> tuple[Path, int]:
+    """A new hidden sibling of `dest` to assemble it in, `.NAME.partial-PID-RANDOM`, and the
+    descriptor of its lock file beside it (`...partial-PID-RANDOM.lock`), flocked before the folder
+    is made and held until the folder is renamed or removed: a killed process's lock is gone with
+    it, which is how a later pull knows the folder is no one's (_remove_stale_partials)."""
+    while True:
+        work = dest.parent / f".{dest.name}.partial-{os.getpid()}-{os.urandom(4).hex()}"
+        lock = work.parent / f"{work.name}.lock"
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            ours = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            ours = False
+        if ours:
+            try:
+                work.mkdir()
+            except BaseException:
+                _end_partial(work, fd)
+                raise
+            return work, fd
+        os.close(fd)  # a cleaner took the lock file for an orphan between its creation and the flock
+
+
+def _end_partial(work: Path, fd: int) -> None:
+    """The folder is renamed into place or removed: its lock file goes, then the lock."""
+    try:
+        os.unlink(work.parent / f"{work.name}.lock")
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_partials(dest: Path) -> None:
+    """Remove the hidden partial folders of `dest` (and their lock files) left by pulls that were
+    killed: those whose lock file no process holds. One without a lock file (an older trtbuild's)
+    goes only when the process named by its pid no longer runs. Best effort: a folder that cannot
+    be removed stays, and the pull goes on."""
+    prefix = f".{dest.name}.partial-"
+    try:
+        names = os.listdir(dest.parent)
+    except OSError:
+        return
+    for name in sorted({n[:-len(".lock")] if n.endswith(".lock") else n for n in names if n.startswith(prefix)}):
+        work, lock = dest.parent / name, dest.parent / f"{name}.lock"
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            pid = name[len(prefix):].split("-")[0]
+            if work.is_dir() and not work.is_symlink() and pid.isdigit() and not _pid_runs(int(pid)):
+                shutil.rmtree(work, ignore_errors=True)
+            continue
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # held: a pull is writing that folder
+                continue
+            if work.is_dir() and not work.is_symlink():
+                shutil.rmtree(work, ignore_errors=True)
+            if not (work.exists() or work.is_symlink()):  # the lock file goes last, with its folder gone
+                os.unlink(lock)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
 def materialize_to(store: Store, digest: str, dest: Path) -> Path:
     """The artifact as the folder `dest`: assembled (verified) in a hidden sibling folder, then
     renamed into place, so a `dest` that exists is complete. An existing `dest` is refused unless it
-    already is this artifact."""
+    already is this artifact. Hidden siblings that killed pulls left are removed first."""
     manifest = store.get_manifest(digest)
     dest = Path(os.path.abspath(dest))
     if dest.exists() or dest.is_symlink():
         if dest.is_dir() and not dest.is_symlink() and _is_artifact(dest, manifest, store):
+            _remove_stale_partials(dest)
             return dest
         raise InvalidInput(f"--dest {dest}: already exists and is not artifact {digest}; remove it or pick another folder")
-    work = dest.parent / f".{dest.name}.partial-{os.getpid()}-{os.urandom(4).hex()}"
+    work, held = None, None
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        work.mkdir()
+        _remove_stale_partials(dest)
+        work, held = _start_partial(dest)
         checkout(store, digest, work)
         os.rename(work, dest)
+        done, held = held, None
+        _end_partial(work, done)
     except OSError as exc:
-        shutil.rmtree(work, ignore_errors=True)
+        _give_up(work, held)
         if dest.exists():  # another process finished first
             if _is_artifact(dest, manifest, store):
                 return dest
@@ -298,6 +383,12 @@ def materialize_to(store: Store, digest: str, dest: Path) -> Path:
         fault = InvalidInput if exc.errno in fsfaults.DENIED else TrtbuildError
         raise fault(f"--dest {dest}: cannot write it ({exc.strerror or exc})") from None
     except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
+        _give_up(work, held)
         raise
     return dest
+
+
+def _give_up(work: Optional[Path], held: Optional[int]) -> None:
+    if work is not None and held is not None:
+        shutil.rmtree(work, ignore_errors=True)
+        _end_partial(work, held)
