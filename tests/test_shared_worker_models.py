@@ -1,17 +1,15 @@
 """One model load per variant (issue #15): quantize, both exports and validation of a variant run in
 the build's shared worker and start from the model quantize made; the artifacts are the same bytes
-as when every stage runs in a fresh process and restores the model from the store."""
+as when a stage restores the model from the store."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from tinymodels import make_model, make_tokenizer, pydoc_text
-from trtbuild.stages import registry
 from trtbuild.store.local import LocalStore
 
 RECIPE = """
@@ -77,30 +75,22 @@ def test_a_cold_build_loads_each_variants_model_once(cold):
     assert all(targets[name]["status"] == "built" for name in COLD_LOADS)
 
 
-def test_the_artifacts_are_those_of_stages_in_fresh_processes(cold, project, tmp_path, monkeypatch):
-    store, shared = cold
-    for kind, stage in registry.STAGES.items():
-        if stage is not None:
-            monkeypatch.setitem(registry.STAGES, kind, dataclasses.replace(stage, shares_worker=False))
-    fresh = build(project, tmp_path / "store")
-    assert {n: t["digest"] for n, t in fresh.items()} == {n: t["digest"] for n, t in shared.items()}
-    # each stage restored the model from the store
-    loads = {name: f["model_loads"] for name, f in figures(tmp_path / "store", fresh).items() if name in COLD_LOADS}
-    assert loads == {name: 1 for name in COLD_LOADS}
-
-
-def test_a_rerun_of_exports_and_validation_restores_once_and_calibrates_never(cold, tmp_path, project):
+def test_stages_that_restore_the_model_from_the_store_make_the_same_bytes(cold, tmp_path, project):
+    """What quantize kept in memory is what a later run restores from the store: exports and
+    validation rebuilt from the restored model (their records lost, as a new stage version would
+    do) are the same bytes as the cold build's, with one restore per variant and no calibration."""
     import shutil
 
     store, first = cold
     again = tmp_path / "store"
     shutil.copytree(store, again, symlinks=True)
-    rebuilt = ("awq-tp1", "awq-hf-export", "awq-tp1:validate")
-    for name in rebuilt:  # their records lost (a new stage version would do the same): built again
+    rebuilt = [f"{v}-{n}" for v in ("fp8", "awq") for n in ("tp1", "hf-export", "tp1:validate")]
+    for name in rebuilt:
         LocalStore(again).delete_record(first[name]["key"])
     targets = build(project, again)
-    assert targets["awq-quantized"]["status"] == "cached"
+    assert (targets["fp8-quantized"]["status"], targets["awq-quantized"]["status"]) == ("cached", "cached")
     assert {name: targets[name]["status"] for name in rebuilt} == dict.fromkeys(rebuilt, "built")
     assert {name: targets[name]["digest"] for name in rebuilt} == {name: first[name]["digest"] for name in rebuilt}
     loads = {name: f["model_loads"] for name, f in figures(again, targets).items()}
-    assert loads == {"awq-tp1": 1, "awq-hf-export": 0, "awq-tp1:validate": 0}
+    assert loads == {"fp8-tp1": 1, "fp8-hf-export": 0, "fp8-tp1:validate": 0,
+                     "awq-tp1": 1, "awq-hf-export": 0, "awq-tp1:validate": 0}

@@ -98,8 +98,11 @@ def run(spec_path: str) -> int:
         print(f"{ERROR_PREFIX}an isolated stage cannot adopt a folder", file=sys.stderr, flush=True)
         return 1
     if spec.get("execution"):
+        import os
+
+        # which process ran it (stages of a shared worker share one): the record's, like the host
         figures = {**ctx.figures, "model_loads": models.loads - loads_before,
-                   "checkpoint_reads": models.read_backs - reads_before}
+                   "checkpoint_reads": models.read_backs - reads_before, "worker_pid": os.getpid()}
         Path(spec["execution"]).write_text(json.dumps({"peak_rss_mib": peak_rss_mib(), "figures": figures}))
     return 0
 

@@ -3,6 +3,8 @@ a Hugging Face folder in the recipe's dtype."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import os
 from pathlib import Path
@@ -43,11 +45,18 @@ def convert_gguf(ctx: StageContext) -> None:
     moved into a model built from the same config (reference/test-assets.md)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = Path(ctx.runtime["file"])
     dtype = getattr(torch, ctx.params["dtype"])
     print(f"loading {gguf} (dequantizing to float32)", flush=True)
+    with _gguf_parsed_once():
+        _convert(ctx, gguf, dtype)
+
+
+def _convert(ctx: StageContext, gguf: Path, dtype) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = loaded.config
     if hasattr(config, "quantization_config"):
@@ -66,6 +75,30 @@ def convert_gguf(ctx: StageContext) -> None:
     params = sum(p.numel() for p in model.parameters())
     ctx.report({"architecture": config.architectures[0] if config.architectures else None,
                 "parameters": params, "dtype": ctx.params["dtype"]})
+
+
+@contextlib.contextmanager
+def _gguf_parsed_once():
+    """transformers parses the GGUF file three times (for the config, the weights and the
+    tokenizer: a 49k-token vocabulary each time) and builds gguf-py's tensor-name map again for
+    every module of the model; both are pure functions of their arguments, so within the stage
+    each is computed once. gguf-py's names are looked up when transformers uses them."""
+    import gguf
+
+    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict = {}
+
+    def reader(path, *args, **kwargs):
+        key = (os.fspath(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = reader_class(path, *args, **kwargs)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
 
 
 # GGUF metadata key -> the tokenizer attribute it sets
