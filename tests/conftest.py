@@ -15,6 +15,17 @@ from click.testing import CliRunner
 from trtbuild import toolchain as _toolchain
 from trtbuild.cli import cli
 
+# pytest-xdist runs a worker per core (pyproject's addopts): each worker's torch gets its share of
+# the cores, or two workers' thread pools fight over them (torch slows down several-fold).
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker per core, at most 4 (each may hold a few GB: a SmolLM2 build and its store)."""
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
 # Tests never reach a real hub: offline by default, and an endpoint on loopback where nothing
 # listens. Tests that need a hub start tests/hubserver.py and point the client at it.
 os.environ["HF_HUB_OFFLINE"] = "1"

@@ -23,7 +23,8 @@ def test_a_passing_session_leaves_nothing_in_the_temporary_folder(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     before = repo_outputs()
-    env = {**os.environ, "TMPDIR": str(tmp)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}  # a session of its own
+    env["TMPDIR"] = str(tmp)
     env.pop("TRTBUILD_CACHE")  # as a developer runs it: the session must not fall back to ./cache
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SAMPLE], cwd=ROOT,
                             env=env, capture_output=True, text=True, timeout=900)
