@@ -6,7 +6,8 @@ of text files), tokenized once with the model's own tokenizer and cut into `samp
 not from numpy's generators, so the same (text, tokenizer, samples, seq_len, seed) gives the same
 windows on every numpy version and platform.
 
-No torch or transformers at import time: transformers is imported inside `make_windows` only.
+No numpy, torch or transformers at import time (they are imported inside the functions that use
+them): planning a build reads the calibration text's digest through this module.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ import json
 import os
 from pathlib import Path
 from typing import Any, Union
-
-import numpy as np
 
 from trtbuild.errors import InvalidInput
 
@@ -114,6 +113,7 @@ def choose_starts(n_tokens: int, samples: int, seq_len: int, seed: int) -> tuple
 
 def tokenize(tokenizer_dir: Union[Path, str], text: str) -> np.ndarray:
     """The whole text as token ids (no special tokens), with the model's own tokenizer."""
+    import numpy as np
     import transformers
     from transformers import AutoTokenizer
 
@@ -135,6 +135,8 @@ def make_windows(tokenizer_dir: Union[Path, str], text: str, samples: int, seq_l
                  seed: int) -> tuple[np.ndarray, dict[str, Any]]:
     """(ids int32 [samples, seq_len], metadata). Metadata: tokens (in the text), samples, seq_len,
     seed, overlapping (True when the text is too short for disjoint windows), starts."""
+    import numpy as np
+
     for name, value in (("samples", samples), ("seq_len", seq_len)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise InvalidInput(f"calibration.{name} must be a positive integer, got {value!r}")
@@ -156,6 +158,8 @@ def make_windows(tokenizer_dir: Union[Path, str], text: str, samples: int, seq_l
 
 def save_windows(folder: Union[Path, str], ids: np.ndarray, meta: dict[str, Any]) -> None:
     """`windows.npy` (int32 [samples, seq_len]) and `windows.json` (the metadata, shape, dtype)."""
+    import numpy as np
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     ids = np.ascontiguousarray(ids, dtype=np.int32)
@@ -170,6 +174,8 @@ def save_windows(folder: Union[Path, str], ids: np.ndarray, meta: dict[str, Any]
 
 def load_windows(folder: Union[Path, str]) -> np.ndarray:
     """The windows saved by `save_windows`, checked against their metadata."""
+    import numpy as np
+
     folder = Path(folder)
     try:
         meta = json.loads((folder / WINDOWS_JSON).read_text())
