@@ -97,6 +97,16 @@ def hold_memory(ctx: StageContext) -> None:
     (ctx.out / "done.txt").write_text(str(ctx.params["mib"]))
 
 
+def read_stdin(ctx: StageContext) -> None:
+    """Reads what its standard input holds, itself and through a child process."""
+    import subprocess
+    import sys
+
+    own = sys.stdin.read()
+    child = subprocess.run(["cat"], capture_output=True, text=True).stdout
+    (ctx.out / "stdin.txt").write_text(f"own={own!r} child={child!r}")
+
+
 WRITE = Stage("write", 1, "stagekit:write_text")
 UPPER = Stage("upper", 1, "stagekit:upper")
 CONCAT = Stage("concat", 1, "stagekit:concat")
@@ -113,6 +123,7 @@ SHARED_FAIL = Stage("fail", 1, "stagekit:fail", shares_worker=True)
 SHARED_DIE = Stage("die", 1, "stagekit:die", shares_worker=True)
 SHARED_HOLD = Stage("hold", 1, "stagekit:hold_memory", shares_worker=True)
 HOLD = Stage("hold", 1, "stagekit:hold_memory")
+SHARED_STDIN = Stage("stdin", 1, "stagekit:read_stdin", shares_worker=True)
 
 
 def node(node_id: str, stage: Stage, runs: Path | None = None, inputs: dict | None = None, **params) -> Node:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from stagekit import (COUNTING, HOLD, SHARED_DIE, SHARED_FAIL, SHARED_HOLD, SHARED_UPPER, SHARED_WRITE, WRITE,
-                      node)
+from stagekit import (COUNTING, HOLD, SHARED_DIE, SHARED_FAIL, SHARED_HOLD, SHARED_STDIN, SHARED_UPPER, SHARED_WRITE,
+                      WRITE, node)
 from trtbuild import worker_pool
 from trtbuild.graph import Graph
 from trtbuild.runner import run_graph
@@ -114,3 +114,15 @@ def test_a_build_served_from_the_store_starts_no_stage_process(store, tmp_path, 
 
     monkeypatch.setattr(worker_pool.subprocess, "Popen", no_process)
     assert [r.status for r in run_graph(graph(), store).results] == ["cached"] * 3
+
+
+def test_a_shared_stage_reads_nothing_of_the_workers_requests(store, tmp_path):
+    """The requests reach the worker on a descriptor of its own: a stage (or its child) reading
+    its standard input sees an empty one, as in a process of its own, and the next stage still runs."""
+    from trtbuild.store.checkout import materialize
+
+    runs = tmp_path / "runs.log"
+    graph = Graph("g", [node("in", SHARED_STDIN), node("next", SHARED_WRITE, runs, text="x")])
+    first, after = run_graph(graph, store).results
+    assert (first.status, after.status) == ("built", "built")
+    assert (materialize(store, first.digest) / "stdin.txt").read_text() == "own='' child=''"

@@ -1,5 +1,5 @@
 """Runs stages in a subprocess: `python -m trtbuild.stages.worker SPEC.json` runs one;
-`python -m trtbuild.stages.worker --serve` runs one after another (runner.WorkerPool: the stages of
+`python -m trtbuild.stages.worker --serve` runs one after another (worker_pool.WorkerPool: the stages of
 a variant share one process, its imports and its model: stages/models.py), each reading a line
 `{"spec": PATH, "log": PATH}` on stdin and answering `{"returncode": N}` on stdout.
 
@@ -116,11 +116,16 @@ def serve() -> int:
 
     from trtbuild.stages import models
 
+    # The requests and answers move to descriptors of their own: a stage (or a tool it starts) sees
+    # /dev/null on 0 and its log on 1 and 2, as in a process of its own, and can read no request.
+    requests = os.fdopen(os.dup(0), "r")
     answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    sys.stdin = open(os.devnull)
     quiet = os.open(os.devnull, os.O_WRONLY)
     os.dup2(quiet, 1)
     os.dup2(quiet, 2)
-    for line in sys.stdin:
+    for line in requests:
         request = json.loads(line)
         if request.get("release"):
             models.release()
