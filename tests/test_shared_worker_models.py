@@ -94,3 +94,33 @@ def test_stages_that_restore_the_model_from_the_store_make_the_same_bytes(cold, 
     loads = {name: f["model_loads"] for name, f in figures(again, targets).items()}
     assert loads == {"fp8-tp1": 1, "fp8-hf-export": 0, "fp8-tp1:validate": 0,
                      "awq-tp1": 1, "awq-hf-export": 0, "awq-tp1:validate": 0}
+
+
+def test_a_fully_cached_build_imports_no_heavy_package(cold, project):
+    """A cache hit loads no model and starts no worker; the runner itself imports none of what
+    the stages need (numpy and gguf included: they cost a no-op build 0.25 s)."""
+    import subprocess
+    import sys
+
+    store, _ = cold
+    script = f"""
+import sys
+attempted = []
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('torch', 'transformers', 'modelopt', 'numpy', 'gguf', 'safetensors'):
+            attempted.append(name)
+        return None
+sys.meta_path.insert(0, Spy())
+from trtbuild.cli import cli
+try:
+    cli(['build', {str(project / 'recipe.yaml')!r}, '--until', 'validate'], standalone_mode=False)
+except SystemExit as exit:
+    print('EXIT', exit.code)
+print('ATTEMPTED', attempted)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            env={**__import__("os").environ, "TRTBUILD_CACHE": str(store)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ATTEMPTED []" in result.stdout, result.stdout[-2000:]
+    assert " built " not in result.stderr and "cached awq-tp1:validate" in " ".join(result.stderr.split())

@@ -120,14 +120,15 @@ class TextInput:
     spec: str  # `builtin`, a file or a folder
     base_dir: str
 
-    def digest(self) -> str:
+    def digest(self, state=None) -> str:
+        """The text's sha256; `state`: the store's stat cache (it keeps the builtin evaluation text's)."""
         if self.purpose == "calibration":
             from trtbuild.checkpoint.calibration import text_digest
 
             return text_digest(self.spec, Path(self.base_dir))
         from trtbuild.validate.evaltext import eval_text_digest
 
-        return eval_text_digest(self.spec, Path(self.base_dir))
+        return eval_text_digest(self.spec, Path(self.base_dir), state)
 
 
 # ---- the graph ----------------------------------------------------------------------------------
@@ -175,8 +176,8 @@ class Node:
             return CannotRun(Blocker.INSTALL, install_hint(missing))
         return None
 
-    def text_digests(self) -> dict[str, str]:
-        return {role: text.digest() for role, text in self.texts.items()}
+    def text_digests(self, state=None) -> dict[str, str]:
+        return {role: text.digest(state) for role, text in self.texts.items()}
 
 
 @dataclass

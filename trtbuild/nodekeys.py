@@ -83,7 +83,7 @@ def key_node(node: Node, input_digests: dict[str, str], store: LocalStore, locke
         origins[f"inputs.{resolution.role}"] = resolution.origin + (
             " (matches the lock file)" if pinned == resolution.digest else " (differs from the lock file)" if pinned else "")
     if node.texts:
-        for role, digest in node.text_digests().items():
+        for role, digest in node.text_digests(store.state).items():
             inputs[role] = digest
             origins[f"inputs.{role}"] = f"sha256 of the {role} ({node.runtime.get(role, role)}), not of its file names"
     platform, platform_origins = resolved_platform(node)

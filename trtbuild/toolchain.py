@@ -198,7 +198,7 @@ def engine_host_problem(sm: str, version: str) -> Optional[str]:
     from trtbuild import hardware
 
     series = ".".join(version.split(".")[:2])
-    installed = probe_engine_toolchain().tensorrt_llm
+    installed = package_version("tensorrt_llm")  # not probe_engine_toolchain: its CUDA lookup is not cached
     sms = sorted({g.sm for g in hardware.detect_gpus()})
     if sm in sms and installed is not None and installed.startswith(series + "."):
         return None

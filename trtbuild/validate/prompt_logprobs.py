@@ -13,8 +13,6 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-import numpy as np
-
 from trtbuild.errors import TrtbuildError
 
 
@@ -33,6 +31,8 @@ def check_outputs(outputs, windows: np.ndarray, what: str) -> list:
 
 def empty(S: int, n: int, k: int, ref_ids: Optional[np.ndarray]) -> dict[str, np.ndarray]:
     """The arrays for S windows of n scored positions, nothing known yet."""
+    import numpy as np
+
     result = {"topk_ids": np.full((S, n, k), -1, dtype=np.int32),
               "topk_logp": np.full((S, n, k), -np.inf, dtype=np.float32),
               "target_logp": np.full((S, n), np.nan, dtype=np.float32),
@@ -81,6 +81,8 @@ def _rank(value) -> float:
 def compare(candidate: dict, ref: dict, runner: str):
     """metrics.Comparison of a runner's arrays against the reference artifact's: KL over the
     reference's top-k (lumped where the candidate's log-prob is unknown), top-1, both NLLs."""
+    import numpy as np
+
     from trtbuild.validate.metrics import Comparison, kl_lumped
 
     if not candidate["target_found"].all():

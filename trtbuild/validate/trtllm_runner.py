@@ -81,8 +81,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import numpy as np
-
 from trtbuild.errors import TrtbuildError
 from trtbuild.modelconfig import read_json_object
 from trtbuild.validate import prompt_logprobs
@@ -180,6 +178,8 @@ def build_requests(windows: np.ndarray, k: int, *, path: str = "prompt_logprobs"
     allows) after the whole window, with `prompt_logprobs=k` or `return_context_logits=True`.
     `end_id`/`pad_id` -1 (as trtllm-bench does) let the LLM run without a tokenizer; pass None to
     let it take the tokenizer's."""
+    import numpy as np
+
     windows = np.asarray(windows)
     if windows.ndim != 2 or windows.shape[1] < 2:
         raise TrtbuildError(f"windows: expected token ids [windows, length >= 2], got shape {list(windows.shape)}")
@@ -224,6 +224,8 @@ def parse_prompt_logprobs(outputs, windows: np.ndarray, k: int,
     (and `target_found` False) where TensorRT-LLM did not return it. With the reference's top-k ids
     [S, L-1, k'], `logp_at_reference` holds the candidate's log-prob of each (NaN where the
     candidate did not return that token)."""
+    import numpy as np
+
     windows = np.asarray(windows)
     S, L = windows.shape
     outputs = prompt_logprobs.check_outputs(outputs, windows, "prompt_logprobs")
@@ -249,6 +251,8 @@ def parse_context_logits(outputs, windows: np.ndarray, k: int, vocab_size: Optio
     """The arrays of the module docstring from `RequestOutput.context_logits` ([L, V] per request,
     or [1, L, V]); `vocab_size` cuts the engine's vocab padding off before the softmax. With the
     reference's top-k ids, `logp_at_reference` holds the candidate's exact log-prob of each."""
+    import numpy as np
+
     from trtbuild.validate.metrics import topk_reference
 
     windows = np.asarray(windows)
@@ -287,6 +291,8 @@ def parse_context_logits(outputs, windows: np.ndarray, k: int, vocab_size: Optio
 
 
 def _to_numpy(tensor) -> np.ndarray:
+    import numpy as np
+
     if hasattr(tensor, "detach"):  # torch.Tensor (on the GPU, or in float16/bfloat16)
         return tensor.detach().float().cpu().numpy()
     return np.asarray(tensor, dtype=np.float32)
@@ -310,6 +316,8 @@ def run(folder: Path, windows: np.ndarray, ref_ids: np.ndarray, backend: str, pa
     candidate's distribution is flat (measured on a random tiny model: 0.009 against an exact
     0.12 with 87% lumped), so a gate should not rely on it; windows missing an actual next token
     are re-run through the context-logits path."""
+    import numpy as np
+
     if backend not in NEEDS:
         raise TrtbuildError(f"backend {backend!r}: expected 'engine' or 'hf'")
     if path not in PATHS or (path == "prompt_logprobs" and backend == "engine"):

@@ -29,8 +29,6 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
-
 from trtbuild.errors import TrtbuildError
 from trtbuild.validate import prompt_logprobs
 
@@ -123,6 +121,8 @@ def load_options(folder: Path, params: dict) -> tuple[dict[str, Any], str]:
 def sampling(k: int) -> dict[str, Any]:
     """SamplingParams keyword arguments: one token after the window (the least `generate` makes),
     the top k log-probs of every prompt position, no detokenizing (no tokenizer is loaded)."""
+    import numpy as np
+
     if not isinstance(k, (int, np.integer)) or k < 1:
         raise TrtbuildError(f"k must be a positive integer for prompt_logprobs, got {k!r}")
     return {"max_tokens": 1, "prompt_logprobs": int(k), "detokenize": False}
@@ -130,6 +130,8 @@ def sampling(k: int) -> dict[str, Any]:
 
 def prompts(windows: np.ndarray) -> list[dict]:
     """One TokensPrompt per window [S, L]."""
+    import numpy as np
+
     windows = np.asarray(windows)
     if windows.ndim != 2 or windows.shape[1] < 2:
         raise TrtbuildError(f"windows: expected token ids [windows, length >= 2], got shape {list(windows.shape)}")
@@ -140,6 +142,8 @@ def parse_prompt_logprobs(outputs, windows: np.ndarray, k: int,
                           ref_ids: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:
     """The arrays of validate/prompt_logprobs.py from vLLM `RequestOutput`s: `prompt_logprobs` of
     L entries, None first, entry t+1 the distribution after tokens 0..t."""
+    import numpy as np
+
     windows = np.asarray(windows)
     S, L = windows.shape
     outputs = prompt_logprobs.check_outputs(outputs, windows, "vLLM prompt_logprobs")
@@ -171,6 +175,8 @@ def run(folder: Path, windows: np.ndarray, ref_ids: np.ndarray, options: dict[st
     """The packaged checkpoint `folder` loaded by vllm.LLM with `options`, scored on `windows`:
     the arrays of validate/prompt_logprobs.py, plus `device` (CUDA devices by rank) and `gpus`
     (which products those were here)."""
+    import numpy as np
+
     from trtbuild.validate.trtllm_runner import devices_used
 
     reason = available()
