@@ -126,3 +126,16 @@ def test_a_shared_stage_reads_nothing_of_the_workers_requests(store, tmp_path):
     first, after = run_graph(graph, store).results
     assert (first.status, after.status) == ("built", "built")
     assert (materialize(store, first.digest) / "stdin.txt").read_text() == "own='' child=''"
+
+
+def test_a_worker_that_cannot_start_fails_the_stage_with_its_own_words(store, tmp_path, monkeypatch):
+    """A broken install: the worker's own error is the failed stage's log tail."""
+    import sys
+
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named trtbuild' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(broken))
+    result, = run_graph(Graph("g", [node("a", SHARED_WRITE, text="x")]), store).results
+    assert (result.status, result.log_tail) == ("failed", ["ModuleNotFoundError: No module named trtbuild"])
+    assert result.reason.startswith("stage process exited with status 1 (log: ")

@@ -45,7 +45,7 @@ class WorkerPool:
                                         stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         preexec_fn=_die_with_parent)
                 return _follow(proc, log, on_progress, lambda: proc.wait(timeout=POLL_S))
-        proc = self._worker()
+        proc = self._worker(log)
         proc.stdin.write(json.dumps({"spec": str(spec), "log": str(log)}) + "\n")
         proc.stdin.flush()
         return _follow(proc, log, on_progress, lambda: self._answer(proc))
@@ -77,11 +77,15 @@ class WorkerPool:
         finally:
             proc.stdout.close()
 
-    def _worker(self) -> subprocess.Popen:
+    def _worker(self, log: Path) -> subprocess.Popen:
+        """The shared worker, started if there is none. Until it serves, its stderr is the first
+        stage's log: a worker that cannot start (a broken install) says why there, as a stage
+        process of its own would; serving, it points descriptors 1 and 2 at each stage's log."""
         if self._shared is None or self._shared.poll() is not None:
-            self._shared = subprocess.Popen([sys.executable, "-m", "trtbuild.stages.worker", "--serve"],
-                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                            text=True, bufsize=1, preexec_fn=_die_with_parent)
+            with open(log, "wb") as first_log:
+                self._shared = subprocess.Popen([sys.executable, "-m", "trtbuild.stages.worker", "--serve"],
+                                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=first_log,
+                                                text=True, bufsize=1, preexec_fn=_die_with_parent)
         return self._shared
 
     def _answer(self, proc: subprocess.Popen) -> Optional[int]:
