@@ -139,3 +139,29 @@ def test_a_worker_that_cannot_start_fails_the_stage_with_its_own_words(store, tm
     result, = run_graph(Graph("g", [node("a", SHARED_WRITE, text="x")]), store).results
     assert (result.status, result.log_tail) == ("failed", ["ModuleNotFoundError: No module named trtbuild"])
     assert result.reason.startswith("stage process exited with status 1 (log: ")
+
+
+def test_a_worker_gone_before_its_first_request_fails_the_stage_not_the_build(store, tmp_path, monkeypatch):
+    """The worker may exit before the request is written (a broken install is quick): the write's
+    broken pipe is that stage's failure with the worker's words, and the next stage still runs."""
+    import sys
+
+    from trtbuild.worker_pool import WorkerPool
+
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named trtbuild' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    start = WorkerPool._worker
+
+    def started_and_gone(self, log):
+        proc = start(self, log)
+        proc.wait()  # the race's losing order, every time
+        return proc
+
+    monkeypatch.setattr(WorkerPool, "_worker", started_and_gone)
+    monkeypatch.setattr(sys, "executable", str(broken))
+    graph = Graph("g", [node("a", SHARED_WRITE, text="x"), node("b", SHARED_WRITE, text="y")])
+    first, second = run_graph(graph, store).results
+    assert (first.status, first.log_tail) == ("failed", ["ModuleNotFoundError: No module named trtbuild"])
+    assert first.reason.startswith("stage process exited with status 1 (log: ")
+    assert (second.status, second.log_tail) == ("failed", ["ModuleNotFoundError: No module named trtbuild"])

@@ -46,8 +46,12 @@ class WorkerPool:
                                         preexec_fn=_die_with_parent)
                 return _follow(proc, log, on_progress, lambda: proc.wait(timeout=POLL_S))
         proc = self._worker(log)
-        proc.stdin.write(json.dumps({"spec": str(spec), "log": str(log)}) + "\n")
-        proc.stdin.flush()
+        try:
+            proc.stdin.write(json.dumps({"spec": str(spec), "log": str(log)}) + "\n")
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            # It exited before reading (a broken install is quick): its status is the stage's.
+            return self._gone(proc)
         return _follow(proc, log, on_progress, lambda: self._answer(proc))
 
     def release(self) -> None:
@@ -96,9 +100,18 @@ class WorkerPool:
         line = proc.stdout.readline()
         if line:
             return int(json.loads(line)["returncode"])
-        returncode = proc.wait()  # the process died with the stage: its status is the stage's
+        return self._gone(proc)  # the process died with the stage
+
+    def _gone(self, proc: subprocess.Popen) -> int:
+        """A shared worker that died: its exit status is the stage's (never 0), and the next
+        shared stage starts a new one."""
+        returncode = proc.wait()
         self._shared = None
-        proc.stdout.close()
+        for pipe in (proc.stdin, proc.stdout):
+            try:
+                pipe.close()
+            except (BrokenPipeError, OSError):
+                pass
         return returncode if returncode != 0 else 1
 
 
