@@ -234,8 +234,8 @@ CASES = [(arch, quant, kv) for arch in ARCHS for quant in CPU_FORMATS for kv in 
 @pytest.mark.parametrize("arch,quant,kv", CASES, ids=[f"{a}-{qq}-{k or 'nokv'}" for a, qq, k in CASES])
 def test_quantize_and_export(arch, quant, kv, quantized, models, tmp_path):
     model, report, logits = quantized(arch, quant, kv)
-    assert report["batch_size"] == (1 if "awq" in quant else SAMPLES) and report["windows"] == SAMPLES
-    assert report["batch_size_pinned"] is ("awq" in quant)
+    assert report["batch_size"] == SAMPLES and report["windows"] == SAMPLES
+    assert report["awq_statistics"] == ("float64 per-window activation sums" if "awq" in quant else None)
     assert report["passes"] == (2 if "awq" in quant else 1)
     assert report["peak_rss_bytes"] > 0 and report["cuda_peak_bytes"] is None
     assert report["changed_weights_unexplained"] == 0
@@ -444,18 +444,27 @@ def test_max_calibration_is_batch_size_independent_bit_for_bit(quant, kv, models
     assert [k for k in state if not torch.equal(state[k], ref_state[k])] == []
 
 
-def test_awq_batch_size_and_progress(models, windows, quantized, capsys):
-    # AWQ: one window per batch whatever the memory (its statistics depend on the batch size),
-    # two passes (caching activation statistics, then the alpha search).
-    awq_events = []
-    model = q.load_model(models["llama"], "bfloat16", "cpu")
-    report = q.calibrate_and_quantize(model, "int4_awq", None, GROUP, windows, "cpu",
-                                      progress=lambda done, total: awq_events.append((done, total)), max_batch=4)
-    assert report["batch_size"] == 1 and report["batch_size_pinned"] and report["batches"] == 2 * SAMPLES
-    assert awq_events == [(i, 2 * SAMPLES) for i in range(1, 2 * SAMPLES + 1)]
-    log = capsys.readouterr().out
-    assert "pass 1 (awq_lite: caching activation statistics)" in log
-    assert "pass 2 (awq_lite: searching" in log and f"batch {SAMPLES}/{SAMPLES}" in log
-    ref, _, _ = quantized("llama", "int4_awq", None)
-    for k, v in quantizer_tensors(model).items():
-        assert torch.equal(v, quantizer_tensors(ref)[k]), k
+@pytest.mark.parametrize("quant", ["int4_awq", "w4a8_awq"])
+def test_awq_is_batch_size_independent_bit_for_bit(quant, models, windows, quantized, capsys):
+    """AWQ batches too: its activation means are summed per window in float64, so batches of 1
+    and of 2 give the model that one batch of 8 gives, bit for bit (every weight and quantizer
+    buffer, pre_quant_scale included), in two passes (caching statistics, then the alpha search)."""
+    ref, report8, _ = quantized("llama", quant, None)
+    assert report8["batch_size"] == SAMPLES and report8["batches"] == 2
+    ref_state = ref.state_dict()
+    assert any(k.endswith("_pre_quant_scale") for k in ref_state)
+    for cap, size in ((1, 1), (3, 2)):
+        events = []
+        model = q.load_model(models["llama"], "bfloat16", "cpu")
+        report = q.calibrate_and_quantize(model, quant, None, GROUP, windows, "cpu",
+                                          progress=lambda done, total: events.append((done, total)), max_batch=cap)
+        batches = SAMPLES // size
+        assert (report["batch_size"], report["batches"], report["passes"]) == (size, 2 * batches, 2)
+        assert events == [(i, 2 * batches) for i in range(1, 2 * batches + 1)]
+        log = capsys.readouterr().out
+        assert f"pass 1 (awq_lite: caching activation statistics): {batches} batches of {size} windows" in log
+        assert "pass 2 (awq_lite: searching" in log and f"batch {batches}/{batches}" in log
+        state = model.state_dict()
+        assert state.keys() == ref_state.keys()
+        assert [k for k in state if not torch.equal(state[k], ref_state[k])] == [], (cap, size)
+        assert not any(module._forward_pre_hooks for module in model.modules())  # the statistics' hooks are gone

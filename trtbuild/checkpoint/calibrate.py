@@ -1,6 +1,6 @@
 """Calibration: mtq.quantize with a forward loop over the calibration windows, in batches sized to
-the memory available (max calibration does not depend on the batch size; AWQ is pinned to one
-window per batch)."""
+the memory available. Neither max calibration (maxima) nor AWQ (activation means kept per window
+in float64, see AwqWindowMeans) depends on the batch size."""
 
 from __future__ import annotations
 
@@ -115,8 +115,8 @@ def calibrate_and_quantize(model, quant: Optional[str], kv_cache: Optional[str],
     The batch size is the largest divisor of the window count that fits the memory estimate (at
     most 64 or `max_batch`); on CUDA it is probed with one unquantized forward and halved on OOM.
     Max calibration (fp8, int8_sq, *_wo, KV caches) takes maxima, so equal batches give the same
-    result whatever their size; AWQ's statistics depend on the batch size, so AWQ is pinned to
-    one window per batch (`batch_size_pinned`).
+    result whatever their size; AWQ's activation means are summed per window in float64
+    (AwqWindowMeans), so they do not depend on it either.
     `progress(done, total)` is called after every batch, counting the batches of all calibration
     passes (AWQ makes two: caching activation statistics, then the alpha search); a line per batch
     is printed too, for the worker log.
@@ -143,18 +143,10 @@ def calibrate_and_quantize(model, quant: Optional[str], kv_cache: Optional[str],
     if str(device).startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
     n, seq_len = windows.shape
-    pinned = str(method).startswith("awq")
-    if pinned:
-        # AWQ averages per-batch activation means that ModelOpt computes in the model dtype
-        # (awq_lite.get_act_scale: x.abs().mean(0) on bf16), so another batch size moves act_scale
-        # by ~0.5% and can flip the alpha chosen per Linear: one window per batch keeps the result
-        # independent of the memory available (batch 1 is also the least memory there is).
-        batch_size, tried = 1, [1]
-        log("calibrate: AWQ calibrates one window per batch (its statistics depend on the batch size)")
-    else:
-        estimate = max(1, _available_bytes(device) // max(1, _bytes_per_window(model, seq_len)))
-        cap = min(64, estimate, max_batch or 64)
-        batch_size, tried = _probe_batch_size(model, windows, device, _divisor_at_most(n, cap), log)
+    awq = str(method).startswith("awq")
+    estimate = max(1, _available_bytes(device) // max(1, _bytes_per_window(model, seq_len)))
+    cap = min(64, estimate, max_batch or 64)
+    batch_size, tried = _probe_batch_size(model, windows, device, _divisor_at_most(n, cap), log)
     batches_per_pass = n // batch_size
     expected_batches = len(labels) * batches_per_pass
     state = {"passes": 0, "batches": 0}
@@ -162,8 +154,17 @@ def calibrate_and_quantize(model, quant: Optional[str], kv_cache: Optional[str],
     before = digests(model)
     recorder = RecordWeightScaling(model)
 
+    window_means = AwqWindowMeans(model) if awq else None
+
     def forward_loop(m) -> None:
         state["passes"] += 1
+        if window_means is not None:
+            # awq_lite runs the loop twice: caching activation statistics, then the alpha search,
+            # which reads act_scale; between the two, ours replaces its per-batch means.
+            if state["passes"] == 1:
+                window_means.start()
+            else:
+                window_means.replace_act_scales()
         label = labels[min(state["passes"], len(labels)) - 1]
         log(f"calibrate: pass {state['passes']} ({label}): {batches_per_pass} batches of {batch_size} "
             f"windows x {seq_len} tokens")
@@ -181,7 +182,11 @@ def calibrate_and_quantize(model, quant: Optional[str], kv_cache: Optional[str],
 
     try:
         with recorder:
-            mtq.quantize(model, cfg, forward_loop=forward_loop)
+            try:
+                mtq.quantize(model, cfg, forward_loop=forward_loop)
+            finally:
+                if window_means is not None:
+                    window_means.stop()
     except Exception as e:  # noqa: BLE001
         if _is_oom(e):
             raise TrtbuildError(f"calibration ran out of memory at batch size {batch_size}; "
@@ -203,7 +208,8 @@ def calibrate_and_quantize(model, quant: Optional[str], kv_cache: Optional[str],
         "quant": quant, "kv_cache": kv_cache, "group_size": model._trtbuild_quant["group_size"],
         "algorithm": method, "device": str(device), "seconds": round(seconds, 3),
         "windows": int(n), "seq_len": int(seq_len), "passes": state["passes"], "batches": state["batches"],
-        "batch_size": batch_size, "batch_size_pinned": pinned, "batch_sizes_tried": tried,
+        "batch_size": batch_size, "batch_sizes_tried": tried,
+        "awq_statistics": "float64 per-window activation sums" if awq else None,
         "changed_weights": len(changed), "changed_weights_unexplained": len(unexplained),
         "peak_rss_bytes": _peak_rss(),
         "cuda_peak_bytes": int(torch.cuda.max_memory_allocated(device)) if str(device).startswith("cuda") else None,
@@ -211,6 +217,76 @@ def calibrate_and_quantize(model, quant: Optional[str], kv_cache: Optional[str],
     log(f"calibrate: {quant or 'none'}{'+kv ' + kv_cache if kv_cache else ''} done in {seconds:.1f} s, "
         f"{state['batches']} batches of {batch_size}, {len(changed)} weights changed in place")
     return report
+
+
+class AwqWindowMeans:
+    """The per-channel mean |activation| that awq_lite searches its scales with, independent of
+    the batch size.
+
+    ModelOpt 0.47's awq_lite averages one mean per forward call, taken in the model's dtype
+    (`get_act_scale`: x.abs().mean(0) in bfloat16, then float32): another batch size rounds each
+    mean differently, moves act_scale by about 0.5% and can flip the alpha chosen for a Linear,
+    which is why trtbuild used to calibrate AWQ one window at a time. Here a forward pre-hook on
+    every Linear that awq_lite calibrates sums |x| of each window in float64 during the caching
+    pass and adds the windows' sums in window order, so the sum is the same whatever the batches
+    are; before the search pass, act_scale becomes that sum over the token count, in float32.
+    For equal-length windows this is the mean ModelOpt computes, without its rounding; inputs
+    without a window axis (MoE experts see routed tokens) are summed per batch, which leaves
+    only float64 rounding. ModelOpt is pinned (0.47) and these are its internals: a ModelOpt
+    without them stops the calibration with a message rather than quantizing differently."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.sums: dict = {}
+        self.tokens: dict = {}
+        self.hooks: list = []
+
+    def _modules(self):
+        return [(name, m) for name, m in self.model.named_modules() if hasattr(m, "awq_lite")]
+
+    def start(self) -> None:
+        import torch
+
+        modules = self._modules()
+        if not modules or not all(hasattr(m.awq_lite, "act_scale") for _, m in modules):
+            raise TrtbuildError("this ModelOpt's awq_lite keeps no act_scale per Linear (trtbuild needs "
+                                "nvidia-modelopt 0.47): AWQ calibration stopped")
+
+        def hook(module, args):
+            x = args[0] if args else None
+            if not isinstance(x, torch.Tensor) or x.numel() == 0:
+                return
+            channels = x.shape[-1]
+            if x.dim() == 3:  # [windows, tokens, channels]: one float64 sum per window, added in order
+                per_window = x.detach().abs().to(torch.float64).sum(dim=1)
+                total = self.sums.get(module)
+                for row in per_window:
+                    total = row.clone() if total is None else total.add_(row)
+                self.sums[module] = total
+            else:
+                flat = x.detach().reshape(-1, channels).abs().to(torch.float64).sum(dim=0)
+                self.sums[module] = flat if module not in self.sums else self.sums[module].add_(flat)
+            self.tokens[module] = self.tokens.get(module, 0) + x.numel() // channels
+
+        self.hooks = [m.register_forward_pre_hook(hook) for _, m in modules]
+
+    def replace_act_scales(self) -> None:
+        import torch
+
+        self.stop()
+        for _, module in self._modules():
+            helper = module.awq_lite
+            if module not in self.sums or not isinstance(helper.act_scale, torch.Tensor):
+                continue  # awq_lite saw no tokens for it either and has disabled its search
+            mean = (self.sums[module] / self.tokens[module]).to(torch.float32)
+            helper.act_scale = mean.to(helper.act_scale.device)
+        self.sums.clear()
+        self.tokens.clear()
+
+    def stop(self) -> None:
+        for handle in self.hooks:
+            handle.remove()
+        self.hooks = []
 
 
 def _peak_rss() -> int:

@@ -37,7 +37,7 @@ class Stage:
 
 # Report fields that differ between runs or hosts for the same key: never part of an artifact.
 RUN_FIGURES = frozenset({"seconds", "peak_rss_bytes", "rss_start_bytes", "cuda_peak_bytes", "peak_rss_mib",
-                         "batches", "batch_size", "batch_sizes_tried", "batch_size_pinned"})
+                         "batches", "batch_size", "batch_sizes_tried"})
 
 # Where a stage's report is in its artifact: the runner copies the first one found into the record.
 # An engine's is trtbuild.json, beside the files TensorRT-LLM wrote (`trtbuild check` reads it).

@@ -19,7 +19,7 @@ STAGES: dict[str, Optional[Stage]] = {
     "source:s3": Stage("source", 1, "trtbuild.stages.source.s3:fetch_folder", isolated=False),
     "calibration": Stage("calibration", 1, "trtbuild.stages.checkpoint:make_windows",
                          toolchain=("transformers",), needs=("transformers",)),
-    "quantize": Stage("quantize", 1, "trtbuild.stages.checkpoint:quantize",
+    "quantize": Stage("quantize", 2, "trtbuild.stages.checkpoint:quantize",
                       toolchain=("torch", "transformers", "modelopt", "cuda"), needs=("torch", "transformers", "modelopt")),
     "checkpoint:convert": Stage("checkpoint", 1, "trtbuild.stages.checkpoint:convert_checkpoint",
                                 toolchain=("safetensors",), needs=("torch", "safetensors")),
