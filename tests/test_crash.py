@@ -9,9 +9,19 @@ An uninterrupted run measures how long the command writes (from its first write,
 the local store appearing, or the first object under the S3 prefix, to its exit). Trial i is
 killed `window * (i + r) / TRIALS` seconds after its own first write, r drawn from
 random.Random(seed), seed = TRTBUILD_CRASH_SEED * 1000 + i: a failure names its seed and moment.
+A trial whose command exits before its moment is run again (fresh store and destination) at half
+the moment, up to 8 times, so every trial's kill lands while the command writes (a machine slower
+or faster than the measuring run only moves the moment).
+
+The odd trials of pull are killed at a write point instead of a moment (SQLite's habit): the
+forked command counts, with a Python audit hook, every file-system write it makes under --dest's
+parent (open for writing, mkdir, rename, link, unlink, ...) and SIGKILLs itself just before write
+point n, n = 1 + floor(M * (i + r) / TRIALS) of the M an uninterrupted run makes. Assembling --dest
+takes a few milliseconds, which a kill timed by polling from outside hits only by luck.
 Replay: TRTBUILD_CRASH_SEED=<s> TRTBUILD_CRASH_TRIALS=<n> pytest tests/test_crash.py -k <command>
-(the window is measured on the host, so replay is by seed, not by microsecond). The loops are
-marked `reliability` (run by default; `-m "not reliability"` leaves them out).
+(the window is measured on the host, so timed kills replay by seed, not by microsecond; write-point
+kills replay exactly). The loops are marked `reliability` (run by default; `-m "not reliability"`
+leaves them out).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Optional
 
 import pytest
 from click.testing import CliRunner
@@ -56,9 +67,44 @@ def moments(window: float) -> list[tuple[int, int, float]]:
 # file's time. From trtbuild.cli.main on, the child is what `python -m trtbuild ARGS` is: its own
 # argv, environment (TRTBUILD_CACHE, AWS_*), stdin/stdout/stderr on /dev/null, exit without teardown.
 FORK_SERVER = r"""
-import json, os, sys
+import json, os, signal, sys
 import botocore.session, boto3.s3.transfer
 import trtbuild.cli, trtbuild.pipeline, trtbuild.publish, trtbuild.store.s3, trtbuild.store.transfer
+
+# Audit events that change the file system (besides "open" for writing), and the arguments that are paths.
+WRITES = {"os.mkdir": 1, "os.rename": 2, "os.remove": 1, "os.rmdir": 1, "os.link": 2, "os.symlink": 2,
+          "shutil.copyfile": 2, "os.truncate": 1, "os.chmod": 1, "os.utime": 1}
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+
+def watch_writes(under, kill_at, count_to):
+    # Count the writes under the folder `under` (its own mkdir included); write the count so far to
+    # the file `count_to` (opened before the hook, so not counted), SIGKILL this process just before
+    # write number `kill_at`.
+    counted, out = 0, (os.open(count_to, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) if count_to else None)
+
+    def inside(path):
+        if not isinstance(path, (str, bytes, os.PathLike)):
+            return False  # a descriptor
+        path = os.path.abspath(os.fsdecode(path))
+        return path == under or path.startswith(under + os.sep)
+
+    def hook(event, args):
+        nonlocal counted
+        if event == "open":
+            paths = args[:1] if args[2] & WRITE_FLAGS else ()
+        else:
+            paths = args[:WRITES.get(event, 0)]
+        if any(inside(p) for p in paths):
+            counted += 1
+            if out is not None:
+                os.pwrite(out, str(counted).encode().ljust(20), 0)
+            if counted == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    sys.addaudithook(hook)
+
+
 print("ready", flush=True)
 for line in sys.stdin:
     request = json.loads(line)
@@ -73,6 +119,8 @@ for line in sys.stdin:
             os.dup2(null, fd)
         os.environ.clear()
         os.environ.update(request["env"])
+        if request.get("writes"):
+            watch_writes(**request["writes"])
         sys.argv = ["trtbuild", *request["args"]]
         trtbuild.cli.main()
     print(pid, flush=True)
@@ -98,9 +146,11 @@ class ForkServer:
 class Forked:
     """A trtbuild command forked by the ForkServer, watched through a pidfd (it is not our child)."""
 
-    def __init__(self, server: ForkServer, args: list[str], env: dict) -> None:
+    def __init__(self, server: ForkServer, args: list[str], env: dict, writes: Optional[dict] = None) -> None:
+        """`writes`: {"under": folder, "kill_at": n or None, "count_to": file or None} (FORK_SERVER's watch_writes)."""
         self.server = server
-        self.pid = server.ask(op="run", args=[str(a) for a in args], env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+        self.pid = server.ask(op="run", args=[str(a) for a in args], writes=writes,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", **env})
         self.pidfd = os.pidfd_open(self.pid)
         self.returncode = None
 
@@ -143,14 +193,10 @@ def test_a_forked_command_exits_as_python_m_trtbuild_does(fork_server, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "s3", "tiny.lock", "tiny.yaml"]
 
 
-def trtbuild_proc(server: ForkServer, args: list[str], env: dict) -> Forked:
-    return Forked(server, args, env)
-
-
 def timed(server: ForkServer, args: list[str], env: dict, *wrote, poll: float = 0.002) -> list[float]:
     """An uninterrupted run (which must succeed): for each predicate, how long the run went on after
     it first held (start-up and imports write nothing: kills there would prove nothing)."""
-    proc = trtbuild_proc(server, args, env)
+    proc = Forked(server, args, env)
     first: list = [None] * len(wrote)
     while proc.poll() is None:
         for n, predicate in enumerate(wrote):
@@ -167,7 +213,7 @@ def kill_at(server: ForkServer, args: list[str], env: dict, wrote, after: float,
     """Start the command and SIGKILL it `after` seconds after `wrote()` first holds (asked every
     `poll` seconds); True when the kill landed (it was still running), False when it had already
     exited (it must have succeeded)."""
-    proc = trtbuild_proc(server, args, env)
+    proc = Forked(server, args, env)
     deadline = time.monotonic() + 120
     while proc.poll() is None and not wrote() and time.monotonic() < deadline:
         time.sleep(poll)
@@ -180,6 +226,33 @@ def kill_at(server: ForkServer, args: list[str], env: dict, wrote, after: float,
     proc.kill()
     proc.wait()
     return True
+
+
+RERUNS = 8
+
+
+def until_killed(attempt: Callable[[float], bool], after: float, at: str) -> int:
+    """Call `attempt(moment)` (run the command afresh and kill it `moment` seconds after its first
+    write: True when the kill landed) at `after`, then at half of it, and so on, until a kill lands
+    while the command runs. Returns how many runs finished before their moment; fails after RERUNS."""
+    for early in range(RERUNS):
+        if attempt(after / 2 ** early):
+            return early
+    raise AssertionError(f"{at}: finished before its kill {RERUNS} times, the last time "
+                         f"{after / 2 ** (RERUNS - 1):.4f}s after its first write")
+
+
+def count_writes(server: ForkServer, args: list[str], env: dict, under: Path, count_to: Path) -> int:
+    """An uninterrupted run (which must succeed): how many file-system writes it makes under `under`."""
+    proc = Forked(server, args, env, writes={"under": str(under), "kill_at": None, "count_to": str(count_to)})
+    assert proc.wait() == 0, f"trtbuild {' '.join(map(str, args))} failed uninterrupted"
+    return int(count_to.read_text())
+
+
+def kill_at_write(server: ForkServer, args: list[str], env: dict, under: Path, write: int) -> None:
+    """Run the command and SIGKILL it just before its write number `write` under `under`."""
+    proc = Forked(server, args, env, writes={"under": str(under), "kill_at": write, "count_to": None})
+    assert proc.wait() == -signal.SIGKILL, f"exited {proc.returncode} before its write {write} under {under}"
 
 
 def cli_run(args: list[str], env: dict):
@@ -250,10 +323,11 @@ def left_at(store: Store) -> str:
     return present[-1] if present else "layout only"
 
 
-def report(command: str, landed: int, states: dict) -> None:
-    """A line for benchmarks/RESULTS.md (seen with -s): kills that landed, and where they left the store."""
-    print(f"crash[{command}]: {TRIALS} trials (seed base {SEED}), {landed} killed mid-run, all survived; "
-          f"left at: {dict(sorted(states.items()))}")
+def report(command: str, reruns: int, states: dict, note: str = "") -> None:
+    """A line for benchmarks/RESULTS.md (seen with -s): the trials (each killed mid-run), the runs
+    that finished before their moment and were run again earlier, and where the kills left the store."""
+    print(f"crash[{command}]: {TRIALS} trials (seed base {SEED}), each killed mid-run ({reruns} runs finished "
+          f"before their moment and were run again earlier), all survived; left at: {dict(sorted(states.items()))}{note}")
 
 
 def where(command: str, i: int, seed: int, after: float, window: float) -> str:
@@ -283,13 +357,18 @@ def test_build_killed_at_random_moments(tmp_path, fork_server):
     base_env = {"TRTBUILD_CACHE": str(tmp_path / "baseline")}
     [window] = timed(fork_server, args, base_env, lambda: (tmp_path / "baseline").exists())
     expected = lockfile.read(recipe.with_suffix(".lock")).source["digest"]
-    landed, states = 0, {}
+    reruns, states = 0, {}
     for i, seed, after in moments(window):
         store = tmp_path / f"store{i}"
         env = {"TRTBUILD_CACHE": str(store)}
-        recipe.with_suffix(".lock").unlink(missing_ok=True)
-        landed += kill_at(fork_server, args, env, store.exists, after)
         at = where("build", i, seed, after, window)
+
+        def attempt(moment: float) -> bool:
+            shutil.rmtree(store, ignore_errors=True)
+            recipe.with_suffix(".lock").unlink(missing_ok=True)
+            return kill_at(fork_server, args, env, store.exists, moment)
+
+        reruns += until_killed(attempt, after, at)
         opened_store = opened(str(store))
         state = left_at(opened_store)
         states[state] = states.get(state, 0) + 1
@@ -302,8 +381,7 @@ def test_build_killed_at_random_moments(tmp_path, fork_server):
         assert (source["status"] in ("built", "cached"), source["digest"]) == (True, expected), at
         assert store_is_sound(opened(str(store)), env) == [], at
         shutil.rmtree(store)
-    report("build", landed, states)
-    assert landed >= TRIALS // 2, f"only {landed} of {TRIALS} kills landed while the build ran"
+    report("build", reruns, states)
 
 
 # ---- push and pull through S3 --------------------------------------------------------------------
@@ -341,12 +419,19 @@ def test_push_killed_at_random_moments(published, bucket, seaweed, fork_server):
 
     # each look is a request: asked every 10 ms, not to take the CPU from the push it watches
     [window] = timed(fork_server, ["push", published.recipe, "--store", f"{bucket}/baseline"], env, wrote("baseline"), poll=0.01)
-    landed, states = 0, {}
+    reruns, states = 0, {}
     for i, seed, after in moments(window):
-        url = f"{bucket}/trial{i}"
-        args = ["push", published.recipe, "--store", url]
-        landed += kill_at(fork_server, args, env, wrote(f"trial{i}"), after, poll=0.01)
         at = where("push", i, seed, after, window)
+        runs = []  # each run pushes to a fresh prefix: the last is the one killed
+
+        def attempt(moment: float) -> bool:
+            runs.append(f"trial{i}" + (f"-{len(runs)}" if runs else ""))
+            return kill_at(fork_server, ["push", published.recipe, "--store", f"{bucket}/{runs[-1]}"], env,
+                           wrote(runs[-1]), moment, poll=0.01)
+
+        reruns += until_killed(attempt, after, at)
+        url = f"{bucket}/{runs[-1]}"
+        args = ["push", published.recipe, "--store", url]
         remote = opened(url)
         state = left_at(remote)
         states[state] = states.get(state, 0) + 1
@@ -356,8 +441,7 @@ def test_push_killed_at_random_moments(published, bucket, seaweed, fork_server):
         assert (again.exit_code, again.stderr) == (0, ""), at
         assert {t: remote.read_ref("tiny", t).digest for t in digests} == digests, at
     assert store_is_sound(opened(url), env) == [], "after the last re-run"  # (each trial's re-run is checked by its refs)
-    report("push", landed, states)
-    assert landed >= TRIALS // 2, f"only {landed} of {TRIALS} kills landed while the push ran"
+    report("push", reruns, states)
 
 
 # 16 files of 64 bytes in 2 folders: assembling --dest takes long enough for a kill to land in it
@@ -379,20 +463,33 @@ def test_pull_dest_killed_at_random_moments(published, bucket, tmp_path, fork_se
     def args(dest: Path) -> list:
         return ["pull", published.lock_path, "--target", "wide-tp1", "--store", url, "--dest", dest]
 
-    # Odd trials are timed from the moment --dest's parent appears (materialize_to makes it just
-    # before it assembles the folder), even ones from the local store's first write: the
-    # materialization is a few milliseconds at the end, which kills spread over the whole pull
-    # would hardly ever hit.
-    baseline_dest = tmp_path / "baseline" / "wide-tp1"
-    windows = timed(fork_server, args(baseline_dest), {"TRTBUILD_CACHE": str(tmp_path / "baseline-store")},
-                    lambda: (tmp_path / "baseline-store").exists(), baseline_dest.parent.exists)
-    landed, states = 0, {}
-    for (i, seed, after), (j, _, after_dest) in zip(moments(windows[0]), moments(windows[1])):
+    # Even trials are killed at moments spread over the whole pull (from the local store's first
+    # write), odd ones at a write point under --dest's parent: materialize_to assembles --dest in a
+    # few milliseconds at the end, which kills at moments would hardly ever hit.
+    baseline_store = tmp_path / "baseline-store"
+    [window] = timed(fork_server, args(tmp_path / "baseline" / "wide-tp1"), {"TRTBUILD_CACHE": str(baseline_store)},
+                     baseline_store.exists)
+    writes = count_writes(fork_server, args(tmp_path / "counted" / "wide-tp1"),
+                          {"TRTBUILD_CACHE": str(tmp_path / "counted-store")}, tmp_path / "counted",
+                          tmp_path / "writes")
+    assert writes >= 2 + len(WIDE), f"assembling --dest made {writes} writes"  # its folder, each file, the rename
+    reruns, states = 0, {}
+    for i, seed, after in moments(window):
         store, dest = tmp_path / f"deploy{i}", tmp_path / f"serve{i}" / "wide-tp1"
         env = {"TRTBUILD_CACHE": str(store)}
-        window, after, wrote = (windows[1], after_dest, dest.parent.exists) if i % 2 else (windows[0], after, store.exists)
-        landed += kill_at(fork_server, args(dest), env, wrote, after)
-        at = where("pull", i, seed, after, window)
+        if i % 2:
+            write = 1 + int(writes * (i + random.Random(seed).random()) / TRIALS)
+            at = f"pull trial {i}: seed {seed} (TRTBUILD_CRASH_SEED={SEED}), SIGKILL before write {write} of {writes} under {dest.parent}"
+            kill_at_write(fork_server, args(dest), env, dest.parent, write)
+        else:
+            at = where("pull", i, seed, after, window)
+
+            def attempt(moment: float) -> bool:
+                shutil.rmtree(store, ignore_errors=True)
+                shutil.rmtree(dest.parent, ignore_errors=True)
+                return kill_at(fork_server, args(dest), env, store.exists, moment)
+
+            reruns += until_killed(attempt, after, at)
         state = "dest whole" if dest.exists() else left_at(opened(str(store)))
         states[state] = states.get(state, 0) + 1
         partial = [p for p in dest.parent.glob(f".{dest.name}.partial-*") if p.is_dir()] if dest.parent.exists() else []
@@ -408,5 +505,4 @@ def test_pull_dest_killed_at_random_moments(published, bucket, tmp_path, fork_se
         assert store_is_sound(opened(str(store)), env) == [], at
         shutil.rmtree(store)
         shutil.rmtree(dest.parent)
-    report("pull", landed, states)
-    assert landed >= TRIALS // 2, f"only {landed} of {TRIALS} kills landed while the pull ran"
+    report("pull", reruns, states, f"; an uninterrupted pull writes {writes} times under --dest's parent")
