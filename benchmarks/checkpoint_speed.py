@@ -52,6 +52,9 @@ import tempfile
 import time
 from pathlib import Path
 
+# write_synthetic: helper() runs it by name in a child (see HELPER_CHILD)
+from synthetic_llama import describe, write_synthetic  # noqa: F401
+
 REPO = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
 
@@ -67,11 +70,6 @@ FORMATS = {
 }
 RSS_GOAL = 0.25   # streaming peak RSS / ModelOpt's, at most
 SPEED_GOAL = 0.8  # ModelOpt time / streaming time, at least
-
-# The synthetic model (LLaMA-2-7B widths with 8 KV heads; the layer count sets the size).
-SYNTH = {"hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32, "num_key_value_heads": 8,
-         "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-         "tie_word_embeddings": False}
 
 # One quantization run. argv: source folder, output folder, JSON {quant, kv_cache, group_size}.
 QUANT_CHILD = r"""
@@ -336,52 +334,6 @@ def part_quantize(formats: list[str], group_size: int, tmp: Path, store: Path | 
 # Part 2: streaming conversion against ModelOpt's export
 # ------------------------------------------------------------------------------------------------
 
-def write_synthetic(folder: str, layers: int) -> int:
-    """A bf16 LLaMA checkpoint in Hugging Face names, one shard per layer (plus embeddings and
-    head), random N(0, 0.02) values; holds one shard's tensors at a time. Returns the bytes."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import LlamaConfig
-
-    folder = Path(folder)
-    folder.mkdir(parents=True)
-    cfg = LlamaConfig(num_hidden_layers=layers, **SYNTH)
-    cfg.architectures = ["LlamaForCausalLM"]
-    cfg.dtype = "bfloat16"
-    cfg.to_json_file(str(folder / "config.json"))
-    h, i, v = SYNTH["hidden_size"], SYNTH["intermediate_size"], SYNTH["vocab_size"]
-    kv = SYNTH["num_key_value_heads"] * h // SYNTH["num_attention_heads"]
-    gen = torch.Generator().manual_seed(0)
-
-    def rand(*shape):
-        return torch.empty(shape, dtype=torch.bfloat16).normal_(0.0, 0.02, generator=gen)
-
-    def norm():
-        return (1.0 + rand(h)).contiguous()
-
-    shards = [("model-embed.safetensors", lambda: {"model.embed_tokens.weight": rand(v, h)})]
-    for layer in range(layers):
-        p = f"model.layers.{layer}."
-        shards.append((f"model-layer{layer:03d}.safetensors", lambda p=p: {
-            p + "input_layernorm.weight": norm(), p + "post_attention_layernorm.weight": norm(),
-            p + "self_attn.q_proj.weight": rand(h, h), p + "self_attn.k_proj.weight": rand(kv, h),
-            p + "self_attn.v_proj.weight": rand(kv, h), p + "self_attn.o_proj.weight": rand(h, h),
-            p + "mlp.gate_proj.weight": rand(i, h), p + "mlp.up_proj.weight": rand(i, h),
-            p + "mlp.down_proj.weight": rand(h, i)}))
-    shards.append(("model-head.safetensors", lambda: {"model.norm.weight": norm(), "lm_head.weight": rand(v, h)}))
-    weight_map, total = {}, 0
-    for fname, make in shards:
-        tensors = make()
-        save_file(tensors, str(folder / fname), metadata={"format": "pt"})
-        for k, t in tensors.items():
-            weight_map[k] = fname
-            total += t.numel() * t.element_size()
-        del tensors
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    return total
-
-
 def read_through(folder: Path) -> None:
     """Read every file once (into the page cache), so that each conversion starts from the same state."""
     buf = bytearray(4 * MIB)  # reused: this process's own high-water mark must stay small
@@ -421,8 +373,7 @@ def part_convert(layers: int, repeat: int, tmp: Path) -> list[str]:
     failures: list[str] = []
     src = tmp / "synthetic-llama"
     total, took = helper("write_synthetic", str(src), layers, log=tmp / "generate.log")
-    print(f"synthetic LLaMA: {layers} layers, hidden {SYNTH['hidden_size']}, intermediate {SYNTH['intermediate_size']}, "
-          f"{SYNTH['num_attention_heads']} heads / {SYNTH['num_key_value_heads']} KV, vocab {SYNTH['vocab_size']}: "
+    print(f"synthetic LLaMA: {describe(layers)}: "
           f"{total / 1e9:.2f} GB ({total / 2**30:.2f} GiB) bf16 in {len(list(src.glob('*.safetensors')))} shards, "
           f"written in {took:.1f} s")
     runs: dict[str, list[dict]] = {"stream": [], "modelopt": []}
