@@ -387,6 +387,36 @@ def test_the_saved_state_is_the_same_bytes_in_every_process(models, windows, tmp
     assert [f for f in files if (tmp_path / "1" / f).read_bytes() != (tmp_path / "2" / f).read_bytes()] == []
 
 
+FIRST_IMPORT_IN_A_FRESH_PROCESS = """
+import gc, sys, weakref
+import numpy as np
+from trtbuild.checkpoint import quantize as q
+model = q.load_model(sys.argv[1], "bfloat16", "cpu")
+assert "modelopt.torch.opt" not in sys.modules  # imported by calibrate_and_quantize, on its stack
+q.calibrate_and_quantize(model, "fp8", None, None, np.load(sys.argv[2]), "cpu")
+kept = weakref.ref(model)
+del model
+gc.collect()
+print("kept" if kept() is not None else "freed")
+"""
+
+
+def test_importing_modelopt_keeps_no_model(models, windows, tmp_path):
+    """ModelOpt's first import in a process keeps nothing of its caller: pulp (which ModelOpt
+    imports) keeps each missing solver's ImportError with its traceback, whose frames hold their
+    callers'; imported on calibrate_and_quantize's stack, that kept the first model a shared worker
+    quantized (a whole model of memory) until the worker ended. A fresh process: here ModelOpt is
+    imported already."""
+    import subprocess
+    import sys
+
+    np.save(tmp_path / "windows.npy", windows)
+    result = subprocess.run([sys.executable, "-c", FIRST_IMPORT_IN_A_FRESH_PROCESS, str(models["llama"]),
+                             str(tmp_path / "windows.npy")], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-1] == "freed"
+
+
 def test_other_weight_changes_are_stored_in_full(quantized, models, tmp_path):
     """A weight changed in place by anything but the recorded rescale is saved whole."""
     model, _, _ = quantized("llama", "int8_sq", None)

@@ -7,6 +7,7 @@ is appended. Dynamic block formats (NVFP4, MX*) assert `amax.is_cuda`: no CPU ca
 from __future__ import annotations
 
 import copy
+import threading
 from typing import Any, Optional
 
 from trtbuild.errors import InvalidInput
@@ -19,14 +20,42 @@ _mtq = None
 
 
 def modelopt_modules():
-    """(mtq, mto), imported once per process."""
+    """(mtq, mto), imported once per process, in a thread of its own (_in_a_thread says why)."""
     global _mtq
     if _mtq is None:
-        import modelopt.torch.opt as mto
-        import modelopt.torch.quantization as mtq
-
-        _mtq = (mtq, mto)
+        _mtq = _in_a_thread(_import_modelopt)
     return _mtq
+
+
+def _import_modelopt():
+    import modelopt.torch.opt as mto
+    import modelopt.torch.quantization as mtq
+
+    return mtq, mto
+
+
+def _in_a_thread(call):
+    """call() in a thread of its own: its result, or its exception raised here.
+
+    ModelOpt imports pulp, which keeps the ImportError of every solver it lacks, traceback included,
+    for the life of the process; a traceback's frames hold their callers' frames, locals and all.
+    Imported on a stage's stack, that kept the model of the first stage that imported ModelOpt
+    (in a shared worker, the first variant's quantized model: a whole model of memory) until the
+    process ended. A thread's stack holds nothing of the caller's."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # raised again in the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="trtbuild-import")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def check_quant(quant: Optional[str], kv_cache: Optional[str]) -> None:
