@@ -123,6 +123,21 @@ def test_engines_need_a_gpu_and_require_all_makes_skips_failures(recipe, tmp_pat
     assert by_name(data)["bf16-tp1"]["status"] == "cached"
 
 
+def test_a_build_that_finds_everything_stored_writes_nothing(recipe, tmp_path):
+    """The lock file, the refs and the recipe's claim are left as they are, and none of their locks
+    is taken (issue #15: a no-op build's start-up)."""
+    store = tmp_path / "store"
+    trtbuild("build", recipe, "--until", "source", store=store, check=True)
+    written = [recipe.with_suffix(".lock"), *(p for p in (store / "refs").rglob("*") if p.is_file())]
+    before = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in written}
+    for lock in (store / "locks").iterdir():
+        lock.unlink()
+    second = trtbuild("build", recipe, "--until", "source", store=store, check=True)
+    assert "Nothing was built: every buildable artifact was already in the store." in second.stdout
+    assert {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in written} == before
+    assert [p.name for p in (store / "locks").iterdir()] == ["store.lock"]  # the store's own, shared
+
+
 def test_a_changed_source_file_rebuilds_and_rewrites_the_lock(recipe, model, tmp_path):
     store = tmp_path / "store"
     first = by_name(build_json(recipe, store, "--until", "source"))["source"]

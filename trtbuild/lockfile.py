@@ -206,8 +206,17 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
     recipe = LockedRecipe(name=loaded.recipe.name, digest=digest, publish_store=loaded.recipe.publish.store)
     lock = LockFile(recipe=recipe, source=source, toolchain=toolchains,
                     targets=targets, validation="run" if validated else "skipped (--no-validate)")
-    atomic_write(path, render(lock))
+    data = render(lock)
+    if _read_bytes(path) != data:  # the same lock again (a no-op build): no rewrite, no fsync
+        atomic_write(path, data)
     return lock
+
+
+def _read_bytes(path: Path) -> Optional[bytes]:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 def render(lock: LockFile, header: str = HEADER) -> bytes:

@@ -19,9 +19,8 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import BinaryIO, Iterator, Optional
+from typing import TYPE_CHECKING, BinaryIO, Iterator, Optional
 
-from filelock import FileLock
 from pydantic import ValidationError
 
 from trtbuild import fsfaults
@@ -33,6 +32,9 @@ from trtbuild.store.hash import Progress, atomic_write, bytes_sha256, copy_with_
 from trtbuild.store.state import StatCache
 from trtbuild.store.tree import BadTree, Manifest, build_manifest
 
+if TYPE_CHECKING:
+    from filelock import FileLock
+
 DEFAULT_ROOT = "cache"
 # cas/ comes last: exists() tests it, so a build that sees a store another process is creating
 # finds locks/ and the rest already there.
@@ -41,6 +43,13 @@ LAYOUT = ("manifests", "ac", "refs", "tmp", "locks", "checkouts", "cas/sha256")
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _file_lock(path: Path) -> "FileLock":
+    """filelock is imported by the first lock taken: a build that finds everything stored takes none."""
+    from filelock import FileLock
+
+    return FileLock(str(path))
 
 
 def open_store(url: Optional[str] = None, create: bool = False, missing_ok: bool = False) -> Store:
@@ -183,11 +192,11 @@ class LocalStore(Store):
     def key_lock(self, key: str) -> FileLock:
         """Held while a key is built: a second process wanting the same key waits, then hits."""
         self._writing()
-        return FileLock(str(self.root / "locks" / f"{key}.lock"))
+        return _file_lock(self.root / "locks" / f"{key}.lock")
 
     def checkout_lock(self, digest: str) -> FileLock:
         self._writing()
-        return FileLock(str(self.root / "locks" / f"checkout-{digest}.lock"))
+        return _file_lock(self.root / "locks" / f"checkout-{digest}.lock")
 
     @contextlib.contextmanager
     def using(self, exclusive: bool = False, wait: bool = True) -> Iterator[None]:
@@ -565,17 +574,25 @@ class LocalStore(Store):
             raise CorruptStore(f"ref {path} is malformed ({first_error(exc)}); run `trtbuild cache verify --repair`") from None
 
     def update_ref(self, recipe: str, target: str, digest: str, key: str) -> None:
-        """Point refs/<recipe>/<target> at `digest`, appending to its history."""
+        """Point refs/<recipe>/<target> at `digest`, appending to its history. A ref that already
+        points there (every ref of a no-op build) is left as it is without taking its lock: a ref
+        is replaced whole (atomic_write), so reading one needs no lock."""
+        ref = self._ref_to_replace(recipe, target)
+        if ref is not None and (ref.digest, ref.key) == (digest, key):
+            return
         path = self.ref_path(recipe, target)
-        with FileLock(str(self.root / "locks" / f"ref-{bytes_sha256(f'{recipe}/{target}'.encode())[:32]}.lock")):
-            try:
-                ref = self.read_ref(recipe, target)
-            except CorruptStore:
-                ref = None  # a damaged ref is replaced by the artifact that just passed
-            if ref is not None and ref.digest == digest and ref.key == key:
+        with _file_lock(self.root / "locks" / f"ref-{bytes_sha256(f'{recipe}/{target}'.encode())[:32]}.lock"):
+            ref = self._ref_to_replace(recipe, target)  # another build may have moved it meanwhile
+            if ref is not None and (ref.digest, ref.key) == (digest, key):
                 return
             history = [*(ref.history if ref else []), RefEntry(digest=digest, key=key, time=_now())]
             atomic_write(path, canonical_json(dump(Ref(digest=digest, key=key, history=history))) + b"\n")
+
+    def _ref_to_replace(self, recipe: str, target: str) -> Optional[Ref]:
+        try:
+            return self.read_ref(recipe, target)
+        except CorruptStore:
+            return None  # a damaged ref is replaced by the artifact that just passed
 
     def delete_ref(self, recipe: str, target: str) -> None:
         self.ref_path(recipe, target).unlink(missing_ok=True)
@@ -594,19 +611,29 @@ class LocalStore(Store):
 
     def claim_recipe(self, name: str, identity: str) -> None:
         """Refs under refs/<name>/ belong to one recipe: the first to build under that name. Another
-        recipe with the same `name:` is refused, so it cannot move the first one's refs."""
+        recipe with the same `name:` is refused, so it cannot move the first one's refs. A claim is
+        written once, whole (atomic_write): it is read without the lock, which only the first
+        claim takes."""
         path = self.root / "refs" / name / ".recipe.json"
-        with FileLock(str(self.root / "locks" / f"claim-{bytes_sha256(name.encode())[:32]}.lock")):
-            try:
-                claim = RecipeClaim.model_validate_json(path.read_bytes())
-            except FileNotFoundError:
-                atomic_write(path, canonical_json(dump(RecipeClaim(name=name, identity=identity))) + b"\n")
-                return
-            except ValidationError:
-                raise CorruptStore(f"{path} is malformed; remove it to let a recipe claim the name {name!r}") from None
+        claim = self._read_claim(path, name)
+        if claim is None:
+            with _file_lock(self.root / "locks" / f"claim-{bytes_sha256(name.encode())[:32]}.lock"):
+                claim = self._read_claim(path, name)  # another build may have claimed it meanwhile
+                if claim is None:
+                    atomic_write(path, canonical_json(dump(RecipeClaim(name=name, identity=identity))) + b"\n")
+                    return
         if claim.identity != identity:
             raise InvalidInput(f"recipe {identity}: name {name!r} already belongs to {claim.identity} in store "
                                f"{self.root}; give this recipe another `name:` (or remove {path} to hand the name over)")
+
+    @staticmethod
+    def _read_claim(path: Path, name: str) -> Optional[RecipeClaim]:
+        try:
+            return RecipeClaim.model_validate_json(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except ValidationError:
+            raise CorruptStore(f"{path} is malformed; remove it to let a recipe claim the name {name!r}") from None
 
     # ---- lock files that pin artifacts (gc roots) ------------------------------------------------
     def embedded_lock_path(self, recipe: str) -> Path:
