@@ -10,15 +10,19 @@ lookup says so and the key is built here like any miss.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from trtbuild.errors import InvalidInput
-from trtbuild.graph import Graph
-from trtbuild.lockfile import LockFile
-from trtbuild.publish import PushPlan, plan_push
-from trtbuild.records import ActionRecord
 from trtbuild.store.base import CorruptStore, Store
-from trtbuild.store.transfer import Moved, PushItem, pull_artifact, push
+
+# The transfer and publishing code is imported by what moves artifacts: every build imports this
+# module (require_remote), and a build without a remote store moves none.
+if TYPE_CHECKING:
+    from trtbuild.graph import Graph
+    from trtbuild.lockfile import LockFile
+    from trtbuild.publish import PushPlan
+    from trtbuild.records import ActionRecord
+    from trtbuild.store.transfer import Moved
 
 
 @dataclass
@@ -47,6 +51,8 @@ class RemoteCache:
             return Pulled(note=f"not pulled from {self.location}: {exc}")
         if record is None:
             return Pulled()
+        from trtbuild.store.transfer import pull_artifact
+
         try:
             moved = pull_artifact(self.store, local, record.digest)
         except CorruptStore as exc:  # nothing was recorded locally: the key is built here instead
@@ -62,6 +68,9 @@ def plan_build_push(graph: Graph, lock: LockFile, lock_path, local: Store, patte
     nodes those targets were built from (source, calibration, quantized, reference), so that
     another builder's `--store s3://...` finds every step and builds nothing. An input a stand-in
     made is never pushed either."""
+    from trtbuild.publish import plan_push
+    from trtbuild.store.transfer import PushItem
+
     chosen = plan_push(lock, lock_path, local, patterns, allow_unvalidated)
     taken = {item.ref[1] for item in chosen.items}
     needed = graph.closure(set(chosen.targets)).nodes if chosen.targets else []
@@ -81,6 +90,8 @@ def plan_build_push(graph: Graph, lock: LockFile, lock_path, local: Store, patte
 def push_build(remote: Store, local: Store, plan: PushPlan, recipe: str, identity: str,
                lock_bytes: Optional[bytes] = None) -> Moved:
     """Publish the plan's items; the lock file goes last (remote gc keeps what it pins)."""
+    from trtbuild.store.transfer import Moved, push
+
     if not plan.items:
         return Moved()
     remote.create()
@@ -99,7 +110,9 @@ def publish_build(outcome, loaded, local: Store, remote: Store, patterns: list[s
                   embedded: bool) -> dict:
     """`build --push`: publish what the build's lock names (the refusals of `trtbuild push`)."""
     from trtbuild import lockfile
+    from trtbuild.publish import PushPlan
     from trtbuild.recipe import recipe_identity
+    from trtbuild.store.transfer import Moved
 
     lock = lockfile.read(outcome.lock_path) if outcome.lock_path is not None else None
     if lock is None:  # nothing was built or cached: nothing to publish
