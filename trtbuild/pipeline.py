@@ -63,8 +63,9 @@ def gpu_filter(loaded: LoadedRecipe, choice: str) -> Optional[set]:
         raise InvalidInput(f"--gpu: {exc}") from None
 
 
-def build_graph_for(loaded: LoadedRecipe, request: BuildRequest, registry=None) -> graphs.Graph:
-    plan = plan_recipe(loaded, gpu_filter=gpu_filter(loaded, request.gpu))
+def build_graph_for(loaded: LoadedRecipe, request: BuildRequest, registry=None, state=None) -> graphs.Graph:
+    """`state`: the store's stat cache, which keeps what planning read of the source (plan_recipe)."""
+    plan = plan_recipe(loaded, gpu_filter=gpu_filter(loaded, request.gpu), state=state)
     plan = select(plan, request.targets)
     graph = graphs.build_graph(plan, registry, validate=request.validate)
     if request.targets:  # the chosen targets, their validations (and twins), and everything those need
@@ -80,7 +81,7 @@ def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, report
         raise InvalidInput(f"--until {request.until}: not a stage ({', '.join(graphs.STAGE_ORDER)})")
     lock_path = lockfile.lock_path_for(loaded, store, request.embedded)
     locked = lockfile.check_locked(lock_path, loaded) if request.locked else None
-    graph = build_graph_for(loaded, request, registry)
+    graph = build_graph_for(loaded, request, registry, store.state)
     expected = (locked.source if locked else None) or {}
     previous = lockfile.read(lock_path, older_ok=True)
     options = RunOptions(until=request.until, require_all=request.require_all, materialize=request.materialize,

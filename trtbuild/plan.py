@@ -113,10 +113,11 @@ def hf_name(variant: str) -> str:
 
 # ---- the model config a plan reads ---------------------------------------------------------------
 
-def find_model_config(loaded: LoadedRecipe) -> tuple[ModelSpec, str]:
+def find_model_config(loaded: LoadedRecipe, state=None) -> tuple[ModelSpec, str]:
     """The model shape planning reads, and where it came from: source.config (an offline override),
     else the source's own config (a local folder's or the Hub's config.json, a GGUF's header, an S3
-    folder's config.json object, a NeMo checkpoint's model config)."""
+    folder's config.json object, a NeMo checkpoint's model config). `state`: a store's stat cache,
+    which keeps a GGUF header's config."""
     source = loaded.recipe.source
     if source.config is not None:
         path = loaded.resolve_path(source.config)
@@ -142,7 +143,7 @@ def find_model_config(loaded: LoadedRecipe) -> tuple[ModelSpec, str]:
     from trtbuild.stages.source import config as carried
 
     if source.gguf is not None:
-        config, origin = carried.gguf_config(source.gguf, loaded.base_dir)
+        config, origin = carried.gguf_config(source.gguf, loaded.base_dir, state)
     elif source.s3 is not None and not source.s3.rstrip("/").endswith(".nemo"):
         config, origin = carried.s3_config(source.s3)
     else:  # nemo:, or an s3: URL of a .nemo object (a NeMo source, as the graph reads it)
@@ -153,13 +154,14 @@ def find_model_config(loaded: LoadedRecipe) -> tuple[ModelSpec, str]:
 # ---- expansion and rules -------------------------------------------------------------------------
 
 def plan_recipe(loaded: LoadedRecipe, model: Optional[ModelSpec] = None,
-                gpu_filter: Optional[Iterable[Union[str, hardware.GpuChoice]]] = None) -> Plan:
+                gpu_filter: Optional[Iterable[Union[str, hardware.GpuChoice]]] = None, state=None) -> Plan:
     """`gpu_filter`: plan only engines for these GPUs, each an SM or a product (a name, or a
     resolved `hardware.GpuChoice`). An SM keeps the cards the recipe names for it; a product is
-    the card its SM's engine is estimated on (`--gpu L4` asks about the L4, not the recipe's L40S)."""
+    the card its SM's engine is estimated on (`--gpu L4` asks about the L4, not the recipe's L40S).
+    `state`: a store's stat cache (find_model_config)."""
     recipe = loaded.recipe
     if model is None:
-        model, origin = find_model_config(loaded)
+        model, origin = find_model_config(loaded, state)
     else:
         origin = model.source
     dtype = recipe.dtype or model.dtype or "float16"

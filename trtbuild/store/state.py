@@ -139,6 +139,12 @@ class StatCache:
             self.put(path, after, digest)
         return digest
 
+    def known_sha256(self, path: Path) -> Optional[str]:
+        """The file's sha256 when the cache vouches for it (hashed before, its stat unchanged), else
+        None; the file is never read."""
+        path = Path(os.path.abspath(path))
+        return self.get(path, path.stat())
+
     def forget(self, path: Path) -> None:
         if self.db_path is not None:
             with self._faults():
@@ -154,3 +160,24 @@ class StatCache:
         if self.db_path is not None:
             with self._unless_full():
                 self._connect().execute("INSERT OR REPLACE INTO remote VALUES (?, ?, ?, ?)", (url, etag, size, sha256))
+
+    # Values computed from a file's content, such as the model config a GGUF header implies: `kind`
+    # names what and the code that computed it, `sha256` the file. The table is made by the first
+    # put, not by opening index.db (opening writes nothing to a store that is current).
+    def derived(self, kind: str, sha256: str) -> Optional[str]:
+        if self.db_path is None:
+            return None
+        try:
+            row = self._connect().execute("SELECT value FROM derived WHERE kind = ? AND sha256 = ?",
+                                          (kind, sha256)).fetchone()
+        except sqlite3.OperationalError:  # no such table yet (or a busy database): a miss
+            return None
+        return row[0] if row else None
+
+    def put_derived(self, kind: str, sha256: str, value: str) -> None:
+        if self.db_path is not None:
+            with self._unless_full():
+                db = self._connect()
+                db.execute("CREATE TABLE IF NOT EXISTS derived (kind TEXT, sha256 TEXT, value TEXT, "
+                           "PRIMARY KEY (kind, sha256))")
+                db.execute("INSERT OR REPLACE INTO derived VALUES (?, ?, ?)", (kind, sha256, value))

@@ -4,6 +4,7 @@ Face config.json fields the source stage will write, and a line saying where the
 
 from __future__ import annotations
 
+import json
 import tarfile
 import tempfile
 from pathlib import Path
@@ -11,12 +12,25 @@ from pathlib import Path
 from trtbuild.errors import InvalidInput
 
 
-def gguf_config(location: str, base_dir: Path) -> tuple[dict, str]:
-    from trtbuild.ggufheader import hf_config, read_header
+def gguf_config(location: str, base_dir: Path, state=None) -> tuple[dict, str]:
+    """`state` (a store's stat cache): the config is kept there under the file's sha256 and the
+    header code's, once the source stage has hashed the file; later builds do not walk the header
+    again (skipping SmolLM2's 49k-token vocabulary in Python is most of a plan's time)."""
+    from trtbuild import ggufheader
     from trtbuild.stages.source.gguf import locate_gguf
 
     path = locate_gguf(location, base_dir)
-    return hf_config(read_header(path)), f"GGUF header of {path}"
+    origin = f"GGUF header of {path}"
+    digest = state.known_sha256(path) if state is not None else None
+    if digest is None:
+        return ggufheader.hf_config(ggufheader.read_header(path)), origin
+    kind = f"gguf-config {state.sha256(Path(ggufheader.__file__))}"  # the code that derived it
+    cached = state.derived(kind, digest)
+    if cached is not None:
+        return json.loads(cached), origin
+    config = ggufheader.hf_config(ggufheader.read_header(path))
+    state.put_derived(kind, digest, json.dumps(config))
+    return config, origin
 
 
 def s3_config(url: str) -> tuple[dict, str]:

