@@ -62,7 +62,9 @@ def _console():
 
     console = Console()
     if not console.is_terminal:
-        console = Console(width=160)
+        from trtbuild.plainout import WIDTH
+
+        console = Console(width=WIDTH)
     return console
 
 
@@ -223,7 +225,8 @@ def build(recipe: Path | None, targets, until, gpu, store_url, push_after, allow
     else:
         from trtbuild import render
 
-        render.print_build(outcome, _console())
+        if not render.print_build_plain(outcome):  # a file or pipe: rich's text, without rich
+            render.print_build(outcome, _console())
     if outcome.pushed is not None:
         from trtbuild.estimate import format_bytes
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -92,7 +93,7 @@ ACCURACY_COLUMNS = (
 )
 
 
-def _accuracy_cells(result) -> list[str]:
+def _accuracy_cells(result) -> list[tuple[str, str]]:
     """A validation's headline metrics (red where its gate failed); empty for other nodes."""
     metrics = result.summary.get("metrics") or {}
     gates = result.summary.get("gates") or {}
@@ -100,49 +101,98 @@ def _accuracy_cells(result) -> list[str]:
     for name, _, fmt in ACCURACY_COLUMNS:
         value = metrics.get(name)
         if value is None:
-            cells.append("")
+            cells.append(("", ""))
             continue
         failed = gates.get(name, {}).get("passed") is False
-        cells.append(f"[red]{fmt(value)}[/]" if failed else fmt(value))
+        cells.append((f"[red]{fmt(value)}[/]" if failed else fmt(value), fmt(value)))
     return cells
 
 
-def print_build(outcome, console) -> None:
-    from collections import Counter
+BUILD_COLUMNS = ("artifact", "stage", "status", "seconds", "digest", *(c for _, c, _ in ACCURACY_COLUMNS), "why / notes")
+RIGHT_COLUMNS = {"seconds", *(column for _, column, _ in ACCURACY_COLUMNS)}
 
+
+def _escape(text: str) -> str:
+    """rich.markup.escape, imported only for text it changes (brackets, backslashes)."""
+    if "[" not in text and "\\" not in text:
+        return text
     from rich.markup import escape
-    from rich.table import Table
+
+    return escape(text)
+
+
+def _build_report(outcome) -> tuple[list[list[tuple[str, str]]], list[tuple[str, str, bool]]]:
+    """The build table's rows and the lines under it: each cell (markup, plain text), each line
+    (markup, plain text, soft wrap). Rich prints the markup as the plain text where plainout.as_is
+    holds for it."""
+    from collections import Counter
 
     from trtbuild.progress import STATUS_STYLE
 
-    table = Table(show_lines=False)
-    right = {"seconds", *(column for _, column, _ in ACCURACY_COLUMNS)}
-    for column in ("artifact", "stage", "status", "seconds", "digest", *(c for _, c, _ in ACCURACY_COLUMNS), "why / notes"):
-        table.add_column(column, overflow="fold", justify="right" if column in right else "left")
+    rows = []
     for r in outcome.results:
-        style = STATUS_STYLE.get(r.status, "")
-        table.add_row(r.id, r.stage or "-", f"[{style}]{r.status}[/]", f"{r.seconds:.1f}",
-                      r.digest[:12] if r.digest else "-", *_accuracy_cells(r),
-                      escape(r.reason or r.note or (f"pulled from {r.pulled['store']}" if r.pulled else "")))
-    console.print(table)
+        note = r.reason or r.note or (f"pulled from {r.pulled['store']}" if r.pulled else "")
+        rows.append([_same(r.id), _same(r.stage or "-"), (f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]", f"{r.status}"),
+                     _same(f"{r.seconds:.1f}"), _same(r.digest[:12] if r.digest else "-"), *_accuracy_cells(r),
+                     (_escape(note), note)])
+    lines = []
     for r in outcome.results:
         if r.log_tail:  # a failed stage's last words, so nobody has to open the log to see them
-            console.print(f"{r.id}: last lines of its log:", highlight=False, soft_wrap=True)
-            for line in r.log_tail:
-                console.print(f"    {escape(line)}", highlight=False, soft_wrap=True)
+            lines.append((*_same(f"{r.id}: last lines of its log:"), True))
+            lines.extend((f"    {_escape(line)}", f"    {line}", True) for line in r.log_tail)
     standins = [r.id for r in outcome.results if r.standin and r.done]
     if standins:
-        console.print(f"[bold red]STAND-IN[/] toolchain made {', '.join(standins)}: test artifacts, not real engines "
-                      "or TensorRT-LLM results; they can never be published.", highlight=False, soft_wrap=True)
+        text = (f" toolchain made {', '.join(standins)}: test artifacts, not real engines or TensorRT-LLM results; "
+                "they can never be published.")
+        lines.append((f"[bold red]STAND-IN[/]{text}", f"STAND-IN{text}", True))
     counts = Counter(r.status for r in outcome.results)
     summary = ", ".join(f"{n} {status}" for status, n in counts.items())
     pulled = [r.pulled["store"] for r in outcome.results if r.pulled]
     if pulled:
         summary += f" ({len(pulled)} pulled from {pulled[0]})"
-    console.print(f"{outcome.recipe}: {summary}" + (f"; lock: {outcome.lock_path}" if outcome.lock_path and outcome.lock_path.exists() else ""),
-                  highlight=False, soft_wrap=True)
+    summary = f"{outcome.recipe}: {summary}" + (f"; lock: {outcome.lock_path}" if outcome.lock_path and outcome.lock_path.exists() else "")
+    lines.append((*_same(summary), True))
     if counts.get("built", 0) == 0 and counts.get("failed", 0) == 0 and counts.get("cached", 0):
-        console.print("Nothing was built: every buildable artifact was already in the store.", highlight=False)
+        lines.append((*_same("Nothing was built: every buildable artifact was already in the store."), False))
+    return rows, lines
+
+
+def _same(text: str) -> tuple[str, str]:
+    """Text given to rich as markup as it is (as before: ids, digests and paths are not escaped)."""
+    return text, text
+
+
+def print_build(outcome, console) -> None:
+    from rich.table import Table
+
+    rows, lines = _build_report(outcome)
+    table = Table(show_lines=False)
+    for column in BUILD_COLUMNS:
+        table.add_column(column, overflow="fold", justify="right" if column in RIGHT_COLUMNS else "left")
+    for row in rows:
+        table.add_row(*(markup for markup, _ in row))
+    console.print(table)
+    for markup, _, soft_wrap in lines:
+        console.print(markup, highlight=False, soft_wrap=soft_wrap)
+
+
+def print_build_plain(outcome, stream=None) -> bool:
+    """print_build's text on a file or pipe, written without rich (plainout); False, having written
+    nothing, where only rich can be sure to write it (a terminal, text that is not as_is)."""
+    from trtbuild import plainout
+
+    stream = stream or sys.stdout
+    if not plainout.plain_stream(stream):
+        return False
+    rows, lines = _build_report(outcome)
+    table = plainout.table(BUILD_COLUMNS, [column in RIGHT_COLUMNS for column in BUILD_COLUMNS],
+                           [[plain for _, plain in row] for row in rows], plainout.WIDTH)
+    if table is None or not all(plainout.line_as_is(plain, None if soft_wrap else plainout.WIDTH)
+                                for _, plain, soft_wrap in lines):
+        return False
+    stream.write("".join(f"{line}\n" for line in [*table, *(plain for _, plain, _ in lines)]))
+    stream.flush()
+    return True
 
 
 def print_explain(explained, console) -> None:
