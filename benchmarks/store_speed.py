@@ -1,6 +1,6 @@
 """How fast the store hashes a checkpoint, and how fast a no-op build is.
 
-    python benchmarks/store_speed.py [--gib 2] [--files 8] [--repeat 3]
+    python benchmarks/store_speed.py [--gib 2] [--files 8] [--repeat 3] [--store DIR | --skip-build]
 
 1. Writes a checkpoint of --files files totalling --gib GiB (random bytes) into a temp folder.
 2. Times `sha256sum` over the files (one process, one file after another: the usual baseline),
@@ -8,7 +8,11 @@
    parallel across files), then again with the stat cache filled ("warm"). Both read from the page
    cache: the files were just written and fit in memory, so this measures hashing, not the disk.
 3. Times a no-op `trtbuild build` of the embedded demo recipe (after one build has filled the
-   store), against `python -c pass`.
+   store: a few minutes on 2 cores; --store DIR keeps that store for the next run), against
+   `python -c pass`, the two run in turn (median of 9 each), with the load average. Byte code is
+   cached, as an installed package has it (s3_speed.py does the same), in a folder of this run's
+   after an untimed warm-up; the figure is also shown without it (PYTHONDONTWRITEBYTECODE, as
+   in a test environment, compiles every trtbuild module in every process).
 
 4. Times adopting the folder into a new store (`LocalStore.ingest`, what a `path:` source does:
    copy, hash and fsync each file, in parallel across files) against `cp -r` then `sha256sum`
@@ -46,6 +50,43 @@ def timed(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+def in_turn(commands: dict[str, tuple[list[str], dict]], repeat: int) -> dict[str, float]:
+    """The median wall time of each command, the commands run one after another `repeat` times
+    (a machine that gets busier slows them alike)."""
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(repeat):
+        for name, (command, env) in commands.items():
+            start = time.perf_counter()
+            subprocess.run(command, env=env, check=True, capture_output=True)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def noop_build(store: str, tmp: Path) -> bool:
+    """A no-op `trtbuild build` of the demo beyond `python -c pass`; goal (issue #15) < 0.3 s, with
+    byte code cached. The first build fills the store without the byte code folder (the stages'
+    torch and transformers would be compiled into it)."""
+    env = {**os.environ, "TRTBUILD_CACHE": store}
+    cached = {**{k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}, "PYTHONPYCACHEPREFIX": str(tmp / "pycache")}
+    build = [sys.executable, "-m", "trtbuild", "build"]
+    start = [sys.executable, "-c", "pass"]
+    for run_env in (env, cached):  # fills the store unless it is built, then writes the byte code
+        first = subprocess.run(build, env=run_env, capture_output=True, text=True)
+        if first.returncode != 0:
+            print(first.stderr)
+            return False
+    load = os.getloadavg()[0]
+    t = in_turn({"pass": (start, cached), "build": (build, cached), "pass, uncached": (start, env),
+                 "build, uncached": (build, env)}, 9)
+    load = f"load average {load:.2f} -> {os.getloadavg()[0]:.2f}"
+    beyond = t["build"] - t["pass"]
+    print(f"python -c pass             {t['pass']:8.3f} s")
+    print(f"no-op trtbuild build       {t['build']:8.3f} s   {beyond:.3f} s beyond interpreter start  goal < 0.3 s  ({load})")
+    print(f"  without cached byte code {t['build, uncached']:8.3f} s   {t['build, uncached'] - t['pass, uncached']:.3f} s "
+          f"beyond interpreter start ({t['pass, uncached']:.3f} s)")
+    return beyond < 0.3
+
+
 def write_checkpoint(folder: Path, gib: float, files: int) -> None:
     size = int(gib * 1024**3 / files)
     block = os.urandom(16 * 1024 * 1024)
@@ -63,6 +104,7 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-build", action="store_true", help="skip the no-op build timing")
+    parser.add_argument("--store", help="the store for the no-op build: reused (built first where empty)")
     args = parser.parse_args()
     ok = True
 
@@ -137,18 +179,8 @@ def main() -> int:
         ok &= t_adopt <= t_cp_sync
 
     if not args.skip_build:
-        with tempfile.TemporaryDirectory(prefix="trtbuild-bench-store-") as store:
-            env = {**os.environ, "TRTBUILD_CACHE": store}
-            build = [sys.executable, "-m", "trtbuild", "build"]
-            first = subprocess.run(build, env=env, capture_output=True, text=True)
-            if first.returncode != 0:
-                print(first.stderr)
-                return 1
-            t_start = timed(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True), 7)
-            t_noop = timed(lambda: subprocess.run(build, env=env, check=True, capture_output=True), 7)
-            print(f"python -c pass             {t_start:8.3f} s")
-            print(f"no-op trtbuild build       {t_noop:8.3f} s   {t_noop - t_start:.3f} s beyond interpreter start  goal < 0.3 s")
-            ok &= t_noop - t_start < 0.3
+        with tempfile.TemporaryDirectory(prefix="trtbuild-bench-store-") as tmp:
+            ok &= noop_build(args.store or str(Path(tmp) / "store"), Path(tmp))
     print("OK: every goal met" if ok else "MISSED a goal")
     return 0 if ok else 1
 
