@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from trtbuild import ggufheader
+from trtbuild.stages.source import config
 from trtbuild.stages.source.config import gguf_config
 from trtbuild.stages.source.gguf import locate_gguf
 from trtbuild.store.state import StatCache
@@ -70,5 +71,5 @@ def test_another_file_or_another_header_code_is_read_again(tmp_path, reads, monk
     code = tmp_path / "ggufheader.py"  # other header code: what the old one derived is not used
     code.write_text(Path(ggufheader.__file__).read_text() + "\n# changed\n")
     settled(code)
-    monkeypatch.setattr(ggufheader, "__file__", str(code))
+    monkeypatch.setattr(config, "_header_code", lambda: code)
     assert gguf_config("model.gguf", tmp_path, state)[0] == first and reads == [copy] * 4

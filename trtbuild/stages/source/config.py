@@ -4,6 +4,7 @@ Face config.json fields the source stage will write, and a line saying where the
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import tarfile
 import tempfile
@@ -16,21 +17,31 @@ def gguf_config(location: str, base_dir: Path, state=None) -> tuple[dict, str]:
     """`state` (a store's stat cache): the config is kept there under the file's sha256 and the
     header code's, once the source stage has hashed the file; later builds do not walk the header
     again (skipping SmolLM2's 49k-token vocabulary in Python is most of a plan's time)."""
-    from trtbuild import ggufheader
     from trtbuild.stages.source.gguf import locate_gguf
 
     path = locate_gguf(location, base_dir)
     origin = f"GGUF header of {path}"
     digest = state.known_sha256(path) if state is not None else None
     if digest is None:
-        return ggufheader.hf_config(ggufheader.read_header(path)), origin
-    kind = f"gguf-config {state.sha256(Path(ggufheader.__file__))}"  # the code that derived it
+        return _read_gguf_config(path), origin
+    kind = f"gguf-config {state.sha256(_header_code())}"  # the code that derived it
     cached = state.derived(kind, digest)
     if cached is not None:
         return json.loads(cached), origin
-    config = ggufheader.hf_config(ggufheader.read_header(path))
+    config = _read_gguf_config(path)
     state.put_derived(kind, digest, json.dumps(config))
     return config, origin
+
+
+def _read_gguf_config(path: Path) -> dict:
+    from trtbuild.ggufheader import hf_config, read_header
+
+    return hf_config(read_header(path))
+
+
+def _header_code() -> Path:
+    """trtbuild/ggufheader.py, found without importing it: a config from the cache needs none of it."""
+    return Path(importlib.util.find_spec("trtbuild.ggufheader").origin)
 
 
 def s3_config(url: str) -> tuple[dict, str]:
