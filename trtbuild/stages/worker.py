@@ -11,6 +11,7 @@ its peak memory and the stage's measurements to the spec's `execution` file.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import sys
@@ -145,6 +146,11 @@ def serve() -> int:
         if returncode != 0:
             models.release()  # a failed stage may have left the kept model half-changed
         answers.write(json.dumps({"returncode": returncode}) + "\n")
+        # What the stage left in reference cycles goes now, while the runner stores the stage's output,
+        # instead of whenever the collector next visits it, stages later: the copies of a quantized
+        # model that the exports and validation make end as such garbage (ModelOpt's quantizers), 3.4,
+        # 6.8 and 1.7 GB of a 4 GB model's, which weighed on the stages after them. About 0.4 s.
+        gc.collect()
     return 0
 
 
