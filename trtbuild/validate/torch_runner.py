@@ -52,7 +52,20 @@ def load_trtllm_checkpoint(checkpoint: Path, source: Path, device: str, dtype: s
     model.load_state_dict(state, strict=not hf_config.get("tie_word_embeddings"))
     if hf_config.get("tie_word_embeddings"):
         model.tie_weights()
-    return model.to(_compute_dtype(device, dtype)).to(device).eval()
+    return _cast(model, _compute_dtype(device, dtype)).to(device).eval()
+
+
+def _cast(model, dtype):
+    """`model.to(dtype)` except its non-persistent buffers (the rotary embedding's inv_freq):
+    transformers computes those in float32 and from_pretrained never casts them. Cast to bfloat16,
+    RoPE's angles lose precision and the model no longer computes what the source model does (on
+    a GPU, where validation computes in bfloat16, the unquantized checkpoint failed its gates)."""
+    kept = [(module, name, buffer) for module in model.modules() for name, buffer in module._buffers.items()
+            if buffer is not None and name in module._non_persistent_buffers_set]
+    model.to(dtype)
+    for module, name, buffer in kept:
+        module._buffers[name] = buffer
+    return model
 
 
 def compute_dtype_name(device: str, dtype: str) -> str:
@@ -67,7 +80,7 @@ def in_compute_dtype(model, device: str, dtype: str):
     wanted = _compute_dtype(device, dtype)
     if next(model.parameters()).dtype == wanted:
         return model.eval()
-    return copy.deepcopy(model).to(wanted).eval()
+    return _cast(copy.deepcopy(model), wanted).eval()
 
 
 def reference(model, windows: np.ndarray, device: str, k: int = TOP_K, progress=None) -> dict[str, np.ndarray]:
