@@ -15,24 +15,12 @@ import pytest
 
 import stagekit
 from stagekit import DIE, FAIL, UPPER_INPROCESS, WRITE, counts, diamond, node
+from stage_fixtures import TESTS, stage_modules_importable, store  # noqa: F401 (fixtures)
 from trtbuild.graph import Graph
 from trtbuild.runner import RunOptions, Silent, run_graph
 from trtbuild.store.checkout import materialize
 from trtbuild.store.local import LocalStore
 from trtbuild.store.verify import verify
-
-TESTS = Path(__file__).resolve().parent
-
-
-@pytest.fixture(autouse=True)
-def stage_modules_importable(monkeypatch):
-    """Stage workers are fresh interpreters: they must find tests/stagekit.py."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
-
-
-@pytest.fixture
-def store(tmp_path) -> LocalStore:
-    return LocalStore(tmp_path / "store")
 
 
 def statuses(results) -> dict[str, str]:

@@ -6,26 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-
 from stagekit import (COUNTING, HOLD, SHARED_DIE, SHARED_FAIL, SHARED_HOLD, SHARED_STDIN, SHARED_UPPER, SHARED_WRITE,
                       WRITE, node)
+from stage_fixtures import stage_modules_importable, store  # noqa: F401 (fixtures)
 from trtbuild import worker_pool
 from trtbuild.graph import Graph
 from trtbuild.runner import run_graph
-from trtbuild.store.local import LocalStore
-
-TESTS = Path(__file__).resolve().parent
-
-
-@pytest.fixture(autouse=True)
-def stage_modules_importable(monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
-
-
-@pytest.fixture
-def store(tmp_path) -> LocalStore:
-    return LocalStore(tmp_path / "store")
 
 
 def pids(runs: Path) -> dict[str, int]:
