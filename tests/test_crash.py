@@ -444,7 +444,7 @@ def test_push_killed_at_random_moments(published, bucket, seaweed, fork_server):
     report("push", reruns, states)
 
 
-# 16 files of 64 bytes in 2 folders: assembling --dest takes long enough for a kill to land in it
+# 16 files of 64 bytes in 2 folders: assembling --dest is dozens of write points to kill at
 WIDE = {f"shard{n // 8}/part{n:02d}.bin": bytes([n]) * 64 for n in range(16)}
 
 
