@@ -73,3 +73,19 @@ def test_another_file_or_another_header_code_is_read_again(tmp_path, reads, monk
     settled(code)
     monkeypatch.setattr(config, "_header_code", lambda: code)
     assert gguf_config("model.gguf", tmp_path, state)[0] == first and reads == [copy] * 4
+
+
+@pytest.mark.parametrize("kept", ["{not json", "[1, 2]", '"a string"'])
+def test_a_damaged_kept_config_is_read_again_from_the_header(tmp_path, reads, kept):
+    """index.db is a cache: a kept value that is not a config object (a damaged or foreign row) is
+    a miss, and the header is read again and kept anew, never a traceback."""
+    copy = tmp_path / "model.gguf"
+    shutil.copyfile(locate_gguf(DEMO, tmp_path), copy)
+    settled(copy)
+    state = StatCache(tmp_path / "index.db")
+    digest = state.sha256(copy)
+    expected = gguf_config("model.gguf", tmp_path, state)
+    kind = f"gguf-config {state.sha256(config._header_code())}"
+    state.put_derived(kind, digest, kept)
+    assert gguf_config("model.gguf", tmp_path, state) == expected and reads == [copy] * 2
+    assert gguf_config("model.gguf", tmp_path, state) == expected and reads == [copy] * 2  # kept again, whole

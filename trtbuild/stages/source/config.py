@@ -25,12 +25,22 @@ def gguf_config(location: str, base_dir: Path, state=None) -> tuple[dict, str]:
     if digest is None:
         return _read_gguf_config(path), origin
     kind = f"gguf-config {state.sha256(_header_code())}"  # the code that derived it
-    cached = state.derived(kind, digest)
-    if cached is not None:
-        return json.loads(cached), origin
+    config = _kept_config(state.derived(kind, digest))
+    if config is not None:
+        return config, origin
     config = _read_gguf_config(path)
     state.put_derived(kind, digest, json.dumps(config))
     return config, origin
+
+
+def _kept_config(kept: "str | None") -> "dict | None":
+    """A config the stat cache kept, or None: index.db is a cache, and a row that is not a config
+    object (damaged, or written by something else) is a miss, not an error."""
+    try:
+        config = json.loads(kept) if kept is not None else None
+    except ValueError:
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def _read_gguf_config(path: Path) -> dict:
