@@ -29,13 +29,13 @@ from trtbuild.keys import canonical_json
 from trtbuild.records import ActionRecord, Digest, RecipeClaim, Ref, RefEntry, dump
 from trtbuild.store.base import CorruptStore, Store, first_error, parse_record
 from trtbuild.store.hash import Progress, atomic_write, bytes_sha256, copy_with_sha256, file_sha256, fsync_dir, is_digest
+from trtbuild.store.location import store_url
 from trtbuild.store.state import StatCache
 from trtbuild.store.tree import BadTree, Manifest, build_manifest
 
 if TYPE_CHECKING:
     from filelock import FileLock
 
-DEFAULT_ROOT = "cache"
 # cas/ comes last: exists() tests it, so a build that sees a store another process is creating
 # finds locks/ and the rest already there.
 LAYOUT = ("manifests", "ac", "refs", "tmp", "locks", "checkouts", "cas/sha256")
@@ -57,9 +57,7 @@ def open_store(url: Optional[str] = None, create: bool = False, missing_ok: bool
     (S3Store). Opening creates nothing. `create`: the store may not exist yet; its first write (a
     build, through using()) creates it. `missing_ok`: a missing store reads as an empty one
     (explain). Otherwise a missing store is refused."""
-    url = url or os.environ.get("TRTBUILD_CACHE") or DEFAULT_ROOT
-    if url.startswith("file://"):
-        url = url[len("file://"):]
+    url = store_url(url)
     if url.startswith("s3://"):
         from trtbuild.store.s3 import S3Store
 
@@ -644,8 +642,13 @@ class LocalStore(Store):
         self._writing()
         lock_path = Path(os.path.abspath(lock_path))
         root = self.root / "roots" / f"{bytes_sha256(str(lock_path).encode())[:32]}.json"
-        if not root.exists():
-            atomic_write(root, canonical_json({"lockfile": str(lock_path)}) + b"\n")
+        body = canonical_json({"lockfile": str(lock_path)}) + b"\n"
+        try:  # read, not only stat-ed: a replayed no-op build (trtbuild.replay) sees it as an input
+            if root.read_bytes() == body:
+                return
+        except FileNotFoundError:
+            pass
+        atomic_write(root, body)
 
     def registered_lockfiles(self) -> list[Path]:
         found = []
