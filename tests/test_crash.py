@@ -64,12 +64,12 @@ def moments(window: float) -> list[tuple[int, int, float]]:
 # The killed commands are forked from one process that has imported what `python -m trtbuild` runs
 # on (click, pydantic, botocore, boto3's transfer manager): each trial then starts in milliseconds,
 # where an interpreter's start and those imports (0.3-1.2 s, writing nothing) were most of the
-# file's time. From trtbuild.cli.main on, the child is what `python -m trtbuild ARGS` is: its own
+# file's time. From trtbuild.__main__.main on, the child is what `python -m trtbuild ARGS` is: its own
 # argv, environment (TRTBUILD_CACHE, AWS_*), stdin/stdout/stderr on /dev/null, exit without teardown.
 FORK_SERVER = r"""
 import json, os, signal, sys
 import botocore.session, boto3.s3.transfer
-import trtbuild.cli, trtbuild.pipeline, trtbuild.publish, trtbuild.store.s3, trtbuild.store.transfer
+import trtbuild.__main__, trtbuild.cli, trtbuild.pipeline, trtbuild.publish, trtbuild.store.s3, trtbuild.store.transfer
 
 # Audit events that change the file system (besides "open" for writing), and the arguments that are paths.
 WRITES = {"os.mkdir": 1, "os.rename": 2, "os.remove": 1, "os.rmdir": 1, "os.link": 2, "os.symlink": 2,
@@ -122,7 +122,7 @@ for line in sys.stdin:
         if request.get("writes"):
             watch_writes(**request["writes"])
         sys.argv = ["trtbuild", *request["args"]]
-        trtbuild.cli.main()
+        trtbuild.__main__.main()
     print(pid, flush=True)
 """
 

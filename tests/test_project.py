@@ -41,7 +41,7 @@ def test_dependencies_and_extras():
     for package in ("torch", "transformers==4.57.6", "nvidia-modelopt==0.47.0", "accelerate", "gguf", "requests"):
         assert package in quantize
     assert extras["trtllm"] == ["tensorrt-llm>=1.2,<1.3"]
-    assert project["scripts"]["trtbuild"] == "trtbuild.cli:main"
+    assert project["scripts"]["trtbuild"] == "trtbuild.__main__:main"
 
 
 def test_dockerfile_pins_a_1_2_release_image_and_installs_trtbuild():
