@@ -298,3 +298,14 @@ def test_every_file_a_noop_build_stats_is_an_input_of_its_record(project, tmp_pa
                  if path not in recorded and path not in above and not path.startswith(str(project.store / "replay"))
                  and not (Path(path).is_relative_to(interpreter) and "site-packages" not in path)]
     assert uncovered == []
+
+
+def test_a_record_that_cannot_be_written_fails_nothing(project):
+    """Recording is a cache: where it cannot be written (here replay/ is a file), the build says
+    what it always says, exits 0, and the next run builds in full again."""
+    shutil.rmtree(project.store / "replay")
+    (project.store / "replay").write_text("not a folder")
+    for _ in range(2):
+        result = project.build()
+        assert (result.returncode, result.stdout, result.stderr) == (0, project.full.stdout, project.full.stderr)
+    assert (project.store / "replay").read_text() == "not a folder"

@@ -202,22 +202,14 @@ class Recorder:
         if not self.recordable:
             return
         self.recordable = False  # the record's own writing is not an input
-        path, temp = self.path, None
+        from pathlib import Path
+
+        from trtbuild.store.hash import atomic_write
+
         try:
-            record = self._record(consulted)
-            root = os.path.dirname(os.path.dirname(path))
-            temp = os.path.join(root, "tmp", f"replay-{os.path.basename(path)}.{os.getpid()}")  # tmp/: gc clears it
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(temp, "w", encoding="utf-8") as f:
-                json.dump(record, f, separators=(",", ":"))
-            os.replace(temp, path)
+            atomic_write(Path(self.path), json.dumps(self._record(consulted), separators=(",", ":")).encode())
         except Exception:
-            for leftover in (temp, path):
-                try:
-                    if leftover:
-                        os.unlink(leftover)
-                except OSError:
-                    pass
+            self.discard()
 
     def _record(self, consulted: set[str]) -> dict:
         modules = {m.__file__ for m in list(sys.modules.values()) if isinstance(getattr(m, "__file__", None), str)}
