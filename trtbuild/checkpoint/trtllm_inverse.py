@@ -19,8 +19,11 @@ What it undoes (reference/trtllm.md section 2; docs/checkpoints.md):
 
 One rank file is read at a time; each tensor is copied out of the file's memory map before the
 file is closed, so memory holds the rebuilt state dict plus one tensor, never two ranks' maps.
-Quantized checkpoints are refused: their weights are not the HF weights (they are validated
-through their ModelOpt state instead).
+Quantized checkpoints are refused (their weights are not the HF weights; they are validated through
+their ModelOpt state instead), except those TensorRT-LLM quantizes itself at load (W8A16, W4A16:
+float weights on disk): their weights come back as the engine holds them, each rank's weight-only
+linears quantized and dequantized the way TensorRT-LLM 1.2 does it (validate/trtllm_loadtime.py),
+before the ranks are joined.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from trtbuild.checkpoint.hf_layout import hf_layout
+from trtbuild.checkpoint.trtllm_load_rules import WEIGHT_ONLY_ALGOS
 from trtbuild.checkpoint.trtllm_config import read_mapping
 from trtbuild.checkpoint.verify import verify_trtllm_checkpoint
 from trtbuild.errors import TrtbuildError
@@ -62,14 +66,18 @@ class _Parts:
 def trtllm_to_hf_state(ckpt_dir: Union[Path, str], hf_config: dict) -> dict:
     """The Hugging Face state dict (name -> torch.Tensor) that the unquantized TensorRT-LLM
     checkpoint in `ckpt_dir` was made from; `hf_config` is the model's HF config.json as a dict.
-    Raises TrtbuildError for a quantized checkpoint, or one that does not fit `hf_config`."""
+    A checkpoint TensorRT-LLM quantizes at load (W8A16 / W4A16 from float weights) comes back with
+    the weights the engine computes with. Raises TrtbuildError for any other quantized checkpoint,
+    or one that does not fit `hf_config`."""
     import torch
+
+    from trtbuild.validate.trtllm_loadtime import loadtime_weight
 
     ckpt_dir = Path(ckpt_dir)
     cfg = read_json_object(ckpt_dir / "config.json")
     quant = cfg.get("quantization") if isinstance(cfg.get("quantization"), dict) else {}
     algo, kv_algo = quant.get("quant_algo"), quant.get("kv_cache_quant_algo")
-    if algo is not None or kv_algo is not None:
+    if (algo is not None and algo not in WEIGHT_ONLY_ALGOS) or kv_algo is not None:
         what = f"quant_algo {algo}" if algo is not None else f"kv_cache_quant_algo {kv_algo}"
         raise TrtbuildError(f"{ckpt_dir}: {what}: quantized checkpoints are validated through their ModelOpt state")
     # Names, shapes, dtypes, rank files and the config against the HF config (headers only).
@@ -92,6 +100,7 @@ def trtllm_to_hf_state(ckpt_dir: Union[Path, str], hf_config: dict) -> dict:
         path = ckpt_dir / f"rank{rank}.safetensors"
         where = path.name
         for name, tensor in _read_rank(path, dtype):
+            tensor = loadtime_weight(name, tensor, algo, quant.get("exclude_modules"))
             if name == "transformer.vocab_embedding.weight":
                 if parallel_embedding:
                     parts.put("model.embed_tokens.weight", sharding_dim, t, tensor)

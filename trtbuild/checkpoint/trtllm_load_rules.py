@@ -10,10 +10,20 @@ Read from the source (reference/trtllm.md section 11, file@commit there):
   `...qkv.weights_scaling_factor` matches `qkv.weight`), it is not int8, and no exclude pattern
   matches the tensor name (fnmatchcase; `exclude_modules` when given, else
   `*shared_expert_gate.weight`). The quantize op takes 2-D or 3-D float tensors only;
-- `quantization/quantize.py@0614867` `quantize_layers`: `exclude_modules`, when given, REPLACES
-  `DEFAULT_EXCLUDE_MODULES` (fnmatchcase against each module's full name); weight-only
-  quantization also replaces every `Embedding` by a `WeightOnlyQuantEmbedding` (int8 weight and a
-  `per_token_scale` the checkpoint must then hold).
+- `quantization/quantize.py@0614867` `quantize_layers`: `exclude_modules`, when given and not
+  empty (`quant_config.exclude_modules or [defaults]`), REPLACES `DEFAULT_EXCLUDE_MODULES`
+  (fnmatchcase against each module's full name); weight-only quantization also replaces every
+  `Embedding` by a `WeightOnlyQuantEmbedding` (int8 weight and a `per_token_scale` the checkpoint
+  must then hold);
+- `cpp/tensorrt_llm/kernels/cutlass_kernels/cutlass_preprocessors.cpp@b35ac1b`
+  `preprocess_weights_for_mixed_gemm`, which the quantize op runs on each [in, out] matrix of the
+  rank: "Our kernels only handle dims which are multiples of 64 for weight-only quantization"; its
+  checks (row permutation, `subbyte_transpose`'s 32-byte vectors, `interleave_column_major_tensor`'s
+  64-row tiles) throw for in or out features per rank that are not multiples of 64 (int8: in % 64,
+  out % 32 on the sm80 layout). The layout is chosen by the GPU trtllm-build runs on
+  (`getSMVersion()`), so the float checkpoint is the same for every SM.
+
+The numbers themselves (scale and rounding) are emulated in trtbuild/validate/trtllm_loadtime.py.
 
 Plain data and strings: no torch."""
 
@@ -32,18 +42,23 @@ WEIGHT_ONLY_DEFAULT_EXCLUDE = ("*shared_expert_gate.weight",)
 DEFAULT_EXCLUDE_MODULES = ("*lm_head", "*router", "*vocab_embedding", "*position_embedding", "*block_embedding",
                            "*shared_expert_gate", "*fused_a")
 WEIGHT_ONLY_ALGOS = (QuantAlgo.W8A16, QuantAlgo.W4A16)
+# The multiple every weight-only linear's in and out features per rank must be (cutlass_preprocessors.cpp).
+WEIGHT_ONLY_DIM_MULTIPLE = 64
 _FLOAT_CODES = ("F16", "BF16", "F32")
 _INVALID_DIM = "'Invalid dim. The dim of weight should be 2 or 3'"
 
 
 def excluded(module: str, exclude_modules: Optional[list]) -> bool:
     """quantize_layers' test: fnmatchcase of the module's full name against each pattern (the
-    defaults when `exclude_modules` is None). No ancestor walk, no `re:` patterns in 1.2."""
-    patterns = DEFAULT_EXCLUDE_MODULES if exclude_modules is None else exclude_modules
+    defaults when `exclude_modules` is None or empty). No ancestor walk, no `re:` patterns in 1.2."""
+    patterns = exclude_modules or DEFAULT_EXCLUDE_MODULES
     return any(isinstance(p, str) and fnmatch.fnmatchcase(module, p) for p in patterns)
 
 
-def _weight_only_selects(name: str, exclude_modules: Optional[list]) -> bool:
+def weight_only_selects(name: str, exclude_modules: Optional[list]) -> bool:
+    """Whether weight_only_quantize_dict quantizes the tensor `name` (before its int8 test): not
+    excluded (fnmatchcase of the tensor name; `*shared_expert_gate.weight` when `exclude_modules`
+    is None, nothing when it is empty) and containing one of WEIGHT_ONLY_NAME_PARTS."""
     patterns = WEIGHT_ONLY_DEFAULT_EXCLUDE if exclude_modules is None else exclude_modules
     if any(isinstance(p, str) and fnmatch.fnmatchcase(name, p) for p in patterns):
         return False
@@ -54,7 +69,7 @@ def exclusion_problems(quant: dict, unquantized_modules: Iterable[str]) -> list[
     """The modules the checkpoint holds unquantized (the embedding, MoE routers) that TensorRT-LLM
     would replace by quantized layers because `exclude_modules` replaced its defaults."""
     algo, exclude = quant.get("quant_algo"), quant.get("exclude_modules")
-    if algo is None or exclude is None:
+    if algo is None or not exclude:  # None or []: quantize_layers keeps its defaults
         return []
     problems = []
     for module in unquantized_modules:
@@ -79,7 +94,7 @@ def weight_only_problems(file: str, header: dict, quant: dict) -> dict[str, str]
     problems = {}
     for name in sorted(header):
         info = header[name]
-        if not isinstance(info, dict) or not _weight_only_selects(name, exclude):
+        if not isinstance(info, dict) or not weight_only_selects(name, exclude):
             continue
         dtype, shape = info.get("dtype"), list(info.get("shape", ()))
         part = next(p for p in WEIGHT_ONLY_NAME_PARTS if p in name)
@@ -97,3 +112,17 @@ def weight_only_problems(file: str, header: dict, quant: dict) -> dict[str, str]
                 f"{file}: {name} ({dtype} {shape}) contains {part!r}, so TensorRT-LLM 1.2's weight-only "
                 f"preprocessing quantizes it as a float weight")
     return problems
+
+
+def weight_only_dims_problem(algo: Optional[str], linears: dict[str, tuple[int, int]]) -> Optional[str]:
+    """The first weight-only linear whose (out, in) features on one rank TensorRT-LLM's quantize op
+    cannot lay out (None: all fit); `linears` maps a label to its per-rank (out, in)."""
+    if algo not in WEIGHT_ONLY_ALGOS:
+        return None
+    m = WEIGHT_ONLY_DIM_MULTIPLE
+    for label, (out, inp) in linears.items():
+        for side, size in (("out", out), ("in", inp)):
+            if size % m:
+                return (f"{algo}: {label} has {size} {side} features per GPU; TensorRT-LLM 1.2 quantizes weight-only "
+                        f"layers at load into a layout that needs multiples of {m} (cutlass_preprocessors.cpp)")
+    return None
