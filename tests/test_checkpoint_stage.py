@@ -170,10 +170,11 @@ limits: {{max_input_len: 128, max_seq_len: 256}}
                 assert config["qwen_type"] == "qwen2" and config["rotary_base"] == 1e6
 
 
-def test_int8_wo_builds_nothing_and_int4_wo_builds_its_hf_checkpoint(tmp_path, tokenizer):
-    """TensorRT-LLM 1.2 cannot load ModelOpt's int8 weight-only values (tests/test_trtllm_loading_rules.py)
-    and no serving runtime claims its Hugging Face checkpoint (reference/serving.md): every int8_wo target
-    is impossible. int4_wo (exported as W4A16_AWQ, which TensorRT-LLM's PyTorch backend serves) is built."""
+def test_int8_wo_builds_its_float_w8a16_checkpoint_and_int4_wo_its_hf_checkpoint(tmp_path, tokenizer):
+    """TensorRT-LLM 1.2 quantizes W8A16 itself at load: int8_wo's TensorRT-LLM checkpoint is the
+    source's float weights converted, with `quant_algo: W8A16`, and no calibration runs for it. No
+    serving runtime claims its Hugging Face checkpoint (trtbuild/serving.py): impossible. int4_wo
+    (exported as W4A16_AWQ, which TensorRT-LLM's PyTorch backend serves) is built."""
     make_model(tmp_path / "model", "llama", tokenizer)
     recipe = write(tmp_path, """
 schema: 1
@@ -187,11 +188,22 @@ backends: [engine, hf-checkpoint]
 exclude: [{variant: w4, backend: engine}]
 """)
     built = run(recipe, tmp_path / "store")
-    reason = built["w8-tp1"]["reason"]
-    assert built["w8-tp1"]["status"] == "impossible" and reason.startswith("INT8 weight-only has no TensorRT-LLM 1.2")
-    assert built["w8-tp1-sm90"]["reason"] == f"needs checkpoint w8-tp1, which is impossible: {reason}"
+    assert built["w8-tp1"]["status"] == "built", built["w8-tp1"]["reason"]
+    ckpt = Path(built["w8-tp1"]["path"])
+    hf_config = json.loads((tmp_path / "model" / "config.json").read_text())
+    verify_trtllm_checkpoint(ckpt, hf_config)
+    assert json.loads((ckpt / "config.json").read_text())["quantization"]["quant_algo"] == "W8A16"
+    tensors, source = load_file(ckpt / "rank0.safetensors"), load_file(tmp_path / "model" / "model.safetensors")
+    assert torch.equal(tensors["transformer.layers.0.attention.dense.weight"],
+                       source["model.layers.0.self_attn.o_proj.weight"])
     assert built["w8-hf"]["status"] == "impossible"
     assert built["w8-hf"]["reason"].startswith("no runtime serves INT8 weight-only on sm90: trtllm>=1.3: not claimed: ")
+    assert not [name for name in built if name.startswith("w8-") and built[name]["stage"] in ("quantize", "calibration")]
+    # validated through the checkpoint read back as TensorRT-LLM quantizes it at load
+    validated = run(recipe, tmp_path / "store", "--until", "validate", "--target", "w8-tp1")["w8-tp1:validate"]
+    assert validated["status"] == "built", validated["reason"]
+    report = json.loads((Path(validated["path"]) / "report.json").read_text())
+    assert report["runner"] == "torch" and 0 < report["metrics"]["kld_mean"] < 0.01
     assert built["w4-hf"]["status"] == "built"
     config = json.loads((Path(built["w4-hf"]["path"]) / "config.json").read_text())
     assert config["quantization_config"]["quant_algo"] == "W4A16_AWQ"

@@ -90,9 +90,11 @@ def test_quantized_linear_bytes_match_exported_layouts(quant, per_weight):
     weights = out_f * in_f * per_weight
     scales = got - weights
     assert scales >= 0 and scales < 0.07 * weights  # scales cost a few percent at most (AWQ: 4 B per 128 weights)
-    if quant in ("int4_awq", "w4a8_awq"):
+    if quant in ("int4_awq", "w4a8_awq", "int4_wo"):  # int4_wo is exported as W4A16_AWQ
         # weights_scaling_factor [out, in/128] float32 + prequant_scaling_factor [in] fp16 (reference/modelopt.md s.3)
         assert scales >= out_f * in_f / 128 * 4 + in_f * 2
+    if quant == "int8_wo":  # quantized by TensorRT-LLM at load: per_channel_scale [out] in the model dtype
+        assert scales == out_f * 2
 
 
 def test_kv_bytes_per_token():

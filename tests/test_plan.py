@@ -56,6 +56,7 @@ def test_dtype_defaults_to_the_model_config_then_float16(ws):
     ("{quant: nvfp4}", "sm90", "NVFP4 needs FP4 tensor cores (sm100 or newer); sm90 has none"),
     ("{kv_cache: fp8}", "sm80", "an FP8 KV cache needs sm89 or newer; sm80 has no FP8 support"),
     ("{kv_cache: nvfp4}", "sm90", "an NVFP4 KV cache needs sm100 or newer; sm90 has no FP4 support"),
+    ("{quant: int8_wo}", "sm100", "INT8 weight-only is rejected on sm100 by TensorRT-LLM: 'INT8/INT4 quantization is not supported on SM>=100.'"),
     ("{quant: int4_wo}", "sm100", "INT4 weight-only is rejected on sm100 by TensorRT-LLM: 'INT8/INT4 quantization is not supported on SM>=100.'"),
     ("{quant: int4_awq}", "sm100", "INT4 AWQ (W4A16) is rejected on sm100 by TensorRT-LLM: 'INT8/INT4 quantization is not supported on SM>=100.'"),
     ("{quant: w4a8_awq}", "sm100", "W4A8 AWQ is rejected on sm100 by TensorRT-LLM: 'INT8/INT4 quantization is not supported on SM>=100.'"),
@@ -148,6 +149,36 @@ def test_int4_weight_only_group_size_is_in_the_checkpoint_keys(ws):
         assert graph.node(node_id).params["group_size"].value == group, node_id
     assert graph.node("wo-tp1").params["group_size"].origin == "default: variants.wo.group_size"
     assert "group_size" not in graph.node("w8-tp1").params
+
+
+def test_int8_wo_engines_come_from_a_float_checkpoint_tensorrt_llm_quantizes(ws):
+    """TensorRT-LLM 1.2 quantizes W8A16 at load: int8_wo engines for sm80 and sm90 are planned, their
+    checkpoint is converted from the source (no calibration), in any dtype trtbuild converts."""
+    from trtbuild.graph import build_graph
+
+    plan = plan_of(ws, "variants: {w8: {quant: int8_wo}}\nparallelism: [{tp: 1}, {tp: 2}]", gpus="[A100, H100]")
+    assert statuses(plan) == {name: ("ok", None) for name in (
+        "w8-tp1", "w8-tp1-sm80", "w8-tp1-sm90", "w8-tp2", "w8-tp2-sm80", "w8-tp2-sm90")}
+    graph = build_graph(plan)
+    assert graph.node("w8-tp1").stage.entry == "trtbuild.stages.checkpoint:convert_checkpoint"
+    assert graph.node("w8-tp1").params["quant"].value == "int8_wo"
+    assert "quantized" not in graph.node("w8-tp1").inputs
+    assert not [n for n in graph.nodes if n.kind in ("quantize", "calibration")]
+    assert statuses(plan_of(ws, "dtype: float32\nvariants: {w8: {quant: int8_wo}}"))["w8-tp1"] == ("ok", None)
+
+
+def test_int8_wo_rules_of_tensorrt_llms_load_time_quantization(ws):
+    # tp 8: q 256/8 = 32 rows plus k and v of one duplicated 32-wide KV head each: 96 outputs per GPU,
+    # and the weight-only layout needs multiples of 64
+    s = statuses(plan_of(ws, "variants: {w8: {quant: int8_wo}}\nparallelism: [{tp: 8}]"))
+    assert s["w8-tp8"] == ("impossible", "W8A16: attention.qkv has 96 out features per GPU; TensorRT-LLM 1.2 "
+                           "quantizes weight-only layers at load into a layout that needs multiples of 64 "
+                           "(cutlass_preprocessors.cpp)")
+    s = statuses(plan_of(ws, "variants: {w8: {quant: int8_wo, kv_cache: int8}}"))
+    assert s["w8-tp1"] == ("impossible", "INT8 weight-only engines are built from a float checkpoint that TensorRT-LLM "
+                           "quantizes at load (quant_algo W8A16); trtbuild has no stage yet that adds ModelOpt's "
+                           "calibrated KV-cache scales to it: build INT8 weight-only without kv_cache, or use another "
+                           "format with an INT8 KV cache")
 
 
 @pytest.mark.parametrize("variant, what, hf_served", [

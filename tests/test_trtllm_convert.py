@@ -32,7 +32,7 @@ from trtbuild.checkpoint.safetensors_files import read_safetensors_header
 from trtbuild.checkpoint.trtllm_config import fix_trtllm_config
 from trtbuild.checkpoint.trtllm_convert import convert_hf_to_trtllm
 from trtbuild.checkpoint.verify import CheckpointInvalid, verify_trtllm_checkpoint
-from trtbuild.errors import TrtbuildError
+from trtbuild.errors import InvalidInput, TrtbuildError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -592,3 +592,29 @@ def test_progress_counts_every_byte_of_tensor_data(hf_model, tmp_path):
                for start, end in (info["data_offsets"] for info in
                                   read_safetensors_header(tmp_path / "out" / f"rank{r}.safetensors").values()))
     assert written[-1] == data and report["bytes"] > data  # the files add their headers
+
+
+def test_int8_wo_is_the_unquantized_layout_with_quant_algo_w8a16(ours, hf_model, tmp_path):
+    """TensorRT-LLM quantizes W8A16 itself at load: the converter writes int8_wo as the unquantized
+    checkpoint, tensor for tensor, and only config.json (and quant_cfg.json) name the algorithm."""
+    plain = ours("llama", 2, 1)
+    report = convert_hf_to_trtllm(hf_model("llama"), tmp_path / "w8", 2, 1, "bfloat16", quant="int8_wo")
+    assert report["quant_algo"] == "W8A16"
+    for rank in (0, 1):
+        mine, base = load_file(tmp_path / "w8" / f"rank{rank}.safetensors"), load_file(plain / f"rank{rank}.safetensors")
+        assert mine.keys() == base.keys() and all(torch.equal(mine[k], base[k]) for k in base)
+    config, base_config = (json.loads((d / "config.json").read_text()) for d in (tmp_path / "w8", plain))
+    assert config.pop("quantization") == {"quant_algo": "W8A16", "kv_cache_quant_algo": None,
+                                          "has_zero_point": False, "pre_quant_scale": False}
+    base_config.pop("quantization")
+    assert config == base_config
+    assert json.loads((tmp_path / "w8" / "quant_cfg.json").read_text())["quant_algo"] == "W8A16"
+
+
+@pytest.mark.parametrize("quant", ["fp8", "int4_wo", "bogus"])
+def test_converter_refuses_formats_it_cannot_write(quant, hf_model, tmp_path):
+    with pytest.raises(InvalidInput) as caught:
+        convert_hf_to_trtllm(hf_model("llama"), tmp_path / "out", 1, 1, "bfloat16", quant=quant)
+    assert str(caught.value) == (f"quant {quant!r}: the streaming converter writes only the formats TensorRT-LLM "
+                                 "quantizes at load (int8_wo); others are exported by ModelOpt")
+    assert not (tmp_path / "out").exists()  # nothing half-written

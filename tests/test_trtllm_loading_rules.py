@@ -1,6 +1,7 @@
-"""TensorRT-LLM 1.2's own loading rules (reference/trtllm.md section 11) applied to the checkpoints
-trtbuild exports: the verifier refuses what that code refuses, and a format with no loadable layout
-is refused at plan time."""
+"""TensorRT-LLM 1.2's own loading rules (trtbuild/checkpoint/trtllm_load_rules.py, file and commit
+there) applied to the checkpoints trtbuild exports: the verifier refuses what that code refuses;
+int8_wo engines come from a float W8A16 checkpoint that TensorRT-LLM quantizes at load, and
+validation reads it back as TensorRT-LLM quantizes it (trtbuild/validate/trtllm_loadtime.py)."""
 
 from __future__ import annotations
 
@@ -57,8 +58,10 @@ def hf_config(folder: Path) -> dict:
     return json.loads((folder / "config.json").read_text())
 
 
-def test_todays_int8_wo_export_is_what_tensorrt_llm_refuses(int8_wo_export, tiny):
-    """ModelOpt's W8A16 layout: int8 weights + 1-D weights_scaling_factor, exclude_modules [lm_head]."""
+def test_modelopts_w8a16_export_is_what_tensorrt_llm_refuses(int8_wo_export, tiny):
+    """ModelOpt's W8A16 layout: int8 weights + 1-D weights_scaling_factor, exclude_modules [lm_head].
+    trtbuild no longer writes it for engines (int8_wo engines come from a float checkpoint), and
+    the verifier keeps refusing it."""
     config = hf_config(int8_wo_export)
     assert config["quantization"] == {"quant_algo": "W8A16", "kv_cache_quant_algo": None,
                                       "exclude_modules": ["lm_head"]}
@@ -86,10 +89,10 @@ def test_todays_int8_wo_export_is_what_tensorrt_llm_refuses(int8_wo_export, tiny
 
 
 def trtllm_int8_weight_only(weight: torch.Tensor) -> torch.Tensor:
-    """TensorRT-LLM 1.2's W8A16 load-time quantization of one [out, in] float weight, as
-    cutlass_preprocessors.cpp@b35ac1b symmetric_quantize describes it (weight_only_quantize
-    transposes to [in, out] and quantizes the last axis, i.e. per output channel): in float32,
-    scale = max|w| * (1/128); q = round half away from zero of w / scale, clipped to [-128, 127]."""
+    """The test's own, independent reading of cutlass_preprocessors.cpp@b35ac1b symmetric_quantize
+    for one [out, in] float weight (weight_only_quantize transposes to [in, out] and quantizes the
+    last axis, i.e. per output channel): in float32, scale = max|w| * (1/128); q = round half away
+    from zero of w / scale, clipped to [-128, 127]."""
     w = weight.to(torch.float32)
     scale = w.abs().amax(dim=1, keepdim=True) * np.float32(1 / 128)
     ratio = torch.where(scale != 0, w / torch.where(scale != 0, scale, 1), torch.zeros_like(w))
@@ -97,12 +100,11 @@ def trtllm_int8_weight_only(weight: torch.Tensor) -> torch.Tensor:
     return rounded.clamp(-128, 127).to(torch.int8)
 
 
-def test_no_float_layout_gives_back_modelopts_int8_values(int8_wo_export):
-    """Why int8_wo has no TensorRT-LLM 1.2 layout. Whatever float weights a checkpoint holds, the
-    element of largest magnitude in a channel divides to exactly +-128 and clips to 127 or -128, so
-    only channels whose ModelOpt ints contain +127 could come back unchanged; ModelOpt's
-    (scale max/127) have -127 as their only extreme in others. Its dequantized weights, the nearest
-    candidate layout, come back different."""
+def test_modelopts_int8_values_are_not_what_tensorrt_llm_computes(int8_wo_export):
+    """Why int8_wo is validated by emulating TensorRT-LLM's load-time quantization, not through
+    ModelOpt's fake quantization: TensorRT-LLM's scale is max/128 (the largest weight of a channel
+    becomes 127 or -128), ModelOpt's max/127 (it becomes +-127); even ModelOpt's own dequantized
+    weights come back as other int8 values."""
     tensors = load_file(int8_wo_export / "rank0.safetensors")
     for layer in (0, 1):
         for linear in LINEARS:
@@ -113,55 +115,112 @@ def test_no_float_layout_gives_back_modelopts_int8_values(int8_wo_export):
             extreme = dequantized.abs().argmax(dim=1)
             rows = torch.arange(ints.shape[0])
             assert set(again[rows, extreme].tolist()) <= {127, -128}, m
-            no_plus_127 = (ints.max(dim=1).values < 127)
-            assert bool(no_plus_127.any()), m  # channels no float layout can reproduce
+            assert bool((ints.max(dim=1).values < 127).any()), m  # channels whose extreme ModelOpt made -127
             assert not torch.equal(again, ints), m
 
 
-def test_the_rule_emulation_matches_the_source_on_edge_cases():
-    """Round half away from zero (C++ round), the 1/128 scale, the asymmetric clip, a zero row."""
-    w = torch.tensor([[1.0, -1.0, 0.5 / 128, 1.5 / 128], [0.0, 0.0, 0.0, 0.0], [-2.0, 1.0, 0.0, 2.0]])
-    assert trtllm_int8_weight_only(w).tolist() == [[127, -128, 1, 2], [0, 0, 0, 0], [-128, 64, 0, 127]]
+# A small [out 4, in 4] bf16 weight and TensorRT-LLM's per-output-channel int8 round trip of it, worked
+# out by hand (scale = max|row| / 128; q = w / scale rounded half away from zero, clipped to [-128, 127];
+# back = q * scale). Every number is exact in bfloat16.
+HAND_WEIGHT = [[1.0, -1.0, 0.5 / 128, 1.5 / 128],  # scale 1/128: ratios 128 -128 0.5 1.5 -> 127 -128 1 2
+               [0.0, 0.0, 0.0, 0.0],  # max 0: scale 0, every value 0
+               [-2.0, 1.0, 0.0, 2.0],  # scale 1/64: ratios -128 64 0 128 -> -128 64 0 127
+               [-1 / 64, -3 / 64, 5 / 64, 4.0]]  # scale 1/32: ratios -0.5 -1.5 2.5 128 -> -1 -2 3 127 (not -0 -2 2)
+HAND_INTS = [[127, -128, 1, 2], [0, 0, 0, 0], [-128, 64, 0, 127], [-1, -2, 3, 127]]
+HAND_SCALES = [1 / 128, 0.0, 1 / 64, 1 / 32]
+HAND_BACK = [[127 / 128, -1.0, 1 / 128, 2 / 128], [0.0, 0.0, 0.0, 0.0], [-2.0, 1.0, 0.0, 127 / 64],
+             [-1 / 32, -2 / 32, 3 / 32, 127 / 32]]
 
 
-def test_int8_wo_is_refused_for_engines_at_plan_time(ws):
-    body = minimal("variants: {w8: {quant: int8_wo}}\nbackends: [engine, hf-checkpoint]", "[sm90]")
+def test_load_time_quantization_matches_a_hand_computed_int8_round_trip():
+    from trtbuild.validate.trtllm_loadtime import loadtime_weight, symmetric_quantize_last_axis
+
+    weight = torch.tensor(HAND_WEIGHT, dtype=torch.bfloat16)
+    # the op's view: [in, out], one scale per column, stored in the weight's dtype
+    values, scales = symmetric_quantize_last_axis(weight.t().contiguous(), 8)
+    assert values.t().tolist() == HAND_INTS and values.dtype == torch.int8
+    assert scales.tolist() == HAND_SCALES and scales.dtype == torch.bfloat16
+    back = loadtime_weight("transformer.layers.0.mlp.fc.weight", weight, "W8A16", None)
+    assert back.dtype == torch.bfloat16 and back.tolist() == HAND_BACK
+    # weight_only_quantize_dict's selection: names without a quantized part, excluded names, int8 tensors
+    for name, exclude in (("lm_head.weight", None), ("transformer.vocab_embedding.weight", None),
+                          ("transformer.layers.0.input_layernorm.weight", None),
+                          ("transformer.layers.0.mlp.fc.weight", ["*mlp.fc.weight"])):
+        assert loadtime_weight(name, weight, "W8A16", exclude) is weight, name
+    assert loadtime_weight("transformer.layers.0.mlp.fc.weight", weight, None, None) is weight
+
+
+def test_load_time_int4_and_batched_experts_follow_the_same_op():
+    """quint4x2: scale max/8, clip [-8, 7]; a 3-D [E, out, in] stack is quantized matrix by matrix."""
+    from trtbuild.validate.trtllm_loadtime import loadtime_weight
+
+    # max 4: scale 1/2; ratios 8 -3 1.5 -0.5 -> 7 (clipped) -3 2 -1; back 3.5 -1.5 1 -0.5
+    row = torch.tensor([[4.0, -1.5, 0.75, -0.25]], dtype=torch.float32)
+    assert loadtime_weight("x.qkv.weight", row, "W4A16", None).tolist() == [[3.5, -1.5, 1.0, -0.5]]
+    experts = torch.stack([torch.tensor(HAND_WEIGHT), 2 * torch.tensor(HAND_WEIGHT)]).to(torch.bfloat16)
+    back = loadtime_weight("transformer.layers.0.mlp.fc.weight", experts, "W8A16", None)
+    assert back[0].tolist() == HAND_BACK and back[1].tolist() == [[2 * v for v in r] for r in HAND_BACK]
+
+
+def converted_int8_wo(tiny: Path, out: Path, tp: int) -> Path:
+    from trtbuild.checkpoint.trtllm_convert import convert_hf_to_trtllm
+
+    convert_hf_to_trtllm(tiny, out, tp, 1, "bfloat16", quant="int8_wo")
+    return out
+
+
+def test_int8_wo_checkpoint_passes_tensorrt_llms_loading_rules(tiny, tmp_path):
+    """What trtbuild writes for int8_wo engines: the source's float weights, `quant_algo: W8A16`, no
+    exclude_modules (TensorRT-LLM's defaults keep lm_head and the embedding float); every tensor the
+    weight-only preprocessing picks is a 2-D float weight."""
+    from trtbuild.checkpoint.trtllm_load_rules import weight_only_problems
+    from trtbuild.checkpoint.safetensors_files import read_safetensors_header
+
+    out = converted_int8_wo(tiny, tmp_path / "w8", 1)
+    config = hf_config(out)
+    assert config["quantization"] == {"quant_algo": "W8A16", "kv_cache_quant_algo": None,
+                                      "has_zero_point": False, "pre_quant_scale": False}
+    verify_trtllm_checkpoint(out, hf_config(tiny))
+    header = read_safetensors_header(out / "rank0.safetensors")
+    assert weight_only_problems("rank0.safetensors", header, config["quantization"]) == {}
+    source = load_file(tiny / "model.safetensors")
+    tensors = load_file(out / "rank0.safetensors")
+    assert torch.equal(tensors["transformer.layers.1.mlp.proj.weight"], source["model.layers.1.mlp.down_proj.weight"])
+    assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
+
+
+def test_int8_wo_checkpoint_reads_back_as_the_engine_holds_it(tiny, tmp_path):
+    """Validation reads the float checkpoint back with each rank's weight-only linears quantized as
+    TensorRT-LLM quantizes them: per rank, so a row-parallel layer's channels take their maximum over
+    that rank's half of the inputs (tp 2); everything else comes back unchanged."""
+    from trtbuild.checkpoint.trtllm_inverse import trtllm_to_hf_state
+
+    source = load_file(tiny / "model.safetensors")
+    for tp in (1, 2):
+        state = trtllm_to_hf_state(converted_int8_wo(tiny, tmp_path / f"w8-tp{tp}", tp), hf_config(tiny))
+        for hf_name in ("model.layers.0.self_attn.o_proj.weight", "model.layers.1.mlp.down_proj.weight"):
+            w = source[hf_name]
+            halves = w.chunk(tp, dim=1)  # row-parallel: each rank holds a slice of the inputs
+            expected = torch.cat([trtllm_int8_weight_only(h).to(torch.float32) * (
+                h.to(torch.float32).abs().amax(dim=1, keepdim=True) * np.float32(1 / 128)) for h in halves], dim=1)
+            assert torch.equal(state[hf_name], expected.to(torch.bfloat16)), (tp, hf_name)
+        w = source["model.layers.0.mlp.gate_proj.weight"]  # column-parallel: whole rows, as at tp 1
+        expected = trtllm_int8_weight_only(w).to(torch.float32) * (
+            w.to(torch.float32).abs().amax(dim=1, keepdim=True) * np.float32(1 / 128))
+        assert torch.equal(state["model.layers.0.mlp.gate_proj.weight"], expected.to(torch.bfloat16)), tp
+        for kept in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
+                     "model.layers.0.input_layernorm.weight"):
+            assert torch.equal(state[kept], source[kept]), (tp, kept)
+        assert not torch.equal(state["model.layers.0.mlp.gate_proj.weight"], w)
+
+
+def test_int8_wo_engines_are_planned_for_ampere_and_hopper(ws):
+    """A user who asks for int8_wo engines for A100 (sm80), A10G (sm86) and H100 (sm90) gets them."""
+    body = minimal("variants: {w8: {quant: int8_wo}}", "[sm80, A10G, sm90]")
     plan = plan_recipe(load_recipe(ws.recipe(body)))
-    reason = ("INT8 weight-only has no TensorRT-LLM 1.2 checkpoint layout: TensorRT-LLM quantizes W8A16 weights "
-              "itself at load, from float weights (per channel, scale max/128, clipped to [-128, 127]), and no float "
-              "weights give back ModelOpt's int8 values (scale max/127) in a channel whose largest weight is "
-              "negative; and no serving runtime claims its Hugging Face checkpoint (trtbuild/serving.py): use int4_wo "
-              "or fp8")
-    ckpt = plan.target("w8-tp1")
-    assert (ckpt.status, ckpt.reason) == ("impossible", reason)
-    engine = plan.target("w8-tp1-sm90")
-    assert (engine.status, engine.reason) == ("impossible", f"needs checkpoint w8-tp1, which is impossible: {reason}")
-    hf = plan.target("w8-hf")  # reference/serving.md: no runtime claims W8A16 (trtllm's loader reads it, unmatrixed)
-    assert (hf.status, hf.reason.split(": trtllm>=1.3: ")[0]) == ("impossible", "no runtime serves INT8 weight-only on sm90")
-
-
-def test_weight_only_checkpoint_in_tensorrt_llms_layout_passes(int8_wo_export, tiny, tmp_path):
-    """What TensorRT-LLM 1.2 loads for W8A16: float weights, default exclusions (or a list that keeps
-    them); the tensors its preprocessing quantizes are all 2-D floats."""
-    folder = tmp_path / "w8a16"
-    folder.mkdir()
-    tensors = load_file(int8_wo_export / "rank0.safetensors")
-    floats = {}
-    for name, t in tensors.items():
-        if name.endswith(".weights_scaling_factor"):
-            continue
-        if t.dtype == torch.int8:
-            scale = tensors[name.replace(".weight", ".weights_scaling_factor")]
-            t = (t.to(torch.float32) * scale[:, None]).to(torch.bfloat16)
-        floats[name] = t
-    save_file(floats, str(folder / "rank0.safetensors"))
-    config = hf_config(int8_wo_export)
-    config["quantization"] = {"quant_algo": "W8A16", "kv_cache_quant_algo": None, "exclude_modules": None}
-    (folder / "config.json").write_text(json.dumps(config))
-    verify_trtllm_checkpoint(folder, hf_config(tiny))
-    config["quantization"]["exclude_modules"] = ["*lm_head", "*vocab_embedding"]
-    (folder / "config.json").write_text(json.dumps(config))
-    verify_trtllm_checkpoint(folder, hf_config(tiny))
+    assert {t.name: (t.status, t.reason) for t in plan.targets} == {
+        "w8-tp1": ("ok", None), "w8-tp1-sm80": ("ok", None), "w8-tp1-sm86": ("ok", None),
+        "w8-tp1-sm90": ("ok", None)}
 
 
 def test_exclude_modules_must_keep_the_defaults_the_checkpoint_relies_on():
@@ -174,6 +233,9 @@ def test_exclude_modules_must_keep_the_defaults_the_checkpoint_relies_on():
     assert exclusion_problems({"quant_algo": "FP8", "exclude_modules": ["lm_head", "*router"]}, modules) == []
     assert exclusion_problems({"quant_algo": "W8A16", "exclude_modules": None}, modules) == []  # the defaults
     assert exclusion_problems({"quant_algo": None, "exclude_modules": []}, modules) == []
+    # quantize_layers: `exclude_modules or [defaults]`: an empty list keeps the defaults too
+    assert exclusion_problems({"quant_algo": "W8A16", "exclude_modules": []}, modules) == []
+    assert excluded("transformer.vocab_embedding", [])
     # 1.2 matches the module's full name only: no ancestor walk, no regular expressions
     assert excluded("transformer.layers.0.mlp.router", ["*router"])
     assert not excluded("transformer.layers.0.mlp.router", ["transformer.layers.0.mlp"])

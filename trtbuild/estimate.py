@@ -56,10 +56,11 @@ def linear_bytes(out_features: int, in_features: int, quant: Optional[str], dtyp
     if quant == "int8_sq":  # int8 weight, per-channel weight scale, activation + prequant scales
         return n + out_features * 4 + 4 + in_features * 2
     if quant == "int8_wo":
-        return n + out_features * 4
-    if quant == "int4_wo":
-        return n / 2 + out_features * dtype_bytes
-    if quant in ("int4_awq", "w4a8_awq"):  # packed int4, [out, in/group] f32 scales, prequant scale
+        # TensorRT-LLM quantizes it at load: int8 weight + per_channel_scale [out] in the model dtype
+        # (quantization/layers.py WeightOnlyQuantLinear; validate/trtllm_loadtime.py)
+        return n + out_features * dtype_bytes
+    if quant in ("int4_awq", "w4a8_awq", "int4_wo"):  # packed int4, [out, in/group] f32 scales, prequant scale
+        # (int4_wo is exported as W4A16_AWQ with a prequant scale of ones: quantformats.py)
         return n / 2 + out_features * math.ceil(in_features / group_size) * 4 + in_features * 2 + 8
     if quant == "nvfp4":  # packed fp4, one fp8 scale per 16 elements, global scales
         return n / 2 + n / 16 + 8

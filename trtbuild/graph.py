@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel
 
-from trtbuild import engine_flags, hardware, serving, serving_options, toolchain
+from trtbuild import engine_flags, hardware, quantformats, serving, serving_options, toolchain
 from trtbuild.nodeids import hf_export_id, quantized_id, trtllm_validate_id, twin_id, validate_id, vllm_validate_id  # noqa: F401 (graph.X_id for callers)
 from trtbuild.plan import CHECKPOINT, ENGINE, HF_CHECKPOINT, Plan, Target
 from trtbuild.stages.base import Stage
@@ -339,9 +339,13 @@ class GraphBuilder:
         export's files plus serving/: the runtime options and the loader check)."""
         variant = self.recipe.variants[target.variant]
         inputs = {"source": SOURCE}
-        if variant.needs_calibration and target.ok:
+        # A TensorRT-LLM checkpoint of a format TensorRT-LLM quantizes at load (int8_wo) is the
+        # source's float weights, converted: no calibration (quantformats.trtllm_checkpoint_calibrated).
+        calibrated = variant.needs_calibration and (
+            target.kind != CHECKPOINT or quantformats.trtllm_checkpoint_calibrated(variant.quant, variant.kv_cache))
+        if calibrated and target.ok:
             inputs["quantized"] = self.quantize(target.variant)
-        mode = "export" if variant.needs_calibration else "convert"
+        mode = "export" if calibrated else "convert"
         kind = "hf-export" if target.kind == HF_CHECKPOINT else target.kind
         node_id = hf_export_id(target.name) if target.kind == HF_CHECKPOINT else target.name
         node = self._add(Node(node_id, kind, self.registry.get(f"{kind}:{mode}"), inputs=inputs,

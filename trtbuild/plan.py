@@ -253,6 +253,22 @@ def _model_rules(model: ModelSpec, variant: Variant, tp: int, pp: int) -> Option
     return None
 
 
+def _loadtime_rules(model: ModelSpec, variant: Variant, tp: int) -> Optional[str]:
+    """TensorRT-LLM quantizes a W8A16 checkpoint's linears at load, rank by rank, into a GEMM layout
+    with size rules of its own (trtllm_load_rules.weight_only_dims_problem)."""
+    from trtbuild.checkpoint.trtllm_load_rules import weight_only_dims_problem
+
+    algo = quantformats.trtllm_loadtime_algo(variant.quant)
+    if algo is None:
+        return None
+    hidden, attention = model.hidden_size, model.num_heads * model.head_dim
+    kv_out = max(model.num_kv_heads // tp, 1) * model.head_dim  # KV heads duplicated when tp exceeds them
+    mlp_out = model.intermediate_size // tp
+    linears = {"attention.qkv": (attention // tp + 2 * kv_out, hidden), "attention.dense": (hidden, attention // tp),
+               "mlp.fc": (mlp_out, hidden), "mlp.proj": (hidden, mlp_out)}
+    return weight_only_dims_problem(algo, linears)
+
+
 def _formats(variant: Variant) -> list:
     """The variant's weight format and KV-cache format, from trtbuild/quantformats.py's table."""
     return ([quantformats.FORMATS[variant.quant]] if variant.quant else []) + (
@@ -280,8 +296,9 @@ def _checkpoint_target(plan: Plan, vname: str, variant: Variant, tp: int, pp: in
     if plan.model.architecture not in CHECKPOINT_ARCHITECTURES:
         reason = (f"not supported: {plan.model.architecture} (TensorRT-LLM checkpoints are written for "
                   f"{', '.join(CHECKPOINT_ARCHITECTURES)}; the hf-checkpoint backend takes others)")
-    reason = (reason or quantformats.trtllm_checkpoint_problem(variant.quant)
+    reason = (reason or quantformats.trtllm_checkpoint_problem(variant.quant, variant.kv_cache)
               or _model_rules(plan.model, variant, tp, pp)
+              or _loadtime_rules(plan.model, variant, tp)
               or quantformats.trtllm_export_dtype_problem(variant.quant, variant.kv_cache, plan.dtype))
     est = estimate.Estimate(
         weights_bytes_per_gpu=estimate.weights_bytes_per_gpu(plan.model, tp, pp, variant.quant, plan.dtype, variant.effective_group_size or 128),

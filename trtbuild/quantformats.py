@@ -84,7 +84,9 @@ class QuantFormat:
     block: Optional[int] = None  # fixed block along the input dimension (NVFP4: 16)
     cuda_only: Optional[str] = None  # why ModelOpt cannot calibrate it on a CPU
     sm_rules: tuple[SmRule, ...] = ()
-    trtllm_refused: Optional[str] = None  # why no TensorRT-LLM 1.2 checkpoint of it can be written
+    # TensorRT-LLM 1.2 quantizes the weights itself at load: its checkpoint holds them as floats with
+    # `quant_algo: trtllm_loadtime` (they need no calibration), None: the checkpoint holds them quantized
+    trtllm_loadtime: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -108,18 +110,17 @@ _DYNAMIC_BLOCK_CUDA_ONLY = ("NVFP4 uses dynamic block quantization (FP4 values w
                             "which ModelOpt 0.47 implements only as a CUDA kernel (it asserts 'amax must be a CUDA "
                             "tensor for dynamic block quantization' during calibration)")
 
-# TensorRT-LLM 1.2 takes W8A16 weights only as floats and quantizes them at load
-# (modeling_utils.preprocess_perlayer_weights -> convert_utils.weight_only_quantize_dict ->
-# symmetric_quantize, kernels/cutlass_kernels/cutlass_preprocessors.cpp@b35ac1b): per output channel
-# scale = max|w| / 128, round half away from zero, clip to [-128, 127]. The largest-magnitude weight
-# of a channel therefore always becomes 127 or -128, which no float layout can turn into ModelOpt's
-# -127 (scale max/127): ModelOpt's int8 values cannot reach an engine unchanged (reference/trtllm.md
-# section 11; tests/test_trtllm_loading_rules.py). int4_wo is exported as W4A16_AWQ, which loads.
-_W8A16_REFUSED = ("INT8 weight-only has no TensorRT-LLM 1.2 checkpoint layout: TensorRT-LLM quantizes W8A16 weights "
-                  "itself at load, from float weights (per channel, scale max/128, clipped to [-128, 127]), and no "
-                  "float weights give back ModelOpt's int8 values (scale max/127) in a channel whose largest weight "
-                  "is negative; and no serving runtime claims its Hugging Face checkpoint (trtbuild/serving.py): use "
-                  "int4_wo or fp8")
+# TensorRT-LLM 1.2 reads W8A16 (and W4A16) weights only as floats and quantizes them itself when it
+# loads the checkpoint (modeling_utils.preprocess_perlayer_weights -> convert_utils.weight_only_quantize_dict
+# -> the symmetric_quantize_last_axis_of_batched_matrix op, per output channel, into the layout of the GPU
+# trtllm-build runs on; trtbuild/validate/trtllm_loadtime.py emulates it, with file and commit). So an
+# int8_wo engine is built from a float checkpoint that says `quant_algo: W8A16`: no ModelOpt calibration,
+# and the int8 values are TensorRT-LLM's, not ModelOpt's (scale max/128, not max/127).
+# A quantized KV cache needs ModelOpt's calibrated KV scales in the same checkpoint, which this path
+# has no stage for yet.
+_LOADTIME_WITH_KV = ("{label} engines are built from a float checkpoint that TensorRT-LLM quantizes at load "
+                     "(quant_algo {algo}); trtbuild has no stage yet that adds ModelOpt's calibrated KV-cache scales "
+                     "to it: build {label} without kv_cache, or use another format with {kv}")
 
 FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     QuantFormat("fp8", "FP8", "8bit", "FP8_DEFAULT_CFG", QuantAlgo.FP8,
@@ -133,7 +134,7 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
                 grouped=True, default_group_size=128, awq=True,
                 sm_rules=(_needs_fp8("W4A8 AWQ"), _rejected_on_blackwell("W4A8 AWQ"))),
     QuantFormat("int8_wo", "INT8 weight-only", "8bit", "INT8_WEIGHT_ONLY_CFG", QuantAlgo.W8A16,
-                sm_rules=(_rejected_on_blackwell("INT8 weight-only"),), trtllm_refused=_W8A16_REFUSED),
+                sm_rules=(_rejected_on_blackwell("INT8 weight-only"),), trtllm_loadtime=QuantAlgo.W8A16),
     # Per-group INT4 weights, max calibration, no activation quantization (INT4_AWQ_CFG's
     # quantizers without the AWQ search), exported as W4A16_AWQ with a pre_quant_scale of ones.
     QuantFormat("int4_wo", "INT4 weight-only", "4bit", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", QuantAlgo.W4A16_AWQ,
@@ -166,15 +167,30 @@ def sm_unsupported_reason(quant: Optional[str], kv_cache: Optional[str], sm_numb
     return next((rule.reason.format(sm=sm) for rule in rules if rule.applies(sm_number)), None)
 
 
-def trtllm_checkpoint_problem(quant: Optional[str]) -> Optional[str]:
-    """Why no TensorRT-LLM checkpoint of the weight format can be written (None: one can)."""
-    return FORMATS[quant].trtllm_refused if quant else None
+def trtllm_loadtime_algo(quant: Optional[str]) -> Optional[str]:
+    """The quant_algo of a float TensorRT-LLM checkpoint that TensorRT-LLM quantizes at load, when
+    that is how the format's engines are built (None: the checkpoint holds quantized weights)."""
+    return FORMATS[quant].trtllm_loadtime if quant else None
+
+
+def trtllm_checkpoint_calibrated(quant: Optional[str], kv_cache: Optional[str]) -> bool:
+    """Whether the variant's TensorRT-LLM checkpoint comes from a ModelOpt-calibrated model (else the
+    streaming converter writes it from the source's float weights)."""
+    return kv_cache is not None or (quant is not None and trtllm_loadtime_algo(quant) is None)
+
+
+def trtllm_checkpoint_problem(quant: Optional[str], kv_cache: Optional[str]) -> Optional[str]:
+    """Why no TensorRT-LLM checkpoint of the variant can be written (None: one can)."""
+    algo = trtllm_loadtime_algo(quant)
+    if algo is not None and kv_cache is not None:
+        return _LOADTIME_WITH_KV.format(label=FORMATS[quant].label, algo=algo, kv=KV_FORMATS[kv_cache].label)
+    return None
 
 
 def trtllm_export_dtype_problem(quant: Optional[str], kv_cache: Optional[str], dtype: str) -> Optional[str]:
     """Why ModelOpt's TensorRT-LLM export cannot write a checkpoint of this variant in `dtype`."""
-    if (quant is None and kv_cache is None) or dtype in MODELOPT_TRTLLM_EXPORT_DTYPES:
-        return None
+    if not trtllm_checkpoint_calibrated(quant, kv_cache) or dtype in MODELOPT_TRTLLM_EXPORT_DTYPES:
+        return None  # trtbuild's converter writes any dtype
     what = FORMATS[quant].label if quant else KV_FORMATS[kv_cache].label
     return (f"ModelOpt's TensorRT-LLM export writes unquantized tensors in float16 or bfloat16 only; "
             f"dtype {dtype} is not supported with {what}: use bfloat16 or float16")

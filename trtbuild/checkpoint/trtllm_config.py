@@ -14,9 +14,11 @@ from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.modelconfig import read_json_object
 
 
-def build_trtllm_config(layout: HFLayout, tp: int, pp: int, dtype: str) -> dict:
+def build_trtllm_config(layout: HFLayout, tp: int, pp: int, dtype: str, quant_algo: Optional[str] = None) -> dict:
     """config.json in the shape ModelOpt 0.47 writes it (key for key, same order) for the same
-    unquantized model; differences are deliberate and commented."""
+    unquantized model; differences are deliberate and commented. `quant_algo`: a weight-only
+    algorithm TensorRT-LLM quantizes at load (quantformats.trtllm_loadtime_algo), the weights
+    staying float."""
     config: dict[str, Any] = {
         # Deliberate: the producer is trtbuild, not modelopt.
         "producer": {"name": "trtbuild", "version": __version__},
@@ -58,6 +60,14 @@ def build_trtllm_config(layout: HFLayout, tp: int, pp: int, dtype: str) -> dict:
         config["attn_bias"] = layout.qkv_bias
     config["mapping"] = {"world_size": tp * pp, "tp_size": tp, "pp_size": pp}
     config["quantization"] = {"quant_algo": None, "kv_cache_quant_algo": None}
+    if quant_algo is not None:
+        # What TensorRT-LLM's own flow writes for int8 weight-only (QuantConfig(quant_algo=W8A16)):
+        # QuantMode.from_quant_algo makes it per channel (no groups, so no group_size), with no zero
+        # point and no pre-quant scale (written out, they are QuantConfig's defaults). No
+        # exclude_modules: TensorRT-LLM's defaults keep lm_head and the embedding float, which a
+        # given list would replace (trtllm_load_rules.exclusion_problems).
+        config["quantization"] = {"quant_algo": quant_algo, "kv_cache_quant_algo": None,
+                                  "has_zero_point": False, "pre_quant_scale": False}
     if layout.num_experts:
         config["mapping"].update({"moe_tp_size": tp, "moe_ep_size": 1})
         config["moe"] = {"num_experts": layout.num_experts, "top_k": layout.top_k, "normalization_mode": 1}

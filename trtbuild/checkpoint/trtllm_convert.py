@@ -297,15 +297,25 @@ def _rss_now() -> Optional[int]:
 
 def convert_hf_to_trtllm(src: Union[Path, str], out: Union[Path, str], tp: int, pp: int, dtype: str,
                          progress: Optional[Callable[[int, int], None]] = None, *,
-                         chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict:
+                         chunk_bytes: int = DEFAULT_CHUNK_BYTES, quant: Optional[str] = None) -> dict:
     """Convert the unquantized HF checkpoint folder `src` into a TensorRT-LLM checkpoint in `out`.
+
+    `quant`: a recipe format TensorRT-LLM quantizes itself at load (int8_wo): the weights are
+    written as floats all the same, and config.json says its quant_algo (W8A16).
 
     `progress`, if given, is called after each block with (bytes written so far, bytes in all).
     Returns a report: per-rank tensor counts and bytes,
     seconds, and peak RSS (resource.getrusage, the whole process's high-water mark)."""
+    from trtbuild.quantformats import FORMATS, trtllm_loadtime_algo
+
     started = time.monotonic()
     rss_start = _rss_now()
     src, out = Path(src), Path(out)
+    if quant is not None and (quant not in FORMATS or trtllm_loadtime_algo(quant) is None):
+        loadtime = [name for name in FORMATS if trtllm_loadtime_algo(name)]
+        raise InvalidInput(f"quant {quant!r}: the streaming converter writes only the formats TensorRT-LLM quantizes "
+                           f"at load ({', '.join(loadtime)}); others are exported by ModelOpt")
+    quant_algo = trtllm_loadtime_algo(quant)
     hf = read_json_object(src / "config.json")
     if hf.get("quantization_config"):
         raise InvalidInput(f"{src / 'config.json'}: has a quantization_config; the streaming converter takes "
@@ -339,11 +349,11 @@ def convert_hf_to_trtllm(src: Union[Path, str], out: Union[Path, str], tp: int, 
         ranks.append({"rank": r, "file": path.name, "tensors": len(plan), "bytes": size})
 
     # ModelOpt writes this for unquantized exports too; TRT-LLM reads it only for MIXED_PRECISION.
-    _write_json(out / "quant_cfg.json", {"quant_algo": None, "kv_cache_quant_algo": None, "quantized_layers": {}})
-    _write_json(out / "config.json", build_trtllm_config(layout, tp, pp, dtype))
+    _write_json(out / "quant_cfg.json", {"quant_algo": quant_algo, "kv_cache_quant_algo": None, "quantized_layers": {}})
+    _write_json(out / "config.json", build_trtllm_config(layout, tp, pp, dtype, quant_algo))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {
-        "tp": tp, "pp": pp, "dtype": dtype, "architecture": layout.architecture,
+        "tp": tp, "pp": pp, "dtype": dtype, "architecture": layout.architecture, "quant_algo": quant_algo,
         "ranks": ranks,
         "tensors_per_rank": [r["tensors"] for r in ranks],
         "bytes": sum(r["bytes"] for r in ranks),

@@ -5,7 +5,8 @@ out-of-memory or a crash fails the stage, not the build.
 
 - `make_windows`: the calibration set as token ids (its digest, not the text's path, keys what follows).
 - `quantize`: ModelOpt calibration in the recipe's dtype; stores the ModelOpt state, not the weights.
-- `convert_checkpoint`: an unquantized TensorRT-LLM checkpoint, streamed tensor by tensor.
+- `convert_checkpoint`: an unquantized TensorRT-LLM checkpoint, streamed tensor by tensor (also the
+  float checkpoint of a format TensorRT-LLM quantizes at load: int8_wo, `quant_algo: W8A16`).
 - `export_checkpoint`: a quantized TensorRT-LLM checkpoint, exported from the restored quantized model.
 - `convert_hf` / `export_hf`: the Hugging Face form (for TensorRT-LLM's PyTorch backend, vLLM, SGLang).
 
@@ -99,7 +100,8 @@ def convert_checkpoint(ctx: StageContext) -> None:
             shown["percent"] = percent
             report_progress(written >> 20, max(total >> 20, 1), "MiB written")
 
-    report = convert_hf_to_trtllm(source, ctx.out, ctx.params["tp"], ctx.params["pp"], ctx.params["dtype"], progress)
+    report = convert_hf_to_trtllm(source, ctx.out, ctx.params["tp"], ctx.params["pp"], ctx.params["dtype"], progress,
+                                  quant=ctx.params.get("quant"))
     changed = _fix_and_verify(ctx.out, source, ctx)
     ctx.report({**report, "config_fixes": changed})
 

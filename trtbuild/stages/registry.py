@@ -21,7 +21,9 @@ STAGES: dict[str, Optional[Stage]] = {
                          toolchain=("transformers",), needs=("transformers",)),
     "quantize": Stage("quantize", 2, "trtbuild.stages.checkpoint:quantize",
                       toolchain=("torch", "transformers", "modelopt", "cuda"), needs=("torch", "transformers", "modelopt")),
-    "checkpoint:convert": Stage("checkpoint", 1, "trtbuild.stages.checkpoint:convert_checkpoint",
+    # 2: writes the float W8A16 checkpoint of int8_wo (TensorRT-LLM quantizes it at load) from the
+    # variant's `quant`, which version 1 ignored; its report names the quant_algo
+    "checkpoint:convert": Stage("checkpoint", 2, "trtbuild.stages.checkpoint:convert_checkpoint",
                                 toolchain=("safetensors",), needs=("torch", "safetensors")),
     "checkpoint:export": Stage("checkpoint", 1, "trtbuild.stages.checkpoint:export_checkpoint",
                                toolchain=("torch", "transformers", "modelopt"), needs=("torch", "transformers", "modelopt")),
