@@ -20,6 +20,7 @@ import yaml
 from conftest import needs_no_vllm, standin_toolchain_env
 from tinymodels import make_model, make_tokenizer
 from trtbuild.errors import TrtbuildError
+from trtbuild.store.local import LocalStore
 from trtbuild.validate import vllm_runner
 
 
@@ -107,6 +108,154 @@ def test_availability_reads_metadata_and_nvml(recorded_gpu, installed_packages):
     assert vllm_runner.available() is None
 
 
+def test_the_llm_gets_max_logprobs_of_the_k_the_metric_needs():
+    options = {"quantization": "modelopt", "max_model_len": 128}
+    assert vllm_runner.llm_arguments(options, 256) == {"quantization": "modelopt", "max_model_len": 128,
+                                                       "skip_tokenizer_init": True, "max_logprobs": 256}
+
+
+def test_the_device_is_what_the_engine_config_says():
+    assert vllm_runner.devices("cpu", 1) == "cpu"
+    assert vllm_runner.devices("cpu", 2) == "cpu"  # vLLM's CPU worker: one torch.device("cpu") for every rank
+    assert vllm_runner.devices("cuda", 2) == "cuda:0, cuda:1"
+    assert vllm_runner.devices("cuda", 2, {0: 3, 1: 5}.__getitem__) == "cuda:3, cuda:5"
+
+
+# ---- the stand-in refuses what vLLM 0.33.0 refuses, in its words -------------------------------
+
+STANDIN = Path(__file__).resolve().parent / "standin_vllm" / "vllm"
+
+
+@pytest.fixture(scope="module")
+def standin():
+    """tests/standin_vllm's vllm package, loaded under a private name: `vllm` stays uninstalled for
+    the rest of this process (its dist-info is not put on sys.path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_standin_vllm", STANDIN / "__init__.py",
+                                                  submodule_search_locations=[str(STANDIN)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    for name in [n for n in sys.modules if n.split(".")[0] in ("_standin_vllm", "_standin_trtllm_for_vllm")]:
+        del sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("standin-vllm") / "model", "llama")  # vocab 512
+
+
+def quantized_config(folder: Path, quantization_config: dict) -> Path:
+    """A folder whose config.json is `tiny`'s with a quantization_config (what vLLM's checks read)."""
+    folder.mkdir()
+    config = {"vocab_size": 512, "quantization_config": quantization_config}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_the_standin_refuses_prompt_logprobs_above_max_logprobs(standin, tiny):
+    windows = [{"prompt_token_ids": [5, 7, 9]}]
+    llm = standin.LLM(model=str(tiny), skip_tokenizer_init=True)
+    with pytest.raises(standin.exceptions.VLLMValidationError) as err:
+        llm.generate(windows, standin.SamplingParams(max_tokens=1, prompt_logprobs=256), use_tqdm=False)
+    assert str(err.value) == ("Requested prompt logprobs of 256, which is greater than max allowed: 20 "
+                              "(parameter=prompt_logprobs, value=256)")
+    assert not isinstance(err.value, ValueError)  # 0.33.0: a VLLMClientError
+    with pytest.raises(standin.exceptions.VLLMValidationError) as err:  # -1: the whole vocabulary
+        llm.generate(windows, standin.SamplingParams(max_tokens=1, prompt_logprobs=-1), use_tqdm=False)
+    assert str(err.value) == ("Requested prompt logprobs of 512, which is greater than max allowed: 20 "
+                              "(parameter=prompt_logprobs, value=512)")
+    (out,) = llm.generate(windows, standin.SamplingParams(max_tokens=1, prompt_logprobs=20), use_tqdm=False)
+    assert [len(e) if e else e for e in out.prompt_logprobs][0] is None and len(out.prompt_logprobs) == 3
+
+    llm = standin.LLM(model=str(tiny), skip_tokenizer_init=True, max_logprobs=256)
+    (out,) = llm.generate(windows, standin.SamplingParams(max_tokens=1, prompt_logprobs=256), use_tqdm=False)
+    assert [len(entry) for entry in out.prompt_logprobs[1:]] in ([256, 256], [256, 257], [257, 256], [257, 257])
+    llm = standin.LLM(model=str(tiny), skip_tokenizer_init=True, max_logprobs=-1)  # -1: no cap but the vocabulary
+    (out,) = llm.generate(windows, standin.SamplingParams(max_tokens=1, prompt_logprobs=-1), use_tqdm=False)
+    assert [len(entry) for entry in out.prompt_logprobs[1:]] == [512, 512]
+
+
+def test_the_standin_refuses_bad_logprob_settings_where_vllm_does(standin, tiny):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as err:  # ModelConfig.max_logprobs: Field(default=20, ge=-1)
+        standin.LLM(model=str(tiny), max_logprobs=-2)
+    assert err.value.errors()[0]["loc"] == ("max_logprobs",) and err.value.errors()[0]["type"] == "greater_than_equal"
+    with pytest.raises(standin.exceptions.VLLMValidationError) as err:
+        standin.SamplingParams(prompt_logprobs=-2)
+    assert str(err.value) == "prompt_logprobs must be non-negative or -1, got -2. (parameter=prompt_logprobs, value=-2)"
+    with pytest.raises(standin.exceptions.VLLMValidationError) as err:
+        standin.SamplingParams(max_tokens=0)
+    assert str(err.value) == "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"
+
+
+def test_the_standin_refuses_an_unknown_engine_argument_as_enginargs_does(standin, tiny):
+    with pytest.raises(TypeError) as err:
+        standin.LLM(model=str(tiny), skip_tokenizer_init=True, max_logprob=256)
+    assert str(err.value) == "EngineArgs.__init__() got an unexpected keyword argument 'max_logprob'"
+
+
+def test_the_standin_refuses_what_vllms_modelopt_loader_refuses(standin, tmp_path):
+    awq = quantized_config(tmp_path / "awq", {"quant_method": "modelopt", "quant_algo": "W4A16_AWQ", "group_size": 128})
+    for quantization in (None, "modelopt"):
+        with pytest.raises(ValueError) as err:
+            standin.LLM(model=str(awq), quantization=quantization)
+        assert str(err.value) == (
+            "ModelOpt currently only supports: ['FP8', 'FP8_PER_CHANNEL_PER_TOKEN', 'FP8_PB_WO', 'NVFP4', 'W4A16_NVFP4', "
+            "'MXFP8', 'MIXED_PRECISION'] quantizations in vLLM. Please check the `hf_quant_config.json` file for your "
+            "model's quant configuration.")
+    (tmp_path / "w8a16").mkdir()
+    (tmp_path / "w8a16" / "config.json").write_text(json.dumps({"vocab_size": 512}))  # the older layout: a file of its own
+    (tmp_path / "w8a16" / "hf_quant_config.json").write_text(json.dumps(
+        {"producer": {"name": "modelopt"}, "quant_method": "modelopt", "quantization": {"quant_algo": "W8A16"}}))
+    with pytest.raises(ValueError) as err:
+        standin.LLM(model=str(tmp_path / "w8a16"))
+    assert str(err.value).startswith("ModelOpt currently only supports: ['FP8', ")
+    no_algo = quantized_config(tmp_path / "no-algo", {"quant_method": "modelopt"})
+    with pytest.raises(ValueError) as err:
+        standin.LLM(model=str(no_algo))
+    assert str(err.value) == "Missing 'quant_algo' in quantization config"
+    per_channel = quantized_config(tmp_path / "pc", {"quant_method": "modelopt", "quant_algo": "FP8_PER_CHANNEL_PER_TOKEN"})
+    with pytest.raises(ValueError) as err:  # no override for this algorithm: the argument must match
+        standin.LLM(model=str(per_channel), quantization="fp8")
+    assert str(err.value) == ("Quantization method specified in the model config (modelopt) does not match the "
+                              "quantization method specified in the `quantization` argument (fp8).")
+
+
+def test_the_standin_refuses_modelopt_for_an_unquantized_checkpoint(standin, tiny):
+    with pytest.raises(ValueError) as err:
+        standin.LLM(model=str(tiny), quantization="modelopt")
+    assert str(err.value) == "Cannot find the config file for modelopt"
+
+
+def test_the_standin_says_it_ran_on_the_cpu(standin, tiny):
+    llm = standin.LLM(model=str(tiny), skip_tokenizer_init=True, tensor_parallel_size=1)
+    config = llm.llm_engine.vllm_config
+    assert (config.device_config.device_type, config.parallel_config.world_size) == ("cpu", 1)
+
+
+def test_a_call_vllm_refuses_is_one_line_naming_the_checkpoint(tiny):
+    """vllm_runner.run through the stand-in (importable only in a child process): an unquantized
+    checkpoint loaded with quantization=modelopt."""
+    code = ("import numpy as np, sys\n"
+            "from trtbuild.errors import TrtbuildError\n"
+            "from trtbuild.validate import vllm_runner\n"
+            "try:\n"
+            "    vllm_runner.run(sys.argv[1], np.array([[5, 7, 9]]), np.zeros((1, 2, 4), np.int32), "
+            "{'quantization': 'modelopt'})\n"
+            "except TrtbuildError as exc:\n"
+            "    print(exc)\n")
+    env = standin_toolchain_env(dict(os.environ), "H100", vllm=True)
+    result = subprocess.run([sys.executable, "-c", code, str(tiny)], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (f"vLLM 0.33.0+standin refused to load {tiny} with {{'quantization': 'modelopt', "
+                             "'skip_tokenizer_init': True, 'max_logprobs': 4}: ValueError: Cannot find the config "
+                             "file for modelopt\n")
+
+
 # ---- trtbuild build ---------------------------------------------------------------------------
 
 RECIPE = """
@@ -146,7 +295,11 @@ def test_build_runs_validate_vllm_through_the_standin_and_marks_it(workspace):
         assert node["gates"] and all(gate["passed"] for gate in node["gates"].values())
         assert node["standin"] == ["vllm"]
         report = json.loads((Path(node["path"]) / "report.json").read_text())
-        assert report["runner"] == "vllm 0.33.0+standin" and report["device"] == "cuda:0"
+        # the stand-in computes on the CPU and its engine config says so; no GPU product is recorded
+        assert report["runner"] == "vllm 0.33.0+standin" and report["device"] == "cpu"
+        assert report["scoring_options"] == {"skip_tokenizer_init": True, "max_logprobs": 256}  # the reference's top k
+        record = LocalStore(workspace / "store").get_record(node["key"])
+        assert "gpus" not in record.execution.figures and "validation_seconds" in record.execution.figures
         assert report["load_options_from"] == "serving/vllm_args.json"  # the packaged options, as `vllm serve` gets them
         assert report["load_options"] == {  # RECIPE's limits, dtype and serving.memory_fraction's default
             **({"quantization": "modelopt"} if variant == "fp8" else {}), "kv_cache_dtype": "auto",

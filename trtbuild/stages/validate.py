@@ -128,10 +128,12 @@ def validate_vllm(ctx: StageContext) -> None:
     candidate = vllm_runner.run(folder, windows, ref["topk_ids"], options)
     comparison = vllm_runner.compare(candidate, ref)
     lumped = float(np.isnan(candidate["logp_at_reference"]).mean())
-    ctx.measure(gpus=candidate["gpus"])  # this host's products: the record's, not the artifact's
+    if candidate["gpus"] is not None:  # this host's products: the record's, not the artifact's
+        ctx.measure(gpus=candidate["gpus"])
+    scoring = {k: v for k, v in candidate["llm_arguments"].items() if k not in options}
     extra = {"runner": f"vllm {toolchain.package_version('vllm')}", "device": candidate["device"],
-             "load_options": options, "load_options_from": origin, "logits_path": "prompt_logprobs",
-             "reference_topk_lumped": lumped}
+             "load_options": options, "load_options_from": origin, "scoring_options": scoring,
+             "logits_path": "prompt_logprobs", "reference_topk_lumped": lumped}
     warnings = []
     if lumped > 0:
         warnings.append(f"{lumped:.1%} of the reference's top-{ref['topk_ids'].shape[-1]} tokens were outside vLLM's "

@@ -21,13 +21,28 @@ vLLM 0.33.0 facts used (the PyPI wheel vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_
   token t: the top k plus the prompt token itself (whose rank may exceed k). So entry t+1 is the
   distribution after tokens 0..t, and the actual next token is always there: `target_logp` is exact;
   the reference's top-k tokens outside the candidate's top k are lumped into the KL tail.
+- vllm/config/model.py `ModelConfig.max_logprobs: int = Field(default=20, ge=-1)` and
+  vllm/sampling_params.py `_validate_logprobs`: a request whose prompt_logprobs exceeds it is refused
+  ("Requested prompt logprobs of 256, which is greater than max allowed: 20"), so the LLM is made
+  with `max_logprobs` = the k the metric needs (EngineArgs.max_logprobs, an engine argument).
+- vllm/exceptions.py: a refused request is a `VLLMValidationError`, a `VLLMClientError` (not a
+  ValueError, as it was in 0.26.0).
+- The device: vllm/config/device.py `DeviceConfig.device_type` (the platform's) and
+  vllm/config/parallel.py `ParallelConfig.world_size`, both on `LLM.llm_engine.vllm_config`
+  (vllm/v1/engine/llm_engine.py); vllm/v1/worker/gpu_worker.py puts local rank r on
+  `cuda:{current_platform.logical_device_id_to_visible_device_id(r)}` (vllm/platforms/interface.py).
+vLLM 0.26.0 (vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl, the GPU host's) has every name above
+in the same files: `LLM(**kwargs)` into the EngineArgs dataclass, `max_logprobs` (default 20),
+`llm_engine.vllm_config.device_config.device_type`, `parallel_config.world_size`,
+`logical_device_id_to_visible_device_id`; its VLLMValidationError derives from ValueError.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from trtbuild.errors import TrtbuildError
 from trtbuild.validate import prompt_logprobs
@@ -118,6 +133,22 @@ def load_options(folder: Path, params: dict) -> tuple[dict[str, Any], str]:
 # Requests and outputs as plain data
 # --------------------------------------------------------------------------------------------
 
+def llm_arguments(options: dict[str, Any], k: int) -> dict[str, Any]:
+    """`LLM` keyword arguments: the load options, and what scoring needs on top of them: token ids
+    in and out (no tokenizer), and `max_logprobs` of k, without which vLLM refuses any
+    prompt_logprobs above 20."""
+    return {**options, "skip_tokenizer_init": True, "max_logprobs": int(k)}
+
+
+def devices(device_type: str, world_size: int, visible_index: Optional[Callable[[int], int]] = None) -> str:
+    """The device the engine ran on, as its config says: "cpu" (one process computes every rank), or
+    the CUDA devices of ranks 0..world_size-1, `cuda:{visible_index(rank)}` as vLLM's GPU worker
+    names them."""
+    if device_type != "cuda":
+        return device_type
+    return ", ".join(f"cuda:{visible_index(rank) if visible_index else rank}" for rank in range(world_size))
+
+
 def sampling(k: int) -> dict[str, Any]:
     """SamplingParams keyword arguments: one token after the window (the least `generate` makes),
     the top k log-probs of every prompt position, no detokenizing (no tokenizer is loaded)."""
@@ -173,8 +204,9 @@ def compare(candidate: dict, ref: dict):
 
 def run(folder: Path, windows: np.ndarray, ref_ids: np.ndarray, options: dict[str, Any]) -> dict:
     """The packaged checkpoint `folder` loaded by vllm.LLM with `options`, scored on `windows`:
-    the arrays of validate/prompt_logprobs.py, plus `device` (CUDA devices by rank) and `gpus`
-    (which products those were here)."""
+    the arrays of validate/prompt_logprobs.py, plus `llm_arguments` (what LLM was given), `device`
+    (what the engine's config says it ran on) and `gpus` (which products those were here; None when
+    it ran on no GPU). A call vLLM refuses is one line naming the checkpoint."""
     import numpy as np
 
     from trtbuild.validate.trtllm_runner import devices_used
@@ -186,16 +218,42 @@ def run(folder: Path, windows: np.ndarray, ref_ids: np.ndarray, options: dict[st
 
     windows = np.asarray(windows)
     k = int(ref_ids.shape[-1])
-    llm = LLM(model=str(folder), skip_tokenizer_init=True, **options)
-    params = SamplingParams(**sampling(k))
+    arguments = llm_arguments(options, k)
+    with _refusals(f"vLLM {vllm_version()} refused to load {folder} with {arguments}"):
+        llm = LLM(model=str(folder), **arguments)
     parts = []
-    for s in range(0, len(windows), BATCH_WINDOWS):
-        rows = windows[s:s + BATCH_WINDOWS]
-        outs = llm.generate(prompts(rows), params, use_tqdm=False)
-        parts.append(parse_prompt_logprobs(outs, rows, k, ref_ids[s:s + BATCH_WINDOWS]))
+    with _refusals(f"vLLM {vllm_version()} refused the scoring requests for {folder}"):
+        params = SamplingParams(**sampling(k))
+        for s in range(0, len(windows), BATCH_WINDOWS):
+            rows = windows[s:s + BATCH_WINDOWS]
+            outs = llm.generate(prompts(rows), params, use_tqdm=False)
+            parts.append(parse_prompt_logprobs(outs, rows, k, ref_ids[s:s + BATCH_WINDOWS]))
+    config = llm.llm_engine.vllm_config
+    device_type, world_size = str(config.device_config.device_type), int(config.parallel_config.world_size)
     del llm
     result = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
-    world_size = int(options.get("tensor_parallel_size", 1)) * int(options.get("pipeline_parallel_size", 1))
-    result["device"] = ", ".join(f"cuda:{rank}" for rank in range(world_size))
-    result["gpus"] = devices_used(world_size)
+    result["llm_arguments"] = arguments
+    if device_type == "cuda":
+        from vllm.platforms import current_platform
+
+        result["device"] = devices(device_type, world_size, current_platform.logical_device_id_to_visible_device_id)
+        result["gpus"] = devices_used(world_size)
+    else:
+        result["device"], result["gpus"] = devices(device_type, world_size), None
     return result
+
+
+@contextlib.contextmanager
+def _refusals(what: str):
+    """vLLM's refusals of a call (an unknown engine argument, a request it does not allow, a
+    checkpoint its loader rejects) as one TrtbuildError line: `what: Type: vLLM's message`."""
+    try:
+        yield
+    except Exception as exc:
+        try:
+            from vllm.exceptions import VLLMClientError  # 0.33.0; 0.26.0's request errors are ValueErrors
+        except ImportError:
+            VLLMClientError = ValueError  # noqa: N806
+        if not isinstance(exc, (TypeError, ValueError, VLLMClientError)):
+            raise
+        raise TrtbuildError(" ".join(f"{what}: {type(exc).__name__}: {exc}".split())) from None
