@@ -2,26 +2,29 @@
 headers: what `PretrainedModel.from_checkpoint` -> `preprocess_weights` -> the quantized layers
 accept, beyond the names, shapes and dtypes verify.py expects.
 
-Read from the source (reference/trtllm.md section 11, file@commit there):
-- `models/modeling_utils.py@b35ac1b` (version.py: 1.2.0rc2) `preprocess_perlayer_weights`: for
-  W8A16 / W4A16 it calls `convert_utils.weight_only_quantize_dict` on every tensor;
-- `models/convert_utils.py@9b3c712` `weight_only_quantize_dict`: a tensor is quantized when its
+Read from NVIDIA/TensorRT-LLM's source, file@commit:
+- `tensorrt_llm/models/modeling_utils.py@b35ac1b64368513d215c57d2ed01d62d910df8da` (version.py at that
+  commit: 1.2.0rc2) `preprocess_perlayer_weights`: for W8A16 / W4A16 it calls
+  `convert_utils.weight_only_quantize_dict` on every tensor;
+- `tensorrt_llm/models/convert_utils.py@03961722f65265573cad179baca3bc5fe8c03f76` (the same function
+  was first read at 9b3c712) `weight_only_quantize_dict`: a tensor is quantized when its
   NAME CONTAINS one of `WEIGHT_ONLY_NAME_PARTS` (a substring test, so
   `...qkv.weights_scaling_factor` matches `qkv.weight`), it is not int8, and no exclude pattern
   matches the tensor name (fnmatchcase; `exclude_modules` when given, else
   `*shared_expert_gate.weight`). The quantize op takes 2-D or 3-D float tensors only;
-- `quantization/quantize.py@0614867` `quantize_layers`: `exclude_modules`, when given and not
-  empty (`quant_config.exclude_modules or [defaults]`), REPLACES `DEFAULT_EXCLUDE_MODULES`
+- `tensorrt_llm/quantization/quantize.py@06148676829d7f196219f0dc5bac74837c509c1d` `quantize_layers`:
+  `exclude_modules`, when given and not empty (`quant_config.exclude_modules or [defaults]`), REPLACES `DEFAULT_EXCLUDE_MODULES`
   (fnmatchcase against each module's full name); weight-only quantization also replaces every
   `Embedding` by a `WeightOnlyQuantEmbedding` (int8 weight and a `per_token_scale` the checkpoint
   must then hold);
 - `cpp/tensorrt_llm/kernels/cutlass_kernels/cutlass_preprocessors.cpp@b35ac1b`
   `preprocess_weights_for_mixed_gemm`, which the quantize op runs on each [in, out] matrix of the
-  rank: "Our kernels only handle dims which are multiples of 64 for weight-only quantization"; its
+  rank: "Our kernels only handle dims which are multiples of 64 for weight-only quantization". Its
   checks (row permutation, `subbyte_transpose`'s 32-byte vectors, `interleave_column_major_tensor`'s
-  64-row tiles) throw for in or out features per rank that are not multiples of 64 (int8: in % 64,
-  out % 32 on the sm80 layout). The layout is chosen by the GPU trtllm-build runs on
-  (`getSMVersion()`), so the float checkpoint is the same for every SM.
+  64-row tiles) throw on the sm80 layout for int8 when the in features per rank are not a multiple
+  of 64 or the out features not a multiple of 32; the sm90 layout was not read, so trtbuild asks
+  for multiples of 64 on both sides everywhere, as the comment says. The layout is chosen by the
+  GPU trtllm-build runs on (`getSMVersion()`), so the float checkpoint is the same for every SM.
 
 The numbers themselves (scale and rounding) are emulated in trtbuild/validate/trtllm_loadtime.py.
 

@@ -5,7 +5,7 @@ corrections are trtllm_config.fix_trtllm_config.)
 Only headers are read (names, shapes, dtypes), never tensor data, and torch is not imported.
 
 The tensors expected per quantization are the ones TensorRT-LLM 1.2's loading code accepts
-(modeling_utils.preprocess_weights and the quantized layers; reference/trtllm.md section 11),
+(modeling_utils.preprocess_weights and the quantized layers; trtllm_load_rules.py cites file@commit),
 which are the ones ModelOpt 0.47 exports except for W8A16 / W4A16: see docs/checkpoints.md. The
 rules of that loading code that names, shapes and dtypes alone do not express (weight-only
 substring matching, exclude_modules replacing the default exclusions) are in trtllm_load_rules.
