@@ -1,6 +1,7 @@
 """The torch runner: teacher-forced log-probabilities of the reference model and of a candidate
-(an unquantized checkpoint read back, or the exact ModelOpt-quantized model restored from its
-state), one window at a time so memory holds one window's logits, never the whole set.
+(an unquantized checkpoint read back, a W8A16 one read back as TensorRT-LLM quantizes it at
+load, or the exact ModelOpt-quantized model restored from its state), one window at a time so
+memory holds one window's logits, never the whole set.
 
 On a CPU both run in float32: weights keep their stored values (a bf16 or fp16 weight is exact in
 float32), and float32 matmuls are about 10x faster than 16-bit ones on CPUs (test-assets.md).
@@ -40,7 +41,9 @@ def load_source(source: Path, device: str, dtype: str):
 
 
 def load_trtllm_checkpoint(checkpoint: Path, source: Path, device: str, dtype: str):
-    """An unquantized TensorRT-LLM checkpoint read back into the Hugging Face model it came from."""
+    """An unquantized TensorRT-LLM checkpoint read back into the Hugging Face model it came from; a
+    W8A16 one (float weights TensorRT-LLM quantizes at load) with its weight-only linears as
+    TensorRT-LLM 1.2 quantizes them (trtllm_inverse -> validate/trtllm_loadtime.py)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
