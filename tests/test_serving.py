@@ -1,11 +1,11 @@
-"""Who serves each hf-checkpoint, on which SM: the plan against the support table as reference/serving.md
-states it (section 0's table, with its conservative rule: `Y*` serves with a note, what the sources
-leave unread is not claimed). The expected table is written here from serving.md, not read from
-trtbuild/serving.py."""
+"""The runtime table (trtbuild/data/runtime-support.json): complete and cited, the docs page its output,
+the facts read from upstream (the expected values here are written from the cited sources, not read
+back from the table), explicit versions, and the plan that reads it."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -16,44 +16,124 @@ from trtbuild.recipe import load_recipe
 
 SMS = ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120")
 RUNTIMES = ("trtllm", "vllm", "sglang")
-
-
-def row(cells: str) -> dict[str, str]:
-    """'Y Y* - ?' per SM in SMS order: serves, serves on a fallback, does not, not claimed."""
-    values = cells.split()
-    assert len(values) == len(SMS)
-    return dict(zip(SMS, values))
-
-
-ALL_Y, NONE, UNCLAIMED = row("Y Y Y Y Y Y"), row("- - - - - -"), row("? ? ? ? ? ?")
-# serving.md section 0 (weights), per runtime. int4_wo is exported as W4A16_AWQ: as int4_awq.
-WEIGHTS = {
-    "trtllm": {None: ALL_Y, "fp8": row("- - Y Y Y Y"), "int8_sq": NONE, "int4_awq": row("Y Y Y Y - -"),
-               "int4_wo": row("Y Y Y Y - -"), "w4a8_awq": row("- - Y Y - -"), "int8_wo": UNCLAIMED,
-               "nvfp4": row("- - - - Y Y")},
-    "vllm": {None: ALL_Y, "fp8": row("Y* Y* Y Y Y Y"), "int8_sq": NONE, "int4_awq": NONE, "int4_wo": NONE,
-             "w4a8_awq": NONE, "int8_wo": NONE, "nvfp4": row("Y* Y* Y* Y* Y Y")},
-    "sglang": {None: ALL_Y, "fp8": row("- - Y Y Y Y"), "int8_sq": NONE, "int4_awq": NONE, "int4_wo": NONE,
-               "w4a8_awq": NONE, "int8_wo": NONE, "nvfp4": row("? ? ? ? Y Y")},
-}
-# The KV cache of a checkpoint with quantized weights: FP8 KV is in TRT-LLM's matrix everywhere; vLLM's
-# on sm80/86 is "not verified" and SGLang's there not read; an NVFP4 KV cache is in no table.
-KV = {"trtllm": {"fp8": ALL_Y, "nvfp4": UNCLAIMED},
-      "vllm": {"fp8": row("? ? Y Y Y Y"), "nvfp4": UNCLAIMED},
-      "sglang": {"fp8": row("? ? Y Y Y Y"), "nvfp4": UNCLAIMED}}
-FALLBACK_NOTES = {("vllm", "fp8"): "Marlin FP8 fallback: weight-only compute (inferred)",
-                  ("vllm", "nvfp4"): "Marlin NVFP4 fallback: weight-only W4A16 compute (inferred)"}
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = json.loads((ROOT / "trtbuild" / "data" / "runtime-support.json").read_text())
 QUANTS = (None, "fp8", "int8_sq", "int4_awq", "w4a8_awq", "int8_wo", "int4_wo", "nvfp4")
-KVS = (None, "fp8", "nvfp4")
+HF_KVS = ("fp8", "nvfp4")  # the KV formats with a Hugging Face form (an INT8 KV cache has none)
 
 
-def expected_cell(runtime: str, quant, kv, sm: str) -> str:
-    if quant is None and kv is not None:
-        return "?"  # a KV-cache-only export is in no runtime's table
-    weights = WEIGHTS[runtime][quant][sm]
-    if weights not in ("Y", "Y*") or kv is None:
-        return weights
-    return KV[runtime][kv][sm] if KV[runtime][kv][sm] != "Y" else weights
+# ------------------------------------------------------------------------------------------------
+# The table as data: complete, cited, and the docs page is its output
+
+
+def test_every_runtime_version_and_format_has_exactly_one_row():
+    for section, key, formats in (("weights", "quant", QUANTS), ("kv_cache", "kv_cache", HF_KVS)):
+        seen = {}
+        for row in TABLE[section]:
+            for version in row["versions"]:
+                cell = (row["runtime"], version, row[key])
+                assert cell not in seen, cell
+                seen[cell] = row
+        assert set(seen) == {(r, v, f) for r in RUNTIMES for v in TABLE["runtimes"][r]["versions"] for f in formats}
+
+
+def test_every_cell_cites_sources_that_name_a_file_and_commit_or_a_page_and_version():
+    sources = TABLE["sources"]
+    for row in TABLE["weights"] + TABLE["kv_cache"] + TABLE["loaders"]:
+        assert row["cite"] and all(c in sources for c in row["cite"]), row
+        sms = set(row.get("serves", [])) | set(row.get("fallback", [])) | set(row.get("unclaimed", []))
+        assert sms <= set(SMS), row
+        # an SM outside serves / fallback / unclaimed does not serve: the row must say why
+        assert sms == set(SMS) or row.get("reason") or "quant_algos" in row, row
+    for sid, src in sources.items():
+        if "url" in src:
+            assert src["url"].startswith("https://") and src["version"], sid
+        elif src["repo"] == "trtbuild":  # no citation points at a file the repository lacks
+            assert (ROOT / src["path"]).is_file(), sid
+        else:
+            assert src["path"] and "commit" in src and (src["commit"] or src["ref"]), sid
+        assert src["where"], sid
+
+
+def test_no_module_cites_a_reference_file_the_repository_lacks():
+    for path in (ROOT / "trtbuild").rglob("*.py"):
+        assert "serving.md" not in path.read_text(), path
+
+
+def test_the_docs_page_is_the_tables_output():
+    from trtbuild.runtimes_doc import render
+
+    assert (ROOT / "docs" / "runtimes.md").read_text() == render()
+
+
+# ------------------------------------------------------------------------------------------------
+# Facts read from upstream (each expectation written from the source the table cites)
+
+
+def test_vllm_026_refuses_modelopt_fp8_below_sm89_and_033_falls_back_to_marlin():
+    # vLLM v0.26.0 modelopt.py ModelOptFp8Config.get_min_capability: 89; v0.33.0: 80, with Marlin
+    # FP8 among the CUDA kernels (kernels/linear/__init__.py _POSSIBLE_FP8_KERNELS).
+    old = serving.support("vllm", "fp8", None, "sm86", version="0.26.0")
+    assert (old.serves, old.reason) == (False, "ModelOptFp8Config needs compute capability 89 ('The quantization "
+                                               "method modelopt is not supported for the current GPU. Minimum "
+                                               "capability: 89')")
+    new = serving.support("vllm", "fp8", None, "sm86", version="0.33.0")
+    assert (new.serves, new.note) == (True, "Marlin FP8 fallback: weight-only compute (inferred)")
+    assert serving.support("vllm", "fp8", "fp8", "sm90", version="0.26.0").serves  # measured on the H200 too
+
+
+@pytest.mark.parametrize("version", ["0.26.0", "0.33.0"])
+@pytest.mark.parametrize("quant,algo", [("int4_awq", "W4A16_AWQ"), ("int4_wo", "W4A16_AWQ"), ("w4a8_awq", "W4A8_AWQ"),
+                                        ("int8_sq", "W8A8_SQ_PER_CHANNEL"), ("int8_wo", "W8A16")])
+def test_no_vllm_version_loads_the_awq_or_int8_exports(version, quant, algo):
+    # QUANT_ALGOS of both modelopt.py versions (the H200 run of 0.26.0 refused int4-awq-hf with it)
+    assert serving.loader_algos("vllm", version)[0] == (
+        "FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "MXFP8", "MIXED_PRECISION")
+    for sm in SMS:
+        cell = serving.support("vllm", quant, None, sm, version=version)
+        assert (cell.serves, cell.reason) == (False, f"its ModelOpt loader rejects quant_algo {algo} (it accepts FP8, "
+                                                     "FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, NVFP4, W4A16_NVFP4, MXFP8, "
+                                                     "MIXED_PRECISION)")
+    assert serving.options("vllm", quant, None, version) == {}  # nothing to say: no command is written
+
+
+def test_where_trtllm_sources_disagree_the_cell_says_so_and_claims_nothing():
+    cell = serving.support("trtllm", "int4_awq", None, "sm100")
+    assert not cell.serves and cell.reason.startswith("not claimed: sources disagree: ")
+    assert "trtllm-matrix-later" in cell.cite
+
+
+def test_the_options_each_runtime_needs_come_from_the_table():
+    assert serving.options("vllm", "fp8", "fp8") == {"quantization": "modelopt", "kv_cache_dtype": "fp8"}
+    assert serving.options("vllm", "nvfp4", None) == {"quantization": "modelopt_fp4"}
+    assert serving.options("sglang", "fp8", "fp8") == {"quantization": "modelopt_fp8", "kv_cache_dtype": "fp8_e4m3"}
+    assert serving.options("trtllm", "fp8", "fp8") == {"kv_cache_dtype": "fp8"}
+    assert serving.options("vllm", None, None) == {}
+
+
+# ------------------------------------------------------------------------------------------------
+# Versions
+
+
+def test_the_covered_versions_are_explicit_and_any_other_is_one_line():
+    from trtbuild.errors import InvalidInput
+
+    assert {r: info.versions for r, info in serving.RUNTIME_INFO.items()} == {
+        "trtllm": ("1.3",), "vllm": ("0.26.0", "0.33.0"), "sglang": ("0.5.23",)}
+    assert serving.covered_version("trtllm", "1.3.0rc27") == "1.3"
+    assert serving.covered_version("vllm", "0.26.0") == "0.26.0"
+    assert serving.covered_version("vllm", "0.33.1") is None
+    assert serving.covered_version("vllm", "not-a-version") is None
+    with pytest.raises(InvalidInput, match=r"^vllm 0\.40 is outside the runtime table \(trtbuild/data/runtime-support"
+                                           r"\.json covers vllm 0\.26\.0, 0\.33\.0\)$"):
+        serving.parse_runtime("vllm==0.40")
+    with pytest.raises(InvalidInput, match=r"^runtime 'tgi': expected one of trtllm, vllm, sglang"):
+        serving.parse_runtime("tgi")
+    assert serving.parse_runtime("vllm") == ("vllm", "0.33.0")
+
+
+# ------------------------------------------------------------------------------------------------
+# The plan
 
 
 def hf_plan(ws, quant, kv, gpus: str):
@@ -63,20 +143,14 @@ def hf_plan(ws, quant, kv, gpus: str):
 
 
 @pytest.mark.parametrize("sm", SMS)
-@pytest.mark.parametrize("kv", KVS, ids=lambda k: f"kv-{k}")
+@pytest.mark.parametrize("kv", (None, *HF_KVS), ids=lambda k: f"kv-{k}")
 @pytest.mark.parametrize("quant", QUANTS, ids=lambda q: str(q))
-def test_the_plan_says_who_serves_each_format_on_each_sm(ws, quant, kv, sm):
+def test_the_plan_says_what_the_table_says_at_each_runtimes_default_version(ws, quant, kv, sm):
     [target] = hf_plan(ws, quant, kv, f"[{sm}]").targets
-    cells = {r: expected_cell(r, quant, kv, sm) for r in RUNTIMES}
-    assert target.serves == {r: (sm,) if cells[r] in ("Y", "Y*") else () for r in RUNTIMES}
-    notes = {r: {sm: FALLBACK_NOTES[(r, quant)]} for r in RUNTIMES if cells[r] == "Y*"}
-    assert target.serve_notes == notes
-    assert target.ok == any(c in ("Y", "Y*") for c in cells.values())
-    for r in RUNTIMES:
-        fact = serving.support(r, quant, kv, sm)
-        assert fact.cite.startswith("serving.md") or fact.cite.startswith("modelopt.md")
-        assert (fact.reason or "").startswith("not claimed: ") == (cells[r] == "?"), (r, fact.reason)
-        assert (fact.reason is None) == fact.serves
+    cells = {r: serving.support(r, quant, kv, sm) for r in RUNTIMES}
+    assert target.serves == {r: (sm,) if cells[r].serves else () for r in RUNTIMES}
+    assert target.serve_notes == {r: {sm: c.note} for r, c in cells.items() if c.serves and c.note}
+    assert target.ok == any(c.serves for c in cells.values())
     if not target.ok:
         assert target.reason.startswith(f"no runtime serves {serving.format_label(quant, kv)} on {sm}: trtllm>=1.3: ")
 
@@ -106,17 +180,19 @@ def test_int8_weight_only_is_not_claimed_for_tensorrt_llm(ws):
 def test_a_runtime_whose_reason_differs_by_sm_lists_each(ws):
     [target] = hf_plan(ws, "w4a8_awq", None, "[sm86, sm100]").targets
     assert target.reason.startswith(
-        "no runtime serves W4A8 AWQ on sm86, sm100: trtllm>=1.3: the support matrix has W4A8 AWQ on Ada and Hopper "
-        "only (sm89, sm90); vllm: ")
+        "no runtime serves W4A8 AWQ on sm86, sm100: trtllm>=1.3: sm86: the support matrix has W4A8 AWQ on Ada and "
+        "Hopper only (sm89, sm90) / sm100: not claimed: sources disagree: the matrix read (TensorRT-LLM 09d4c79) has "
+        "no W4A8 AWQ on Blackwell; later copies of the page (1.3.0rc27, not read at a commit here) list it on "
+        "sm100/103; vllm: ")
     [nvfp4] = hf_plan(ws, "nvfp4", "nvfp4", "[sm80, sm100]").targets
     assert nvfp4.reason == (
         "no runtime serves NVFP4 with an NVFP4 KV cache on sm80, sm100: "
-        "trtllm>=1.3: sm80: the support matrix has NVFP4 on Blackwell only (sm100, sm120) / sm100: not claimed: an "
-        "NVFP4 KV cache in a ModelOpt checkpoint is not in serving.md's table; "
-        "vllm: not claimed: an NVFP4 KV cache in a ModelOpt checkpoint is not in serving.md's table; "
+        "trtllm>=1.3: sm80: the support matrix has NVFP4 on Blackwell only (sm100, sm120) / sm100: not claimed: "
+        "sources disagree: the matrix read (TensorRT-LLM 09d4c79) has no NVFP4 KV cache; later copies of the page "
+        "(1.3.0rc27, not read at a commit here) list it on sm100/103; "
+        "vllm: not claimed: an NVFP4 KV cache in a ModelOpt checkpoint was not verified; "
         "sglang: sm80: not claimed: below sm100 NVFP4 passes ModelOptFp4Config's capability-80 gate, but its kernel "
-        "path was not read / sm100: not claimed: an NVFP4 KV cache in a ModelOpt checkpoint is not in serving.md's "
-        "table")
+        "path was not read / sm100: not claimed: an NVFP4 KV cache in a ModelOpt checkpoint was not verified")
 
 
 def test_serves_lists_only_the_recipes_gpus_and_a_served_sm_keeps_the_variant(ws):

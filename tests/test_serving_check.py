@@ -1,9 +1,11 @@
 """The loader check (trtbuild.serving_check, `trtbuild check HF_DIR`) on real ModelOpt 0.47 exports
 of a tiny Llama (tests/tinymodels.py, quantized on the CPU) and on deliberately broken copies of
-them. Expected verdicts are reference/serving.md's (sections 0-3): vLLM and SGLang accept only
-FP8 of these formats, TensorRT-LLM's PyTorch backend FP8, INT4/W4A8 AWQ and (loader only) W8A16.
+them. Expected verdicts are the runtimes' own rules as their sources say (the runtime table's
+sources, docs/runtimes.md): vLLM and SGLang accept only FP8 of these formats, TensorRT-LLM's
+PyTorch backend FP8, INT4/W4A8 AWQ and (loader only) W8A16.
 
-The per-SM verdicts come from an explicit table here (the real one is trtbuild/serving.py)."""
+The per-SM verdicts come from an explicit stand-in table here (the real one is the runtime table,
+tested in test_serving.py), so that these tests check the loader rules alone."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ SERVES = {
 MARLIN = "Marlin FP8 fallback: weight-only compute"
 
 
-def table(runtime, quant, kv_cache, sm):
+def table(runtime, quant, kv_cache, sm, version=None):
     serves = sm in SERVES.get((runtime, quant), [])
     note = MARLIN if serves and (runtime, quant, sm) in (("vllm", "fp8", "sm80"), ("vllm", "fp8", "sm86")) else None
     return SimpleNamespace(runtime=runtime, sm=sm, serves=serves, note=note,
@@ -143,7 +145,7 @@ def test_asked_sms_must_all_serve(exports):
 def test_the_result_is_versioned_json(exports):
     data = check(exports["fp8-kv"], runtimes=["vllm"], sms=["sm90"]).as_json()
     assert data == {"schema": 1, "folder": str(exports["fp8-kv"]), "quant_algo": "FP8", "kv_cache_quant_algo": "FP8",
-                    "runtimes": {"vllm": {"accepted": True, "config_source": "config.json quantization_config",
+                    "runtimes": {"vllm": {"accepted": True, "version": "0.33.0", "config_source": "config.json quantization_config",
                                           "reasons": [], "warnings": [], "sms": {"sm90": "serves"}}}}
 
 
@@ -288,7 +290,7 @@ def test_bad_input_is_one_line(tmp_path):
 
     with pytest.raises(InvalidInput, match=f"^{tmp_path}: not a Hugging Face checkpoint folder \\(no config.json\\)$"):
         check(tmp_path)
-    with pytest.raises(InvalidInput, match="^runtime 'tgi': expected one of trtllm, vllm, sglang$"):
+    with pytest.raises(InvalidInput, match="^runtime 'tgi': expected one of trtllm, vllm, sglang \\(optionally NAME==VERSION\\)$"):
         check(tmp_path, runtimes=["tgi"])
 
 
@@ -350,6 +352,60 @@ def test_cli_bad_input_is_one_line_and_exit_2(exports, run, cli_table, tmp_path)
     assert result.stderr == f"--runtime applies to a Hugging Face checkpoint folder; {empty.parent / 'nothing'} is not one\n"
 
 
+def test_cli_checks_a_runtime_version_the_table_covers_and_refuses_others_in_one_line(exports, run):
+    # The real runtime table: vLLM 0.26.0's ModelOptFp8Config needs capability 89, 0.33.0's 80
+    # (each modelopt.py's get_min_capability; docs/runtimes.md).
+    result = run("check", exports["fp8"], "--runtime", "vllm==0.26.0", "--gpu", "sm86")
+    assert (result.exit_code, result.stderr) == (1, "")
+    assert result.stdout == ("vllm==0.26.0: rejected: sm86: ModelOptFp8Config needs compute capability 89 ('The "
+                             "quantization method modelopt is not supported for the current GPU. Minimum capability: "
+                             "89')\n")
+    result = run("check", exports["fp8"], "--runtime", "vllm", "--gpu", "sm86", "--json")
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert json.loads(result.stdout)["runtimes"]["vllm"]["version"] == "0.33.0"
+    result = run("check", exports["fp8"], "--runtime", "vllm==0.40")
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == ("vllm 0.40 is outside the runtime table (trtbuild/data/runtime-support.json covers vllm "
+                             "0.26.0, 0.33.0)\n")
+
+
+PACKAGE_PARAMS = {"limits": {"max_batch_size": 8, "max_num_tokens": 2048, "max_input_len": 1024, "max_seq_len": 2048},
+                  "dtype": "bfloat16", "parallelism": [{"tp": 1, "pp": 1}], "memory_fraction": 0.9,
+                  "runtimes": {}, "serving_table": 2}
+
+
+def package(export: Path, out: Path, quant, kv=None) -> dict:
+    """The hf-checkpoint:package stage on `export` (the real runtime table), as the runner calls it."""
+    from trtbuild.stages.base import StageContext
+    from trtbuild.stages.package import package_hf
+
+    out.mkdir()
+    ctx = StageContext(out=out, inputs={"weights": export}, params={**PACKAGE_PARAMS, "quant": quant, "kv_cache": kv})
+    package_hf(ctx)
+    return json.loads((out / "serving" / "report.json").read_text())
+
+
+def test_a_packaged_awq_checkpoint_offers_only_the_runtime_that_loads_it(exports, tmp_path):
+    """The defect: int4-awq-hf's README and vllm_args.json gave `vllm serve ... --quantization
+    modelopt`, which vLLM 0.26 (on the H200) and 0.33 refuse. Only TensorRT-LLM gets a command;
+    vLLM and SGLang are named with their loader's reason."""
+    report = package(exports["int4_awq"], tmp_path / "awq", "int4_awq")
+    files = sorted(p.relative_to(tmp_path / "awq").as_posix() for p in (tmp_path / "awq").rglob("*") if p.is_file())
+    assert files == ["serving/README.md", "serving/check.json", "serving/llm_api_options.yaml", "serving/report.json"]
+    assert report["serving"]["check"] == {"trtllm": True, "vllm": False, "sglang": False}
+    readme = (tmp_path / "awq" / "serving" / "README.md").read_text()
+    assert "vllm serve" not in readme and "sglang.launch_server" not in readme
+    assert "trtllm-serve DIR --extra_llm_api_options DIR/serving/llm_api_options.yaml" in readme.splitlines()
+    assert readme.split("## Not offered\n\n")[1] == (
+        f"- vLLM 0.33.0: {vllm_rejects('W4A16_AWQ')[1][0]}\n"
+        f"- SGLang 0.5.23: {sglang_rejects('W4A16_AWQ')[1][0]}\n")
+    # the FP8 export: every runtime loads it, every runtime gets its options and its command
+    report = package(exports["fp8-kv"], tmp_path / "fp8", "fp8", "fp8")
+    assert report["serving"]["check"] == {"trtllm": True, "vllm": True, "sglang": True}
+    assert json.loads((tmp_path / "fp8" / "serving" / "vllm_args.json").read_text())["--quantization"] == "modelopt"
+    assert "## Not offered" not in (tmp_path / "fp8" / "serving" / "README.md").read_text()
+
+
 def test_the_loader_check_never_imports_torch(exports):
     import os
     import subprocess
@@ -367,7 +423,7 @@ class Spy:
         return None
 sys.meta_path.insert(0, Spy())
 from trtbuild import serving_check
-serving_check._default_support = lambda rt, q, kv, sm: SimpleNamespace(serves=True, note=None, reason=None)
+serving_check._default_support = lambda rt, q, kv, sm, v=None: SimpleNamespace(serves=True, note=None, reason=None)
 from trtbuild.cli import cli
 try:
     cli(['check', {str(exports["int4_awq"])!r}, '--runtime', 'trtllm'], standalone_mode=False)

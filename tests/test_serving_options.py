@@ -77,8 +77,14 @@ def test_the_demos_options_exactly(demo_graph):
     assert so.llm_api_options(base)["kv_cache_config"] == {"dtype": "auto", "free_gpu_memory_fraction": 0.9}
     [(sub, wo)] = so.from_params(demo_graph.node("int4-wo-hf").param_values())
     assert sub == ""
-    assert so.vllm_args(wo)[:4] == ["--quantization", "modelopt", "--kv-cache-dtype", "auto"]
-    assert so.sglang_args(wo)[:2] == ["--quantization", "modelopt"]
+    # INT4 weight-only is exported as W4A16_AWQ, which no vLLM or SGLang ModelOpt loader accepts (the
+    # runtime table): they get no options at all, TensorRT-LLM gets its own
+    assert so.serving_runtimes(wo) == ["trtllm"]
+    with pytest.raises(so.NotServed, match=r"^vllm serves INT4 weight-only on no SM \(the runtime table\)$"):
+        so.vllm_args(wo)
+    with pytest.raises(so.NotServed, match=r"^sglang serves INT4 weight-only on no SM"):
+        so.sglang_args(wo)
+    assert so.llm_api_options(wo)["kv_cache_config"] == {"dtype": "auto", "free_gpu_memory_fraction": 0.9}
 
 
 def every_format():
@@ -95,11 +101,14 @@ def test_every_option_name_and_value_is_in_the_runtimes_own_lists():
     vllm = {f["flag"]: f for f in table(so.VLLM_ARGS)["flags"]}
     sglang = {f["flag"]: f for f in table(so.SGLANG_ARGS)["flags"]}
     for s in every_format():
-        options = so.llm_api_options(s)
-        assert set(options) <= set(fields)
-        assert set(options["kv_cache_config"]) <= set(kv_fields)
-        assert options["kv_cache_config"]["dtype"] in kv_fields["dtype"]["choices"]
-        for argv, flags in ((so.vllm_args(s), vllm), (so.sglang_args(s), sglang)):
+        runtimes = so.serving_runtimes(s)
+        if "trtllm" in runtimes:
+            options = so.llm_api_options(s)
+            assert set(options) <= set(fields)
+            assert set(options["kv_cache_config"]) <= set(kv_fields)
+            assert options["kv_cache_config"]["dtype"] in kv_fields["dtype"]["choices"]
+        derived = {"vllm": (so.vllm_args, vllm), "sglang": (so.sglang_args, sglang)}
+        for argv, flags in ((derived[r][0](s), derived[r][1]) for r in runtimes if r != "trtllm"):
             assert set(argv[::2]) <= set(flags), argv
             for flag, value in zip(argv[::2], argv[1::2]):
                 allowed = flags[flag]["choices"] or flags[flag].get("accepted_values") or [value]
@@ -111,7 +120,9 @@ def test_an_option_the_runtime_does_not_know_is_a_bug_that_fails_the_plan(monkey
         so.check_llm_api_options({"max_batch": 8})
     with pytest.raises(so.UnknownOption, match=r"^vllm-serve-args.json: the runtime's parser has no --max-seq-len$"):
         so.check_argv(so.VLLM_ARGS, ["--max-seq-len", "2048"])
-    monkeypatch.setitem(so.SGLANG_KV_DTYPE, "fp8", "fp8_e4m4")
+    real = serving.options
+    monkeypatch.setattr(serving, "options", lambda runtime, quant, kv, version=None: {
+        **real(runtime, quant, kv, version), **({"kv_cache_dtype": "fp8_e4m4"} if runtime == "sglang" and kv else {})})
     with pytest.raises(so.UnknownOption, match=r"^sglang-server-args.json: --kv-cache-dtype: 'fp8_e4m4' is not one of "):
         build_graph(plan_recipe(load_recipe(DEMO)), validate=False)
 
@@ -237,7 +248,7 @@ def test_the_loader_checks_verdict_reaches_the_artifact_the_lock_and_ls(tmp_path
     results = {r.id: r for r in run_graph(graph, store).results}
     package = results["base-hf"]
     assert package.status == "built"
-    every_sm = ["sm80", "sm86", "sm89", "sm90", "sm100", "sm120"]  # an unquantized fp16 checkpoint (serving.md s.0)
+    every_sm = ["sm80", "sm86", "sm89", "sm90", "sm100", "sm120"]  # an unquantized fp16 checkpoint (the runtime table)
     served = {"trtllm": every_sm, "vllm": every_sm, "sglang": every_sm}
     check = json.loads(next(store.open_blob(e.sha256).read() for e in store.get_manifest(package.digest).entries
                             if e.path == "serving/check.json"))

@@ -298,8 +298,10 @@ def explain(recipe: Path, target: str, store_url, as_json) -> None:
 @click.option("--lock", "lock_path", type=click.Path(dir_okay=False, path_type=Path), metavar="LOCK",
               help="An engine's lock file (`RECIPE.lock`): when the engine does not fit, name its engine targets "
                    "that would.")
-@click.option("--runtime", "runtimes", multiple=True, type=click.Choice(["trtllm", "vllm", "sglang"]),
-              help="A Hugging Face checkpoint: check only this runtime's loader (repeatable; default: all three).")
+@click.option("--runtime", "runtimes", multiple=True, metavar="NAME[==VERSION]",
+              help="A Hugging Face checkpoint: check only this runtime's loader: trtllm, vllm or sglang, at the "
+                   "runtime table's default version or at ==VERSION, one the table covers (docs/runtimes.md; "
+                   "repeatable; default: all three).")
 @click.option("--gpu", "gpus", multiple=True, metavar="SM",
               help="A Hugging Face checkpoint: it must be served on this SM (sm80 ... sm120; repeatable; default: "
                    "on at least one).")

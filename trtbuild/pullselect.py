@@ -8,7 +8,7 @@ The rules, in order:
    GPUs of that SM for its world size and room for one rank on each: engine_check.differences,
    the same comparison `trtbuild check` makes.
 3. An hf-checkpoint needs a runtime installed here that serves its format on this SM (the support
-   table of trtbuild/serving.py, cited in reference/serving.md) and enough GPUs of that SM to hold its bytes (it counts
+   table, trtbuild/data/runtime-support.json, each fact cited) and enough GPUs of that SM to hold its bytes (it counts
    as the fewest GPUs that do: the runtime shards it at load time, so that is its world size).
 4. Among those that fit: the fewest GPUs (--prefer throughput: more replicas per host) or the most
    (--prefer latency), then the recipe's variant order (without the recipe: the lock's order), then
@@ -26,6 +26,7 @@ from typing import Callable, Optional
 from packaging.version import InvalidVersion, Version
 
 from trtbuild import hardware, serving
+from trtbuild import serving as serving_table  # _hf_candidate's local `serving` is a list of SMs
 from trtbuild.engine_check import EngineFacts, HostFacts, differences
 from trtbuild.estimate import format_bytes
 from trtbuild.lockfile import LockedTarget, LockFile, targets_of
@@ -148,9 +149,13 @@ def _hf_candidate(cand: Candidate, target: LockedTarget, fmt: Optional[tuple[Opt
         return
     quant, kv = fmt
     label = _format_label(quant, kv)
+    versions = {"trtllm": host.tensorrt_llm, "vllm": host.vllm, "sglang": host.sglang}
     installed = {"trtllm": _trtllm_serves_hf(host.tensorrt_llm),
                  "vllm": None if host.vllm else "not installed",
                  "sglang": None if host.sglang else "not installed"}
+    for runtime, version in versions.items():  # the runtime table's facts are for the versions it covers
+        if installed[runtime] is None and serving_table.covered_version(runtime, version) is None:
+            installed[runtime] = serving_table.outside_table(runtime, version)
     if not host.gpus:
         cand.reasons.append("gpu: " + (f"this host has no {host.gpu_filter} GPU" if host.gpu_filter
                                        else "this host has no NVIDIA GPU (NVML sees none)"))
@@ -162,7 +167,7 @@ def _hf_candidate(cand: Candidate, target: LockedTarget, fmt: Optional[tuple[Opt
         if problem:
             reasons.append(f"{runtime}: {problem}")
             continue
-        serving = serving_sms(runtime, quant, kv, sms)
+        serving = serving_sms(runtime, quant, kv, sms, serving_table.covered_version(runtime, versions[runtime]))
         if target.serves is not None:  # the build's loader check, where the lock has it, narrows the table
             if runtime not in target.serves:
                 reasons.append(f"{runtime}: its loader rules reject this checkpoint (the build's serving/check.json)")

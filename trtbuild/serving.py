@@ -1,36 +1,104 @@
-"""Which runtime serves which Hugging Face (ModelOpt) checkpoint on which GPU: one fact per
-(runtime, weight format, KV-cache format, SM), each citing reference/serving.md.
+"""Which runtime serves which Hugging Face (ModelOpt) checkpoint on which GPU, and the options it
+needs: the reader of trtbuild/data/runtime-support.json, the one table of those facts. Every cell
+there cites the upstream file and commit (or documentation page and version) it was read from;
+docs/runtimes.md is generated from it (trtbuild.runtimes_doc).
 
-Conservative by rule: a cell serving.md marks "not read" / "not verified" / "inferred without a
-kernel" is not claimed (serves False, the reason says "not claimed" and why); a `Y*` cell (a
-fallback kernel) serves with a note. Plain data, no torch or numpy: `plan` and `pullselect` import it.
+Conservative by rule: a cell the table marks `unclaimed` (not verified, or sources that disagree)
+is not claimed (serves False, the reason says "not claimed" and why); a `fallback` cell serves with
+a note. The runtime versions the table covers are explicit; any other is refused in one line.
+Plain data, no torch or numpy: `plan` and `pullselect` import it.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
 from typing import Optional, Sequence
 
 from trtbuild import hardware, quantformats
+from trtbuild.errors import InvalidInput
 
-TABLE_VERSION = 1  # bumped whenever a fact changes: hf-checkpoint keys record it
+TABLE_FILE = "runtime-support.json"
+
+
+@lru_cache(maxsize=None)
+def table() -> dict:
+    """The table as stored (trtbuild/data/runtime-support.json)."""
+    return json.loads(resources.files("trtbuild").joinpath("data", TABLE_FILE).read_text())
+
+
+TABLE_VERSION: int = table()["table_version"]  # hf-checkpoint keys record it: a changed fact re-packages
 
 
 @dataclass(frozen=True)
 class Runtime:
     name: str  # "trtllm"
+    title: str  # "TensorRT-LLM", as messages name it
     label: str  # as plan / ls text writes it: "trtllm>=1.3"
     package: str  # the distribution whose metadata says it is installed
-    version: str  # the pinned version spec the facts were read at
+    versions: tuple[str, ...]  # the versions the table covers
+    default: str  # the version plan, check and the packaged commands use
     text: str  # for people
 
 
-RUNTIME_INFO: dict[str, Runtime] = {r.name: r for r in (
-    Runtime("trtllm", "trtllm>=1.3", "tensorrt_llm", ">=1.3", "TensorRT-LLM's PyTorch backend"),
-    Runtime("vllm", "vllm", "vllm", "==0.33.0", "vLLM"),
-    Runtime("sglang", "sglang", "sglang", "==0.5.23", "SGLang"),
-)}
+RUNTIME_INFO: dict[str, Runtime] = {
+    name: Runtime(name, r["name"], r["label"], r["package"], tuple(r["versions"]), r["default"], r["text"])
+    for name, r in table()["runtimes"].items()}
 RUNTIMES = tuple(RUNTIME_INFO)
+RUNTIME_NAMES = {name: r.title for name, r in RUNTIME_INFO.items()}
+RUNTIME_LABELS = {name: r.label for name, r in RUNTIME_INFO.items()}
+
+
+def _release(version: str) -> Optional[tuple[int, ...]]:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version).release
+    except InvalidVersion:
+        return None
+
+
+def covered_version(runtime: str, version: str) -> Optional[str]:
+    """The table's version entry that covers `version` (an entry covers the versions whose release
+    numbers begin with its own: "1.3" covers 1.3.0rc2 and 1.3.1, "0.33.0" only 0.33.0), or None."""
+    release = _release(version)
+    if release is None:
+        return None
+    for entry in RUNTIME_INFO[runtime].versions:
+        own = _release(entry)
+        if own is not None and release[:len(own)] == own and (len(own) < 3 or release == own):
+            return entry
+    return None
+
+
+def outside_table(runtime: str, version: str) -> str:
+    """The one line for a version the table does not cover."""
+    r = RUNTIME_INFO[runtime]
+    return (f"{runtime} {version} is outside the runtime table (trtbuild/data/{TABLE_FILE} covers "
+            f"{runtime} {', '.join(r.versions)})")
+
+
+def resolve_version(runtime: str, version: Optional[str] = None) -> str:
+    """The table's entry for `version` (None: the runtime's default); InvalidInput, one line, when
+    the table does not cover it."""
+    if runtime not in RUNTIME_INFO:
+        raise InvalidInput(f"unknown runtime {runtime!r}; one of {', '.join(RUNTIMES)}")
+    if version is None:
+        return RUNTIME_INFO[runtime].default
+    entry = covered_version(runtime, version)
+    if entry is None:
+        raise InvalidInput(outside_table(runtime, version))
+    return entry
+
+
+def parse_runtime(spec: str) -> tuple[str, str]:
+    """`vllm` or `vllm==0.26.0` -> (runtime, the table's version entry); InvalidInput otherwise."""
+    name, _, version = spec.partition("==")
+    if name not in RUNTIME_INFO:
+        raise InvalidInput(f"runtime {name!r}: expected one of {', '.join(RUNTIMES)} (optionally NAME==VERSION)")
+    return name, resolve_version(name, version or None)
 
 
 @dataclass(frozen=True)
@@ -40,20 +108,13 @@ class Support:
     serves: bool
     note: Optional[str] = None  # serves, on a fallback: what to know
     reason: Optional[str] = None  # does not serve (or not claimed): one clause
-    cite: str = ""  # the serving.md section that settles it
-
-
-_ALL = frozenset(hardware.SM_ARCHES)
-_AMPERE = frozenset({"sm80", "sm86"})
-_ADA_ON = frozenset({"sm89", "sm90", "sm100", "sm120"})
-_BLACKWELL = frozenset({"sm100", "sm120"})
-_BEFORE_BLACKWELL = _ALL - _BLACKWELL
+    cite: str = ""  # the table's source ids that settle it, comma-separated
 
 
 @dataclass(frozen=True)
 class _Cells:
-    """One (runtime, format) row: the SMs that serve, those on a fallback, those not claimed; any
-    other SM does not serve, for `reason`."""
+    """One table row: the SMs that serve, those on a fallback, those not claimed; any other SM
+    does not serve, for `reason`."""
 
     cite: str
     serves: frozenset = frozenset()
@@ -62,6 +123,13 @@ class _Cells:
     fallback_note: Optional[str] = None
     unclaimed: frozenset = frozenset()
     unclaimed_why: Optional[str] = None
+    options: tuple = ()  # ((option, value), ...): what the runtime needs to be told
+
+    @classmethod
+    def of(cls, row: dict) -> "_Cells":
+        return cls(", ".join(row["cite"]), frozenset(row.get("serves", ())), row.get("reason"),
+                   frozenset(row.get("fallback", ())), row.get("fallback_note"), frozenset(row.get("unclaimed", ())),
+                   row.get("unclaimed_why"), tuple(sorted(row.get("options", {}).items())))
 
     def at(self, runtime: str, sm: str) -> Support:
         if sm in self.serves:
@@ -73,114 +141,84 @@ class _Cells:
         return Support(runtime, sm, False, reason=self.reason, cite=self.cite)
 
 
-_S1 = "serving.md section 1 (TensorRT-LLM PyTorch backend: GPU support)"
-_S1_LINEAR = "serving.md section 1 (TensorRT-LLM PyTorch backend: linear methods)"
-_S2 = "serving.md section 2 (vLLM 0.33.0: accepted quant_algo, min capability, Marlin)"
-_S3 = "serving.md section 3 (SGLang 0.5.23: method per algo, min capability)"
-_S0 = "serving.md section 0 (proposed support table)"
-_NOT_VERIFIED = "serving.md 'Not verified'"
-
-_VLLM_ACCEPTS = "FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, NVFP4, W4A16_NVFP4, MXFP8, MIXED_PRECISION"
-
-
-def _vllm_rejects(algo: str) -> _Cells:
-    # vllm/model_executor/layers/quantization/modelopt.py QUANT_ALGOS, from_config's ValueError
-    return _Cells(_S2, reason=f"its ModelOpt loader rejects quant_algo {algo} (it accepts {_VLLM_ACCEPTS})")
+@lru_cache(maxsize=None)
+def _rows(section: str, key: str) -> dict[tuple, _Cells]:
+    """(runtime, version, format) -> cells, for the table's `weights` or `kv_cache` rows."""
+    out = {}
+    for row in table()[section]:
+        for version in row["versions"]:
+            out[(row["runtime"], version, row[key])] = _Cells.of(row)
+    return out
 
 
-def _sglang_rejects(algo: str) -> _Cells:
-    # srt/layers/modelopt_utils.py _MODELOPT_QUANT_ALGO_TO_METHOD has no entry; ModelOptFp8Config.from_config raises
-    return _Cells(_S3, reason=f"quant_algo {algo} maps to no ModelOpt method "
-                              "('ModelOptFp8Config only supports regular FP8 quantization')")
+def _weights(runtime: str, version: str, quant: Optional[str]) -> _Cells:
+    return _rows("weights", "quant")[(runtime, version, quant)]
 
 
-_TRTLLM_W4A16 = _Cells(  # docs/source/features/quantization.md Hardware Support Matrix: Ampere, Ada, Hopper
-    _S1, serves=_BEFORE_BLACKWELL, reason="the support matrix has no W4A16 AWQ on Blackwell (sm100, sm120)")
-
-# (runtime, quant) -> cells. quant None: the unquantized (bf16/fp16) export.
-_WEIGHTS: dict[tuple[str, Optional[str]], _Cells] = {
-    # ---- TensorRT-LLM PyTorch backend: tensorrt_llm/_torch/modules/linear.py get_quant_method and the
-    # Hardware Support Matrix of docs/source/features/quantization.md (sm86 read as Ampere, sm89 as Ada)
-    ("trtllm", None): _Cells(_S0, serves=_ALL),
-    ("trtllm", "fp8"): _Cells(_S1, serves=_ADA_ON, reason="the support matrix has no FP8 on Ampere (sm80, sm86)"),
-    ("trtllm", "int8_sq"): _Cells(_S1_LINEAR, reason="no linear method for INT8 SmoothQuant (W8A8_SQ_PER_CHANNEL): "
-                                                     "'unsupported quant mode'"),
-    ("trtllm", "int4_awq"): _TRTLLM_W4A16,
-    ("trtllm", "int4_wo"): _TRTLLM_W4A16,  # exported as W4A16_AWQ (quantformats.py): the same loader path
-    ("trtllm", "w4a8_awq"): _Cells(_S1, serves=frozenset({"sm89", "sm90"}),
-                                   reason="the support matrix has W4A8 AWQ on Ada and Hopper only (sm89, sm90)"),
-    ("trtllm", "int8_wo"): _Cells(_S1, unclaimed=_ALL, unclaimed_why=(
-        "the loader reads W8A16 (WeightOnlyQuantLinearMethod), but INT8 weight-only is outside the support "
-        "matrix and its SM range was not read")),
-    ("trtllm", "nvfp4"): _Cells(_S1, serves=_BLACKWELL, reason="the support matrix has NVFP4 on Blackwell only (sm100, sm120)"),
-    # ---- vLLM 0.33.0: model_executor/layers/quantization/modelopt.py (QUANT_ALGOS, get_min_capability),
-    # model_executor/kernels/linear/__init__.py (_POSSIBLE_FP8_KERNELS, _POSSIBLE_NVFP4_KERNELS)
-    ("vllm", None): _Cells(_S0, serves=_ALL),
-    ("vllm", "fp8"): _Cells(_S2, serves=_ADA_ON, fallback=_AMPERE,
-                            fallback_note="Marlin FP8 fallback: weight-only compute (inferred)"),
-    ("vllm", "int8_sq"): _vllm_rejects("W8A8_SQ_PER_CHANNEL"),
-    ("vllm", "int4_awq"): _vllm_rejects("W4A16_AWQ"),
-    ("vllm", "int4_wo"): _vllm_rejects("W4A16_AWQ"),
-    ("vllm", "w4a8_awq"): _vllm_rejects("W4A8_AWQ"),
-    ("vllm", "int8_wo"): _vllm_rejects("W8A16"),
-    ("vllm", "nvfp4"): _Cells(_S2, serves=_BLACKWELL, fallback=_BEFORE_BLACKWELL,
-                              fallback_note="Marlin NVFP4 fallback: weight-only W4A16 compute (inferred)"),
-    # ---- SGLang 0.5.23: srt/layers/quantization/modelopt_quant.py (get_min_capability),
-    # srt/layers/modelopt_utils.py, srt/configs/model_config.py _parse_modelopt_quant_config
-    ("sglang", None): _Cells(_S0, serves=_ALL),
-    ("sglang", "fp8"): _Cells(_S3, serves=_ADA_ON, reason="ModelOptFp8Config needs compute capability 89"),
-    ("sglang", "int8_sq"): _sglang_rejects("W8A8_SQ_PER_CHANNEL"),
-    ("sglang", "int4_awq"): _sglang_rejects("W4A16_AWQ"),
-    ("sglang", "int4_wo"): _sglang_rejects("W4A16_AWQ"),
-    ("sglang", "w4a8_awq"): _sglang_rejects("W4A8_AWQ"),
-    ("sglang", "int8_wo"): _sglang_rejects("W8A16"),
-    ("sglang", "nvfp4"): _Cells(_S3, serves=_BLACKWELL, unclaimed=_BEFORE_BLACKWELL, unclaimed_why=(
-        "below sm100 NVFP4 passes ModelOptFp4Config's capability-80 gate, but its kernel path was not read")),
-}
-
-_KV_ONLY = ("a KV-cache-only export (kv_cache_quant_algo without a quant_algo) is not in serving.md's table")
-_NVFP4_KV = "an NVFP4 KV cache in a ModelOpt checkpoint is not in serving.md's table"
-
-# (runtime, kv_cache) -> cells, for a checkpoint whose weights are quantized (see _KV_ONLY otherwise).
-_KV: dict[tuple[str, str], _Cells] = {
-    # quantization.md: FP8 KV is in the matrix on every architecture
-    ("trtllm", "fp8"): _Cells(_S1, serves=_ALL),
-    ("vllm", "fp8"): _Cells(_NOT_VERIFIED, serves=_ADA_ON, unclaimed=_AMPERE,
-                            unclaimed_why="FP8 KV cache on sm80/sm86 attention backends is not verified"),
-    ("sglang", "fp8"): _Cells(_S0, serves=_ADA_ON, unclaimed=_AMPERE,
-                              unclaimed_why="SGLang's FP8 KV cache on sm80/sm86 was not read"),
-    **{(r, "nvfp4"): _Cells(_S0, unclaimed=_ALL, unclaimed_why=_NVFP4_KV) for r in RUNTIMES},
-}
+def _kv(runtime: str, version: str, kv_cache: str) -> _Cells:
+    return _rows("kv_cache", "kv_cache")[(runtime, version, kv_cache)]
 
 
-def support(runtime: str, quant: Optional[str], kv_cache: Optional[str], sm: str) -> Support:
-    """Whether `runtime` serves the export of (quant, kv_cache) on `sm`, and why (not)."""
+_KV_ONLY = "a KV-cache-only export (kv_cache_quant_algo without a quant_algo) is in no runtime's table"
+
+
+def support(runtime: str, quant: Optional[str], kv_cache: Optional[str], sm: str,
+            version: Optional[str] = None) -> Support:
+    """Whether `runtime` (`version`, default: the table's default) serves the export of
+    (quant, kv_cache) on `sm`, and why (not)."""
     if runtime not in RUNTIME_INFO:
         raise ValueError(f"unknown runtime {runtime!r}; one of {', '.join(RUNTIMES)}")
     if sm not in hardware.SM_ARCHES:
         raise ValueError(f"unknown SM {sm!r}; one of {', '.join(hardware.SM_ARCHES)}")
+    version = resolve_version(runtime, version)
     if kv_cache is not None and not quantformats.KV_FORMATS[kv_cache].hf_export:
         return Support(runtime, sm, False, reason=f"{quantformats.KV_FORMATS[kv_cache].label} has no Hugging Face "
-                                                  "checkpoint form", cite="modelopt.md (export_hf_checkpoint)")
+                                                  "checkpoint form", cite="trtbuild/quantformats.py")
     if quant is None and kv_cache is not None:
-        return Support(runtime, sm, False, reason=f"not claimed: {_KV_ONLY}", cite=_S0)
-    weights = _WEIGHTS[(runtime, quant)].at(runtime, sm)
+        return Support(runtime, sm, False, reason=f"not claimed: {_KV_ONLY}")
+    weights = _weights(runtime, version, quant).at(runtime, sm)
     if not weights.serves or kv_cache is None:
         return weights
-    kv = _KV[(runtime, kv_cache)].at(runtime, sm)
+    kv = _kv(runtime, version, kv_cache).at(runtime, sm)
     if not kv.serves:
         return kv
     notes = [n for n in (weights.note, kv.note) if n]
-    return Support(runtime, sm, True, note="; ".join(notes) or None, cite=weights.cite)
+    return Support(runtime, sm, True, note="; ".join(notes) or None, cite=f"{weights.cite}; {kv.cite}")
+
+
+def options(runtime: str, quant: Optional[str], kv_cache: Optional[str], version: Optional[str] = None) -> dict:
+    """The options the table says `runtime` needs for (quant, kv_cache): {"quantization": ...,
+    "kv_cache_dtype": ...}; a key is absent where the runtime needs nothing said."""
+    version = resolve_version(runtime, version)
+    out = dict(_weights(runtime, version, quant).options)
+    if quant is not None and kv_cache is not None:
+        out.update(_kv(runtime, version, kv_cache).options)
+    return out
+
+
+def serves_somewhere(runtime: str, quant: Optional[str], kv_cache: Optional[str], version: Optional[str] = None) -> bool:
+    """Whether the table has any SM on which `runtime` serves (quant, kv_cache)."""
+    return any(support(runtime, quant, kv_cache, sm, version).serves for sm in hardware.SM_ARCHES)
+
+
+@lru_cache(maxsize=None)
+def loader_algos(runtime: str, version: Optional[str] = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(quant_algo names, kv_cache_quant_algo names) the runtime's ModelOpt loader accepts."""
+    version = resolve_version(runtime, version)
+    for row in table()["loaders"]:
+        if row["runtime"] == runtime and version in row["versions"]:
+            return tuple(row["quant_algos"]), tuple(row["kv_cache_quant_algos"])
+    raise KeyError(f"the runtime table has no loader row for {runtime} {version}")
 
 
 def _sorted(sms: Sequence[str]) -> list[str]:
     return sorted(dict.fromkeys(sms), key=hardware.sm_number)
 
 
-def serving_sms(runtime: str, quant: Optional[str], kv_cache: Optional[str], sms: Sequence[str]) -> list[str]:
-    """The SMs of `sms` on which `runtime` serves (quant, kv_cache), in SM order."""
-    return [sm for sm in _sorted(sms) if support(runtime, quant, kv_cache, sm).serves]
+def serving_sms(runtime: str, quant: Optional[str], kv_cache: Optional[str], sms: Sequence[str],
+                version: Optional[str] = None) -> list[str]:
+    """The SMs of `sms` on which `runtime` (`version`, default: the table's) serves (quant, kv_cache), in SM order."""
+    return [sm for sm in _sorted(sms) if support(runtime, quant, kv_cache, sm, version).serves]
 
 
 def serves_text(quant: Optional[str], kv_cache: Optional[str], sms: Sequence[str]) -> str:

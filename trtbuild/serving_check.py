@@ -1,9 +1,12 @@
 """Would a runtime's own loader accept this Hugging Face (ModelOpt) checkpoint, and on which GPUs?
 
-The rules are the ones TensorRT-LLM's PyTorch backend, vLLM 0.33.0 and SGLang 0.5.23 apply to
+The rules are the ones TensorRT-LLM's PyTorch backend, vLLM and SGLang apply to
 `hf_quant_config.json`, `config.json`'s `quantization_config` and the weights, read from their
-source (reference/serving.md sections 1-3; the tensor layouts ModelOpt 0.47 exports are
-reference/modelopt.md section 4). Only JSON and safetensors headers are read: no torch, no data.
+source: the accepted algorithm names and the per-SM verdicts are the runtime table's
+(trtbuild/data/runtime-support.json, each cell citing its upstream file and commit; docs/runtimes.md);
+the config precedence and TensorRT-LLM's lists are the shared reference's trtllm.md sections 3 and
+10, the tensor layouts ModelOpt 0.47 exports its modelopt.md section 4. Only JSON and safetensors
+headers are read: no torch, no data.
 
 Per runtime: which of the two configs wins (and a warning when they diverge), the accepted
 `quant_algo` / `kv_cache_quant_algo` names, `exclude_modules` patterns matched against the real
@@ -26,15 +29,15 @@ from trtbuild.checkpoint.safetensors_files import read_safetensors_header, weigh
 from trtbuild.errors import InvalidInput
 from trtbuild.modelconfig import read_json_object
 
-RUNTIMES = ("trtllm", "vllm", "sglang")
-RUNTIME_NAMES = {"trtllm": "TensorRT-LLM", "vllm": "vLLM", "sglang": "SGLang"}
-RUNTIME_LABELS = {"trtllm": "trtllm>=1.3", "vllm": "vllm", "sglang": "sglang"}  # as plan and ls print them
+from trtbuild import serving
+from trtbuild.serving import RUNTIME_INFO, RUNTIME_LABELS, RUNTIME_NAMES, RUNTIMES
+
 FLOAT_CODES = ("BF16", "F16", "F32")
 PER_GROUP = ("W4A16_AWQ", "W4A8_AWQ")
 
-# TensorRT-LLM: every QuantAlgo member parses (serving.md section 1, members: trtllm.md section 3);
-# these have a linear method in `_torch/modules/linear.py` `get_quant_method` (the rest:
-# "unsupported quant mode").
+# TensorRT-LLM: every QuantAlgo member parses (trtllm.md section 3 in the project's shared reference);
+# these have a linear method in `_torch/modules/linear.py` `get_quant_method` (the runtime table's
+# source trtllm-linear; the rest: "unsupported quant mode").
 TRTLLM_QUANT_ALGOS = ("W8A16", "W4A16", "W4A16_AWQ", "W4A8_AWQ", "W8A16_GPTQ", "W4A16_GPTQ", "W8A8_SQ_PER_CHANNEL",
                       "W8A8_SQ_PER_TENSOR_PLUGIN", "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN",
                       "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN", "W8A8_SQ_PER_TENSOR_PER_TOKEN_PLUGIN",
@@ -46,21 +49,16 @@ TRTLLM_LINEAR_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_BLOCK_SCALES", "
                        "MIXED_PRECISION")
 TRTLLM_KV_ALGOS = ("FP8", "INT8", "NVFP4")  # KV_CACHE_QUANT_ALGO_LIST (trtllm.md section 3)
 TRTLLM_DEFAULT_GROUP_SIZE = 128  # QuantConfig.group_size's default (trtllm.md section 3)
-# vLLM 0.33.0 modelopt.py QUANT_ALGOS (l.160); KV: ModelOptKVCacheMethod loads FP8 or NVFP4 scales (l.168).
-VLLM_QUANT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "MXFP8",
-                    "MIXED_PRECISION")
-VLLM_KV_ALGOS = ("FP8", "NVFP4")
-# SGLang 0.5.23 _MODELOPT_QUANT_ALGO_TO_METHOD (serving.md section 3); its KV names are those of
-# the ModelOpt configs it parses (FP8 from kv_cache_scheme, NVFP4) (inferred).
-SGLANG_QUANT_ALGOS = ("FP8", "FP4", "NVFP4", "NVFP4_AWQ", "W4A16_NVFP4", "MXFP8", "MIXED_PRECISION")
-SGLANG_KV_ALGOS = ("FP8", "NVFP4")
+# vLLM's and SGLang's accepted quant_algo / kv_cache_quant_algo names are the runtime table's
+# `loaders` rows (serving.loader_algos), per version.
 
-SupportFn = Callable[[str, Optional[str], Optional[str], str], object]
+SupportFn = Callable[[str, Optional[str], Optional[str], str, str], object]  # (runtime, quant, kv, sm, version)
 
 
 class RuntimeCheck(BaseModel):
     model_config = ConfigDict(extra="forbid")
     accepted: bool
+    version: str  # the runtime table's version entry the verdict is for ("0.33.0")
     config_source: Optional[str] = None  # the file whose quantization config the runtime uses
     reasons: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
@@ -92,7 +90,8 @@ class ServingCheck(BaseModel):
         """One line per runtime verdict, reason and warning (what `trtbuild check` prints)."""
         out = []
         for runtime, r in self.runtimes.items():
-            label = RUNTIME_LABELS[runtime]
+            label = RUNTIME_LABELS[runtime] if r.version == RUNTIME_INFO[runtime].default else \
+                f"{runtime}=={r.version}"
             if r.accepted:
                 serving = [sm + (verdict[len("serves"):] if verdict != "serves" else "")
                            for sm, verdict in r.sms.items() if verdict.startswith("serves")]
@@ -140,7 +139,7 @@ def _inline_view(qc: dict) -> QuantView:
 
 
 def divergences(file: QuantView, inline: QuantView) -> list[str]:
-    """The fields TensorRT-LLM compares (`_INVARIANT_FIELDS`, serving.md section 1) that differ."""
+    """The fields TensorRT-LLM compares (`_INVARIANT_FIELDS` of `_torch/model_config.py`, trtllm.md section 10) that differ."""
     out = []
     for name, a, b in (("quant_algo", file.algo, inline.algo), ("kv_cache_quant_algo", file.kv_algo, inline.kv_algo),
                        ("group_size", file.group_size, inline.group_size)):
@@ -172,12 +171,12 @@ def module_names(tensors: Sequence[str]) -> list[str]:
 
 
 def _trtllm_excluded(module: str, pattern: str) -> bool:
-    # fnmatch-style wildcards against the full name (serving.md section 1, trtllm.md section 10)
+    # fnmatch-style wildcards against the full name (trtllm.md section 10)
     return fnmatch.fnmatchcase(module, pattern)
 
 
 def _vllm_excluded(module: str, pattern: str) -> bool:
-    # is_layer_excluded (modelopt.py l.191): exact, then substring (also without language_model.),
+    # is_layer_excluded (vLLM v0.33.0 modelopt.py l.191; v0.26.0 l.145): exact, then substring (also without language_model.),
     # then fnmatch; a trailing `name*` also means `name` and `name.*` (apply_vllm_mapper).
     bare = module.removeprefix("language_model.")
     if module == pattern or pattern in module or pattern in bare:
@@ -190,7 +189,7 @@ def _vllm_excluded(module: str, pattern: str) -> bool:
 
 
 def _sglang_excluded(module: str, pattern: str) -> bool:
-    # ModelOptQuantConfig.is_layer_excluded (modelopt_quant.py l.379): the glob as a regex,
+    # ModelOptQuantConfig.is_layer_excluded (SGLang 0.5.23 modelopt_quant.py l.379): the glob as a regex,
     # fullmatched against the prefix and each dotted part, also without language_model.
     regex = re.compile(pattern.replace(".", r"\.").replace("*", r".*"))
     for name in {module, module.removeprefix("language_model.")}:
@@ -221,7 +220,7 @@ def _fmt(shape) -> str:
 def expected_linear(algo: Optional[str], out_f: int, in_f: int, group: Optional[int], model_dtype: tuple[str, ...]
                     ) -> dict[str, Expect]:
     """suffix -> Expect for one linear of a ModelOpt 0.47 unified HF export (modelopt.md section 4;
-    FP8 and NVFP4 as the vLLM/SGLang schemes read them, serving.md sections 2-3)."""
+    FP8 and NVFP4 as the vLLM/SGLang schemes read them: the runtime table's sources vllm-0.33-modelopt, sglang-modelopt)."""
     F32 = ("F32",)
     if algo is None:
         return {"weight": Expect(model_dtype, (out_f, in_f))}
@@ -314,14 +313,15 @@ def _read(folder: Path) -> _Checkpoint:
 
 
 def _chosen(runtime: str, ck: _Checkpoint) -> Optional[QuantView]:
-    if runtime == "trtllm":  # the file wins when it sets a global quant_algo (serving.md section 1)
+    if runtime == "trtllm":  # the file wins when it sets a global quant_algo (trtllm.md section 10)
         if ck.file is not None and ck.file.algo is not None:
             return ck.file
         return ck.inline
-    return ck.inline if ck.inline is not None else ck.file  # config.json first (sections 2, 3)
+    return ck.inline if ck.inline is not None else ck.file  # config.json first (vLLM get_quant_config, SGLang likewise)
 
 
-def _loader_problems(runtime: str, view: Optional[QuantView], ck: _Checkpoint) -> tuple[list[str], Optional[int], bool]:
+def _loader_problems(runtime: str, view: Optional[QuantView], ck: _Checkpoint, version: Optional[str] = None
+                     ) -> tuple[list[str], Optional[int], bool]:
     """The config-level reasons this runtime's loader rejects `view`; the group size it uses; and
     whether the loader stops there (an unaccepted quant_algo: it raises before reading a tensor)."""
     if view is None:
@@ -342,17 +342,18 @@ def _loader_problems(runtime: str, view: Optional[QuantView], ck: _Checkpoint) -
             reasons.append(f"{src}: quant_algo {algo!r} has no linear method on the PyTorch backend "
                            "('unsupported quant mode')")
     elif runtime == "vllm":
-        if str(algo).upper() not in VLLM_QUANT_ALGOS:
+        accepted = serving.loader_algos("vllm", version)[0]
+        if str(algo).upper() not in accepted:
             reasons.append(f"{src}: quant_algo {algo!r} is not accepted by vLLM's ModelOpt loader "
-                           f"(ModelOpt currently only supports: {list(VLLM_QUANT_ALGOS)})")
-    elif algo not in SGLANG_QUANT_ALGOS:  # sglang compares the name as written
+                           f"(ModelOpt currently only supports: {list(accepted)})")
+    elif algo not in serving.loader_algos("sglang", version)[0]:  # sglang compares the name as written
         reasons.append(f"{src}: quant_algo {algo!r} is not accepted by SGLang (\"ModelOptFp8Config only supports "
                        f"regular FP8 quantization, but found {algo!r}\")")
     if reasons:
         return reasons, None, True
 
     kv = view.kv_algo
-    kv_names = {"trtllm": TRTLLM_KV_ALGOS, "vllm": VLLM_KV_ALGOS, "sglang": SGLANG_KV_ALGOS}[runtime]
+    kv_names = TRTLLM_KV_ALGOS if runtime == "trtllm" else serving.loader_algos(runtime, version)[1]
     if kv is not None:
         if not isinstance(kv, str):
             reasons.append(f"{src}: kv_cache_quant_algo must be a string, found {kv!r}")
@@ -473,10 +474,9 @@ def _kv_name(kv) -> Optional[str]:
     return next((name for name, f in KV_FORMATS.items() if f.quant_algo == kv), kv.lower())
 
 
-def _default_support(runtime: str, quant: Optional[str], kv_cache: Optional[str], sm: str):
-    from trtbuild import serving  # the serving support table (may land after this module)
-
-    return serving.support(runtime, quant, kv_cache, sm)
+def _default_support(runtime: str, quant: Optional[str], kv_cache: Optional[str], sm: str,
+                     version: Optional[str] = None):
+    return serving.support(runtime, quant, kv_cache, sm, version)
 
 
 @dataclass(frozen=True)
@@ -488,7 +488,7 @@ class _Unlisted:
     note: Optional[str] = None
 
 
-def _cell(support: SupportFn, runtime: str, algo: Optional[str], kv, sm: str):
+def _cell(support: SupportFn, runtime: str, algo: Optional[str], kv, sm: str, version: str):
     from trtbuild.quantformats import FORMATS, KV_FORMATS
 
     quant, kv_cache = _format_name(algo), _kv_name(kv)
@@ -496,7 +496,7 @@ def _cell(support: SupportFn, runtime: str, algo: Optional[str], kv, sm: str):
         return _Unlisted(f"quant_algo {algo!r} is not in the serving support table")
     if kv_cache is not None and kv_cache not in KV_FORMATS:
         return _Unlisted(f"kv_cache_quant_algo {kv!r} is not in the serving support table")
-    return support(runtime, quant, kv_cache, sm)
+    return support(runtime, quant, kv_cache, sm, version)
 
 
 def _sm_verdict(cell) -> str:
@@ -507,14 +507,13 @@ def _sm_verdict(cell) -> str:
 
 def check_checkpoint(folder: Path, runtimes: Sequence[str] = RUNTIMES, sms: Optional[Sequence[str]] = None,
                      support: Optional[SupportFn] = None) -> ServingCheck:
-    """Every asked runtime's verdict on the checkpoint in `folder`. A runtime accepts when its
+    """Every asked runtime's verdict on the checkpoint in `folder`. A runtime is a name (the runtime
+    table's default version) or NAME==VERSION, a version the table covers. It accepts when its
     loader rules find nothing and the support table says it serves the format on every SM in
     `sms` (when given) or on at least one SM (when not)."""
     from trtbuild.hardware import SM_ARCHES
 
-    unknown = [r for r in runtimes if r not in RUNTIMES]
-    if unknown:
-        raise InvalidInput(f"runtime {unknown[0]!r}: expected one of {', '.join(RUNTIMES)}")
+    versions = dict(serving.parse_runtime(spec) for spec in runtimes)  # InvalidInput: one line
     asked_sms = list(sms) if sms else list(SM_ARCHES)
     bad_sm = [s for s in asked_sms if s not in SM_ARCHES]
     if bad_sm:
@@ -524,9 +523,9 @@ def check_checkpoint(folder: Path, runtimes: Sequence[str] = RUNTIMES, sms: Opti
     ck = _read(Path(folder))
     diverged = divergences(ck.file, ck.inline) if ck.file is not None and ck.inline is not None else []
     results: dict[str, RuntimeCheck] = {}
-    for runtime in runtimes:
+    for runtime, version in versions.items():
         view = _chosen(runtime, ck)
-        reasons, group, fatal = _loader_problems(runtime, view, ck)
+        reasons, group, fatal = _loader_problems(runtime, view, ck, version)
         if not fatal:
             reasons += _tensor_problems(runtime, view, group, ck)
         warnings = []
@@ -536,7 +535,7 @@ def check_checkpoint(folder: Path, runtimes: Sequence[str] = RUNTIMES, sms: Opti
                             f"{RUNTIME_NAMES[runtime]} uses {used}")
         algo = view.algo if view is not None and isinstance(view.algo, str) else None
         kv = view.kv_algo if view is not None else None
-        cells = {sm: _cell(support, runtime, algo, kv, sm) for sm in asked_sms}
+        cells = {sm: _cell(support, runtime, algo, kv, sm, version) for sm in asked_sms}
         verdicts = {sm: _sm_verdict(c) for sm, c in cells.items()}
         serving_sms = [sm for sm, c in cells.items() if c.serves]
         if reasons:  # the loader refuses it: no SM matters
@@ -545,7 +544,7 @@ def check_checkpoint(folder: Path, runtimes: Sequence[str] = RUNTIMES, sms: Opti
             reasons += [f"{sm}: {verdicts[sm]}" for sm, c in cells.items() if not c.serves]
         elif not serving_sms:
             reasons.append(f"no GPU: {next(iter(verdicts.values()))}")
-        results[runtime] = RuntimeCheck(accepted=not reasons, config_source=view.source if view else None,
+        results[runtime] = RuntimeCheck(accepted=not reasons, version=version, config_source=view.source if view else None,
                                         reasons=reasons, warnings=warnings, sms=verdicts)
     first = _chosen("vllm", ck)
     return ServingCheck(folder=str(folder), quant_algo=first.algo if first else None,

@@ -1,6 +1,9 @@
 """The runtime options of an hf-checkpoint, derived from the recipe (limits, KV cache, parallelism,
 dtype, serving.memory_fraction): TensorRT-LLM's `extra_llm_api_options` YAML, vLLM's and SGLang's
-command-line arguments, and a README with the exact serve command per runtime.
+command-line arguments, and a README with the exact serve command per runtime, written only for the
+runtimes whose loader accepts the checkpoint (the others are named with the reason). What a runtime
+must be told about the format (--quantization, the KV-cache dtype) is the runtime table's
+(trtbuild/data/runtime-support.json, read through trtbuild.serving).
 
 Every option name and value is checked against the runtime's own argument list, read from its
 source into trtbuild/data/ (trtllm-llm-api-options.json, vllm-serve-args.json,
@@ -32,15 +35,26 @@ SGLANG_ARGS_FILE = "sglang_args.json"
 README_FILE = "README.md"
 SERVING_DIR = "serving"
 
-# ModelOpt format -> the runtime's --quantization value. vLLM: `modelopt` reads FP8 (and the algos it
-# rejects, with its own message); NVFP4 is `modelopt_fp4` (serving.md section 2). SGLang names FP8
-# and FP4 apart (serving.md section 3); others stay `modelopt`, whose FP8 config names the problem.
-VLLM_QUANTIZATION = {"nvfp4": "modelopt_fp4"}
-SGLANG_QUANTIZATION = {"fp8": "modelopt_fp8", "nvfp4": "modelopt_fp4"}
-# variants.X.kv_cache -> each runtime's KV-cache dtype ("auto" keeps the checkpoint's own choice).
-TRTLLM_KV_DTYPE = {"fp8": "fp8", "nvfp4": "nvfp4"}
-VLLM_KV_DTYPE = {"fp8": "fp8", "nvfp4": "nvfp4"}
-SGLANG_KV_DTYPE = {"fp8": "fp8_e4m3", "nvfp4": "nvfp4"}
+AUTO_KV = "auto"  # the KV-cache dtype when the format needs none said: the checkpoint's own choice
+
+
+class NotServed(ValueError):
+    """The runtime table says this runtime serves the format on no SM: it gets no options."""
+
+
+def _table_options(runtime: str, s: "Serving") -> dict:
+    from trtbuild import serving
+
+    if not serving.serves_somewhere(runtime, s.quant, s.kv_cache):
+        raise NotServed(f"{runtime} serves {serving.format_label(s.quant, s.kv_cache)} on no SM (the runtime table)")
+    return serving.options(runtime, s.quant, s.kv_cache)
+
+
+def serving_runtimes(s: "Serving") -> list[str]:
+    """The runtimes the table says serve the format on some SM (those that get options at plan time)."""
+    from trtbuild import serving
+
+    return [r for r in serving.RUNTIMES if serving.serves_somewhere(r, s.quant, s.kv_cache)]
 
 
 class UnknownOption(AssertionError):
@@ -146,6 +160,7 @@ class Serving:
 
 def llm_api_options(s: Serving) -> dict:
     """TensorRT-LLM's `extra_llm_api_options` (trtllm-serve --extra_llm_api_options, or LLM(**options))."""
+    kv_dtype = _table_options("trtllm", s).get("kv_cache_dtype", AUTO_KV)
     options = {
         "dtype": s.dtype,
         "max_batch_size": s.max_batch_size,
@@ -154,7 +169,7 @@ def llm_api_options(s: Serving) -> dict:
         "max_input_len": s.max_input_len,
         "tensor_parallel_size": s.tp,
         "pipeline_parallel_size": s.pp,
-        "kv_cache_config": {"dtype": TRTLLM_KV_DTYPE.get(s.kv_cache, "auto"),
+        "kv_cache_config": {"dtype": kv_dtype,
                             "free_gpu_memory_fraction": s.memory_fraction},
     }
     check_llm_api_options(options)
@@ -163,10 +178,10 @@ def llm_api_options(s: Serving) -> dict:
 
 def vllm_args(s: Serving) -> list[str]:
     """The arguments after `vllm serve DIR` (vllm_args.json stores them as an object: as_object)."""
-    argv = []
-    if s.quant:  # an unquantized checkpoint has no quantization_config for a method to read
-        argv += ["--quantization", VLLM_QUANTIZATION.get(s.quant, "modelopt")]
-    argv += ["--kv-cache-dtype", VLLM_KV_DTYPE.get(s.kv_cache, "auto"),
+    table, argv = _table_options("vllm", s), []
+    if "quantization" in table:  # an unquantized checkpoint has no quantization_config for a method to read
+        argv += ["--quantization", table["quantization"]]
+    argv += ["--kv-cache-dtype", table.get("kv_cache_dtype", AUTO_KV),
              "--tensor-parallel-size", str(s.tp), "--pipeline-parallel-size", str(s.pp),
              "--max-model-len", str(s.max_seq_len), "--max-num-seqs", str(s.max_batch_size),
              "--max-num-batched-tokens", str(s.max_num_tokens),
@@ -177,10 +192,10 @@ def vllm_args(s: Serving) -> list[str]:
 
 def sglang_args(s: Serving) -> list[str]:
     """The arguments after `python -m sglang.launch_server --model-path DIR` (stored as an object)."""
-    argv = []
-    if s.quant:
-        argv += ["--quantization", SGLANG_QUANTIZATION.get(s.quant, "modelopt")]
-    argv += ["--kv-cache-dtype", SGLANG_KV_DTYPE.get(s.kv_cache, "auto"),
+    table, argv = _table_options("sglang", s), []
+    if "quantization" in table:
+        argv += ["--quantization", table["quantization"]]
+    argv += ["--kv-cache-dtype", table.get("kv_cache_dtype", AUTO_KV),
              "--tp-size", str(s.tp), "--pp-size", str(s.pp), "--context-length", str(s.max_seq_len),
              "--max-running-requests", str(s.max_batch_size),
              "--mem-fraction-static", str(s.memory_fraction), "--dtype", s.dtype]
@@ -216,9 +231,12 @@ def from_params(params: dict) -> list[tuple[str, Serving]]:
 
 
 def check_params(params: dict) -> None:
-    """Derive every option of the package node (plan time): raises UnknownOption on a bad one."""
+    """Derive every option of the package node (plan time) for each runtime the table says serves
+    its format: raises UnknownOption on a bad one."""
+    derive = {"trtllm": llm_api_options, "vllm": vllm_args, "sglang": sglang_args}
     for _, s in from_params(params):
-        llm_api_options(s), vllm_args(s), sglang_args(s)
+        for runtime in serving_runtimes(s):
+            derive[runtime](s)
 
 
 def _quote(argv: Sequence[str]) -> str:
@@ -227,47 +245,75 @@ def _quote(argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
 
-def serve_commands(s: Serving, folder: str = "DIR", options: str = SERVING_DIR) -> dict[str, str]:
-    """The exact command per runtime, with the checkpoint at `folder` and the options at `options`."""
-    return {
-        "trtllm": f"trtllm-serve {folder} --extra_llm_api_options {folder}/{options}/{LLM_API_OPTIONS_FILE}",
-        "vllm": f"vllm serve {folder} {_quote(vllm_args(s))}",
-        "sglang": f"python -m sglang.launch_server --model-path {folder} {_quote(sglang_args(s))}",
-    }
+def serve_command(runtime: str, s: Serving, folder: str = "DIR", options: str = SERVING_DIR) -> str:
+    """The exact command of `runtime`, with the checkpoint at `folder` and the options at `options`
+    (NotServed when the table says the runtime serves the format nowhere)."""
+    if runtime == "trtllm":
+        llm_api_options(s)
+        return f"trtllm-serve {folder} --extra_llm_api_options {folder}/{options}/{LLM_API_OPTIONS_FILE}"
+    if runtime == "vllm":
+        return f"vllm serve {folder} {_quote(vllm_args(s))}"
+    return f"python -m sglang.launch_server --model-path {folder} {_quote(sglang_args(s))}"
 
 
-def readme(entries: list[tuple[str, Serving]]) -> str:
-    versions = runtime_versions()
+def _runtime_title(runtime: str) -> str:
+    from trtbuild import serving
+
+    r = serving.RUNTIME_INFO[runtime]
+    return f"{r.text} {r.default}"
+
+
+def readme(entries: list[tuple[str, Serving]], refused: Optional[dict[str, str]] = None) -> str:
+    """The README of serving/: the serve command of each runtime whose loader accepts the checkpoint,
+    then each other runtime with the reason (`refused`: runtime -> reason)."""
+    from trtbuild import serving
+
+    refused = refused or {}
+    offered = [r for r in serving.RUNTIMES if r not in refused]
     lines = ["# Serving this checkpoint", "",
              "DIR is this folder. The options come from the recipe (limits, KV cache, parallelism, dtype,",
              "serving.memory_fraction); serving/check.json says which runtime's loader accepts the checkpoint",
-             "on which GPU.", "",
-             "Option names are checked against the argument lists of TensorRT-LLM (1.3 line),",
-             f"vLLM {versions['vllm']} and SGLang {versions['sglang']}.", ""]
+             "on which GPU. Only runtimes whose loader accepts it get a command.", ""]
     for sub, s in entries:
         where = f"{SERVING_DIR}/{sub}" if sub else SERVING_DIR
         if sub:
             lines += [f"## tp={s.tp} pp={s.pp} ({where}/)", ""]
-        commands = serve_commands(s, options=where)
-        for runtime, label in (("trtllm", "TensorRT-LLM (PyTorch backend, 1.3+)"), ("vllm", f"vLLM {versions['vllm']}"),
-                               ("sglang", f"SGLang {versions['sglang']}")):
-            lines += [f"{label}:", "", "```", commands[runtime], "```", ""]
+        for runtime in offered:
+            lines += [f"{_runtime_title(runtime)}:", "", "```", serve_command(runtime, s, options=where), "```", ""]
+    if refused:
+        lines += ["## Not offered", ""]
+        lines += [f"- {_runtime_title(runtime)}: {reason}" for runtime, reason in refused.items()]
+        lines.append("")
     return "\n".join(lines)
 
 
-def write_serving(out: Path, params: dict) -> list[str]:
-    """Write serving/ into `out`: the options per parallelism entry and the README. Returns the
-    paths written, relative to `out`."""
+_FILES = {"trtllm": LLM_API_OPTIONS_FILE, "vllm": VLLM_ARGS_FILE, "sglang": SGLANG_ARGS_FILE}
+
+
+def _options_text(runtime: str, s: Serving) -> str:
+    if runtime == "trtllm":
+        return yaml.safe_dump(llm_api_options(s), sort_keys=False)
+    table, argv = (VLLM_ARGS, vllm_args(s)) if runtime == "vllm" else (SGLANG_ARGS, sglang_args(s))
+    return json.dumps(as_object(table, argv), indent=1) + "\n"
+
+
+def write_serving(out: Path, params: dict, refused: Optional[dict[str, str]] = None) -> list[str]:
+    """Write serving/ into `out`: the options per parallelism entry of each runtime not in `refused`
+    (runtime -> why its loader rejects the checkpoint) and the README. Returns the paths written,
+    relative to `out`."""
+    from trtbuild import serving
+
+    refused = refused or {}
     entries = from_params(params)
     written = []
     for sub, s in entries:
         folder = out / SERVING_DIR / sub if sub else out / SERVING_DIR
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / LLM_API_OPTIONS_FILE).write_text(yaml.safe_dump(llm_api_options(s), sort_keys=False))
-        (folder / VLLM_ARGS_FILE).write_text(json.dumps(as_object(VLLM_ARGS, vllm_args(s)), indent=1) + "\n")
-        (folder / SGLANG_ARGS_FILE).write_text(json.dumps(as_object(SGLANG_ARGS, sglang_args(s)), indent=1) + "\n")
-        written += [(folder / name).relative_to(out).as_posix()
-                    for name in (LLM_API_OPTIONS_FILE, VLLM_ARGS_FILE, SGLANG_ARGS_FILE)]
-    (out / SERVING_DIR / README_FILE).write_text(readme(entries))
+        for runtime in serving.RUNTIMES:
+            if runtime not in refused:
+                (folder / _FILES[runtime]).write_text(_options_text(runtime, s))
+                written.append((folder / _FILES[runtime]).relative_to(out).as_posix())
+    (out / SERVING_DIR).mkdir(parents=True, exist_ok=True)
+    (out / SERVING_DIR / README_FILE).write_text(readme(entries, refused))
     written.append(f"{SERVING_DIR}/{README_FILE}")
     return written

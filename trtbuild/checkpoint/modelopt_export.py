@@ -86,7 +86,8 @@ def align_inline_quant_config(out_dir: Path) -> list[str]:
 
     ModelOpt 0.47 writes an AWQ export's group_size into hf_quant_config.json only. TensorRT-LLM
     reads that file (and warns that the inline config diverges); vLLM and SGLang read the inline
-    config first (reference/serving.md sections 1-3), so without this they see no group size.
+    config first (the runtime table's sources vllm-0.33-modelopt, sglang-modelopt), so without this
+    they see no group size.
     Returns the fields written."""
     import json
 

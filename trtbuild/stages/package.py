@@ -1,5 +1,6 @@
-"""hf-checkpoint:package: an hf-export's files plus serving/ (the runtime options, the serve commands,
-the loader check). The stage writes only serving/; the runner overlays it on the export's manifest
+"""hf-checkpoint:package: an hf-export's files plus serving/ (the loader check, and the runtime options
+and serve commands of the runtimes whose loader accepts the checkpoint; the README names the others
+with the reason). The stage writes only serving/; the runner overlays it on the export's manifest
 (Stage.overlay), so the weights are neither copied nor hashed again. No torch: it runs in-process."""
 
 from __future__ import annotations
@@ -7,8 +8,9 @@ from __future__ import annotations
 import json
 
 from trtbuild import serving_options
-from trtbuild.serving_check import RUNTIME_NAMES, check_checkpoint
 from trtbuild.errors import TrtbuildError
+from trtbuild.serving import RUNTIME_NAMES
+from trtbuild.serving_check import check_checkpoint
 from trtbuild.stages.base import OVERLAY_SUMMARY, StageContext
 
 CHECK_FILE = f"{serving_options.SERVING_DIR}/check.json"
@@ -25,15 +27,17 @@ def loader_check(folder) -> tuple[dict, dict[str, list[str]]]:
 
 def package_hf(ctx: StageContext) -> None:
     weights = ctx.inputs["weights"]
-    written = serving_options.write_serving(ctx.out, ctx.params)
-    summary = {"serving": {"files": written, "runtimes": ctx.params["runtimes"]}}
     check, serves = loader_check(weights)
     accepted = {runtime: verdict["accepted"] for runtime, verdict in check["runtimes"].items()}
+    first_reason = {runtime: (verdict["reasons"] or ["not served"])[0] for runtime, verdict in check["runtimes"].items()}
     if not any(accepted.values()):  # the table said a runtime serves it: the export is what is wrong
-        reasons = "; ".join(f"{RUNTIME_NAMES[r]}: {(v['reasons'] or ['not served'])[0]}" for r, v in check["runtimes"].items())
+        reasons = "; ".join(f"{RUNTIME_NAMES[r]}: {first_reason[r]}" for r in check["runtimes"])
         raise TrtbuildError(f"no runtime loads this checkpoint: {reasons}")
+    # A runtime whose loader refuses the checkpoint gets no command: the README names it and why.
+    refused = {runtime: first_reason[runtime] for runtime, ok in accepted.items() if not ok}
+    written = serving_options.write_serving(ctx.out, ctx.params, refused)
     (ctx.out / CHECK_FILE).write_text(json.dumps(check, indent=2, sort_keys=True) + "\n")
-    summary["serving"]["files"].append(CHECK_FILE)
-    summary["serving"]["check"] = accepted
-    summary["serving"]["serves"] = serves  # the lock, `ls` and `pull` read this
+    written.append(CHECK_FILE)
+    summary = {"serving": {"files": written, "runtimes": ctx.params["runtimes"], "check": accepted,
+                           "serves": serves}}  # the lock, `ls` and `pull` read serves
     ctx.report(summary, name=OVERLAY_SUMMARY)
