@@ -49,7 +49,7 @@ HF = {"base-hf": entry("hf-checkpoint", "c", "c", serves={"vllm": ["sm80", "sm90
 
 
 def lock(targets: dict, toolchain: dict | None = None, **fields) -> dict:
-    data = {"schema": 2, "recipe": RECIPE, "source": SOURCE, "validation": "run", "targets": targets,
+    data = {"schema": 3, "recipe": RECIPE, "source": SOURCE, "validation": "run", "targets": targets,
             "toolchain": toolchain if toolchain is not None else {"checkpoint:convert": {"safetensors": "0.8.0"}}}
     return {**data, **fields}
 

@@ -308,6 +308,12 @@ def test_build_runs_validate_vllm_through_the_standin_and_marks_it(workspace):
     lock = yaml.safe_load((workspace / "recipe.lock").read_text())
     assert lock["toolchain"]["validate:vllm"]["vllm"] == "0.33.0+standin"
     assert lock["targets"]["fp8-hf:validate-vllm"]["gates_passed"] is True
+    # which runner each figure came from, and on what
+    assert {k: v for k, v in lock["targets"]["fp8-hf:validate-vllm"].items() if k in ("runner", "device")} == {
+        "runner": "vllm 0.33.0+standin", "device": "cpu"}
+    assert {k: v for k, v in lock["targets"]["fp8-hf:validate"].items() if k in ("runner", "device")} == {
+        "runner": "torch", "device": "cpu"}
+    assert "runner" not in lock["targets"]["fp8-hf"]
 
 
 @needs_no_vllm

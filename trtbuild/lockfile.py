@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the recipe's models are not needed to read or choose from a
     from trtbuild.recipe import LoadedRecipe
     from trtbuild.store.base import Store
 
-LOCK_SCHEMA = 2  # 2: typed, every artifact with its size, toolchain per stage id
+LOCK_SCHEMA = 3  # 2: typed, every artifact with its size, toolchain per stage id; 3: a validation's runner and device
 HEADER = "# Written by `trtbuild build`: commit it; `trtbuild build --locked` checks against it. Do not edit.\n"
 
 
@@ -62,6 +62,9 @@ class LockedTarget(BaseModel):
     size: int = Field(ge=0, description="The artifact's size in bytes (the sum of its files).")
     metrics: Optional[dict[str, Any]] = Field(None, description="A validation's headline numbers (6 significant digits).")
     gates_passed: Optional[bool] = Field(None, description="A validation: whether every gate passed.")
+    runner: Optional[str] = Field(None, description="A validation: the runner its metrics came from (`torch`, "
+                                  "`tensorrt_llm VERSION`, `vllm VERSION`).")
+    device: Optional[str] = Field(None, description="A validation: the device that runner computed on, as it said.")
     platform: Optional[LockedPlatform] = Field(None, description="An engine: what it is tied to (SM, parallelism, versions).")
     serves: Optional[dict[str, list[str]]] = Field(
         None, description="An hf-checkpoint: runtime (trtllm, vllm, sglang) -> the SMs it serves it on, by the loader "
@@ -197,6 +200,7 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
             if "gates" in r.summary:  # validation: the headline numbers and whether the gates passed
                 entry.metrics = {k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in r.summary["metrics"].items()}
                 entry.gates_passed = not gates.failed_gates(r.summary)
+                entry.runner, entry.device = r.summary.get("runner"), r.summary.get("device")
             platform = getattr(r, "platform", None)  # engine results carry their trtbuild.json facts
             if platform:
                 entry.platform = LockedPlatform.model_validate(platform)
@@ -226,7 +230,7 @@ def render(lock: LockFile, header: str = HEADER) -> bytes:
     if data["recipe"]["publish_store"] is None:  # a recipe without publish.store: its lock as before
         del data["recipe"]["publish_store"]
     for entry in data["targets"].values():  # only validations carry numbers, engines a platform, hf-checkpoints serves
-        for name in ("metrics", "gates_passed", "platform", "serves"):
+        for name in ("metrics", "gates_passed", "runner", "device", "platform", "serves"):
             if entry[name] is None:
                 del entry[name]
     return (header + yaml.safe_dump(data, sort_keys=True, default_flow_style=False)).encode()
