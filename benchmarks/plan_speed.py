@@ -13,7 +13,9 @@ SMs, engine and hf-checkpoint backends) into a temporary folder, then:
   3. prints the five slowest imports of `python -X importtime -m trtbuild --help`.
 
 Exit status 1 when a target is missed: fewer than 200 targets, `plan` or `--help` at or above
-0.5 s beyond interpreter start, or any heavy import attempted.
+0.5 s beyond interpreter start, or any heavy import attempted. --smoke (tests/test_benchmarks.py):
+one timed run of each command, the time targets printed but not judged (a test never compares
+wall-clock figures); the target count and the import check still decide the exit status.
 """
 
 from __future__ import annotations
@@ -104,8 +106,13 @@ print(json.dumps(results))
 """
 
 
+# Every command runs this checkout's trtbuild (the recipe's folder is the current one, where an
+# editable install would otherwise decide which trtbuild `-m trtbuild` finds).
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
 def run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=ENV)
 
 
 def median_seconds(cmd: list[str], repeat: int, cwd: Path) -> tuple[float, float, float]:
@@ -117,7 +124,7 @@ def median_seconds(cmd: list[str], repeat: int, cwd: Path) -> tuple[float, float
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
-        subprocess.run(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        subprocess.run(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=ENV)
         times.append(time.perf_counter() - start)
     return statistics.median(times), min(times), max(times)
 
@@ -160,7 +167,11 @@ def import_times(cwd: Path) -> tuple[list[tuple[int, int, str]], int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=7, help="timed runs per command (default 7)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one timed run per command; the time targets printed, not judged (the test suite)")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeat = 1
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
 
@@ -173,6 +184,7 @@ def main() -> int:
         py = sys.executable
 
         print(f"python {platform.python_version()} ({py}), {os.cpu_count()} CPUs, {platform.platform()}")
+        print(f"load average (1, 5, 15 min) at start: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
         n, by_kind = count_targets(recipe, tmpdir)
         print(f"recipe: {n} targets ({', '.join(f'{k} {v}' for k, v in sorted(by_kind.items()))})")
         if n < MIN_TARGETS:
@@ -193,9 +205,9 @@ def main() -> int:
         plan_extra = timed["python -m trtbuild plan RECIPE --format json"] - start
         print(f"--help beyond interpreter start: {help_extra:.3f} s (target < {BUDGET_S} s)")
         print(f"plan beyond interpreter start: {plan_extra:.3f} s (target < {BUDGET_S} s)")
-        if help_extra >= BUDGET_S:
+        if help_extra >= BUDGET_S and not args.smoke:
             failures.append(f"--help takes {help_extra:.3f} s beyond interpreter start")
-        if plan_extra >= BUDGET_S:
+        if plan_extra >= BUDGET_S and not args.smoke:
             failures.append(f"plan takes {plan_extra:.3f} s beyond interpreter start")
 
         found = heavy_imports(recipe, tmpdir)
@@ -214,10 +226,12 @@ def main() -> int:
         for us, depth, name in top:
             print(f"  {us / 1e3:8.1f} ms  {'  ' * depth}{name}")
 
+    print(f"\nload average (1, 5, 15 min) at end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if failures:
         print("\nFAIL: " + "; ".join(failures))
         return 1
-    print("\nOK: every target met")
+    print("\nOK: the target count and the import check (times not judged: --smoke)" if args.smoke
+          else "\nOK: every target met")
     return 0
 
 

@@ -27,6 +27,11 @@ bucket; everything it writes (the server's data folder included) is removed at t
 
 Exits 1 when a goal is missed. Every process reads and writes through the page cache (the files
 were just written), so this compares the clients and the server, not the disk.
+
+--smoke (tests/test_benchmarks.py): a 2 MiB artifact of 2 files, one run of everything, the goals
+printed but not judged (a test never compares wall-clock figures; a transfer that fails or brings
+back other bytes still exits 1), and the awscli rows left out where `aws` is not installed (the
+test extras do not install it).
 """
 
 from __future__ import annotations
@@ -166,12 +171,22 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=8, help="files in the artifact (default 8)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each transfer; the median is shown (default 3)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
+    parser.add_argument("--smoke", action="store_true",
+                        help="2 MiB in 2 files, one run each, goals not judged (the test suite)")
     args = parser.parse_args()
-    awscli = subprocess.run(["aws", "--version"], capture_output=True, text=True)
-    aws_version = (awscli.stdout or awscli.stderr).strip()
+    if args.smoke:
+        args.gib, args.files, args.repeat = 2 / 1024, 2, 1
+    if shutil.which("aws"):
+        awscli = subprocess.run(["aws", "--version"], capture_output=True, text=True)
+        aws_version = (awscli.stdout or awscli.stderr).strip()
+    elif args.smoke:
+        aws_version = None  # its rows are left out
+    else:
+        parser.error("the awscli baseline needs `aws` on PATH (python3 -m pip install awscli)")
     defaults = S3Store("s3://x")
     figures: dict = {"gib": args.gib, "files": args.files, "repeat": args.repeat, "cores": os.cpu_count(),
                      "python": sys.version.split()[0], "awscli": aws_version,
+                     "smoke": args.smoke, "load_average_start": [round(x, 2) for x in os.getloadavg()],
                      "trtbuild_s3": {"part_size": defaults.part_size, "concurrency": defaults.concurrency,
                                      "download_chunk": defaults.download_chunk},
                      "how": "the real CLI: python -m trtbuild push RECIPE / pull LOCK --target base-tp1 --dest DIR "
@@ -215,7 +230,8 @@ def main() -> int:
         figures["bytes"] = total
         # warm-up, untimed: every process below then finds its modules compiled
         timed([sys.executable, "-c", WARM_IMPORTS], env)
-        timed(["aws", "s3", "ls", f"s3://{BUCKET}"], base_env)
+        if aws_version:
+            timed(["aws", "s3", "ls", f"s3://{BUCKET}"], base_env)
 
         # ---- push ------------------------------------------------------------------------------------
         def push_cold(i: int) -> float:
@@ -267,10 +283,13 @@ def main() -> int:
             shutil.rmtree(down)
             return seconds
 
-        t_aws_up, aws_up_runs = median_of(args.repeat, aws_up)
-        t_aws_down, aws_down_runs = median_of(args.repeat, aws_down)
-        for i in range(args.repeat):
-            empty_prefix(client, f"awscli-{i}/")
+        t_aws_up = t_aws_down = None
+        aws_up_runs, aws_down_runs = [], []
+        if aws_version:
+            t_aws_up, aws_up_runs = median_of(args.repeat, aws_up)
+            t_aws_down, aws_down_runs = median_of(args.repeat, aws_down)
+            for i in range(args.repeat):
+                empty_prefix(client, f"awscli-{i}/")
 
         # ---- raw boto3 ---------------------------------------------------------------------------
         manifest = local.get_manifest(checkpoint.digest)
@@ -306,7 +325,7 @@ def main() -> int:
             if not result.stdout.startswith(f"would pull {expected} "):
                 raise SystemExit(f"pull --target auto chose {result.stdout.strip()!r}, not {expected}")
 
-        runs = max(args.repeat, 7)
+        runs = 1 if args.smoke else max(args.repeat, 7)
         timed(choose, host_env, after=chose_expected)  # warm-up, untimed (as the start-up below)
         timed([sys.executable, "-c", "pass"], base_env)
         t_start, start_runs = median_of(runs, lambda i: timed([sys.executable, "-c", "pass"], base_env))
@@ -319,26 +338,30 @@ def main() -> int:
         "raw_boto3_down_s": t_raw, "runs": {"push": push_runs, "repush": repush_runs, "pull": pull_runs,
                                             "awscli_up": aws_up_runs, "awscli_down": aws_down_runs, "raw_boto3_down": raw_runs,
                                             "python_c_pass": start_runs, "choose": choose_runs},
-        "push_mb_s": total / t_push / MB, "pull_mb_s": total / t_pull / MB, "awscli_up_mb_s": total / t_aws_up / MB,
-        "awscli_down_mb_s": total / t_aws_down / MB, "raw_boto3_down_mb_s": total / t_raw / MB,
-        "push_vs_awscli": t_aws_up / t_push, "pull_vs_awscli": t_aws_down / t_pull, "pull_vs_raw_boto3": t_pull / t_raw,
+        "push_mb_s": total / t_push / MB, "pull_mb_s": total / t_pull / MB, "raw_boto3_down_mb_s": total / t_raw / MB,
+        "pull_vs_raw_boto3": t_pull / t_raw,
         "python_c_pass_s": t_start, "choose_s": t_choose, "choose_beyond_start_s": t_choose - t_start,
         "choose_local_store_s": t_choose_local, "choose_targets": 200, "chosen": expected,
+        "load_average_end": [round(x, 2) for x in os.getloadavg()],
     })
-    goals = {"push >= 1.0x awscli": figures["push_vs_awscli"] >= 1.0,
-             "pull >= 1.0x awscli": figures["pull_vs_awscli"] >= 1.0,
-             "re-push < 1 s": t_repush < 1.0,
+    goals = {}
+    if aws_version:
+        figures.update({"awscli_up_mb_s": total / t_aws_up / MB, "awscli_down_mb_s": total / t_aws_down / MB,
+                        "push_vs_awscli": t_aws_up / t_push, "pull_vs_awscli": t_aws_down / t_pull})
+        goals.update({"push >= 1.0x awscli": figures["push_vs_awscli"] >= 1.0,
+                      "pull >= 1.0x awscli": figures["pull_vs_awscli"] >= 1.0})
+    goals.update({"re-push < 1 s": t_repush < 1.0,
              "pull <= 1.10x raw boto3 time": figures["pull_vs_raw_boto3"] <= 1.10,
-             "choose < 0.5 s beyond start": figures["choose_beyond_start_s"] < 0.5}
+                  "choose < 0.5 s beyond start": figures["choose_beyond_start_s"] < 0.5})
     figures["goals"] = goals
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
         print_table(figures)
     ok = all(goals.values())
-    print("OK: every goal met" if ok else f"MISSED: {', '.join(g for g, met in goals.items() if not met)}",
-          file=sys.stderr if args.json else sys.stdout)
-    return 0 if ok else 1
+    verdict = "OK: every goal met" if ok else f"MISSED: {', '.join(g for g, met in goals.items() if not met)}"
+    print(verdict + (" (--smoke: goals not judged)" if args.smoke else ""), file=sys.stderr if args.json else sys.stdout)
+    return 0 if ok or args.smoke else 1
 
 
 def _file_sha256(path: Path) -> str:
@@ -352,18 +375,24 @@ def _file_sha256(path: Path) -> str:
 def print_table(f: dict) -> None:
     s3 = f["trtbuild_s3"]
     print(f"artifact: {f['files']} files, {f['bytes'] / 1024**3:.3g} GiB; cores: {f['cores']}; python {f['python']}; "
-          f"{f['awscli']}")
+          f"{f['awscli'] or 'no awscli (its rows left out)'}; load average (1, 5, 15 min) {f['load_average_start']} at the "
+          f"start, {f['load_average_end']} at the end")
     print(f"trtbuild: {f['how']}; S3Store part_size {s3['part_size'] >> 20} MiB, concurrency {s3['concurrency']}, "
           f"download_chunk {s3['download_chunk'] >> 20} MiB")
     print(f"median of {f['repeat']} runs (process start-up included everywhere)")
-    rows = [("trtbuild push (cold)", f["push_s"], f["push_mb_s"], f"{f['push_vs_awscli']:.2f}x awscli  goal >= 1.0x"),
-            ("aws s3 cp --recursive (up)", f["awscli_up_s"], f["awscli_up_mb_s"], ""),
+    aws = f["awscli"] is not None  # else (--smoke without awscli) its rows are left out
+    rows = [("trtbuild push (cold)", f["push_s"], f["push_mb_s"],
+             f"{f['push_vs_awscli']:.2f}x awscli  goal >= 1.0x" if aws else ""),
+            ("aws s3 cp --recursive (up)", f["awscli_up_s"], f.get("awscli_up_mb_s"), ""),
             ("trtbuild push (unchanged)", f["repush_s"], None, "goal < 1 s"),
             ("trtbuild pull --dest (verified)", f["pull_s"], f["pull_mb_s"],
-             f"{f['pull_vs_awscli']:.2f}x awscli  goal >= 1.0x; {f['pull_vs_raw_boto3']:.2f}x raw boto3's time  goal <= 1.10x"),
-            ("aws s3 cp --recursive (down)", f["awscli_down_s"], f["awscli_down_mb_s"], ""),
+             (f"{f['pull_vs_awscli']:.2f}x awscli  goal >= 1.0x; " if aws else "") +
+             f"{f['pull_vs_raw_boto3']:.2f}x raw boto3's time  goal <= 1.10x"),
+            ("aws s3 cp --recursive (down)", f["awscli_down_s"], f.get("awscli_down_mb_s"), ""),
             ("raw boto3 download_file", f["raw_boto3_down_s"], f["raw_boto3_down_mb_s"], "no verification")]
     for name, seconds, rate, note in rows:
+        if seconds is None:
+            continue
         speed = f"{rate:8.1f} MB/s" if rate is not None else " " * 13
         print(f"{name:34} {seconds:8.3f} s {speed}  {note}")
     print(f"{'python -c pass':34} {f['python_c_pass_s']:8.3f} s")

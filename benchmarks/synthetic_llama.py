@@ -2,7 +2,8 @@
 
 `write_synthetic(folder, layers)` writes a bf16 Hugging Face LLaMA folder of random N(0, 0.02)
 weights (LLaMA-2-7B widths with 8 KV heads; 10 layers give 4.07 GB), one safetensors shard per
-layer, holding one shard's tensors at a time. `write_byte_tokenizer(folder)` adds a tokenizer, so
+layer, holding one shard's tensors at a time; `tiny=True` uses TINY's widths instead (hidden 64:
+a few hundred KB, for the benchmarks' smoke runs in tests/test_benchmarks.py). `write_byte_tokenizer(folder)` adds a tokenizer, so
 that trtbuild can build the folder as a `path:` source (calibration and validation tokenize text).
 
 torch, safetensors, transformers and tokenizers are imported inside the functions: a benchmark
@@ -18,14 +19,22 @@ from pathlib import Path
 SYNTH = {"hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32, "num_key_value_heads": 8,
          "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
          "tie_word_embeddings": False}
+# The same architecture at smoke-test size (the byte-level tokenizer's 259 tokens fit its vocabulary).
+TINY = {**SYNTH, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 320}
 
 
-def describe(layers: int) -> str:
-    return (f"{layers} layers, hidden {SYNTH['hidden_size']}, intermediate {SYNTH['intermediate_size']}, "
-            f"{SYNTH['num_attention_heads']} heads / {SYNTH['num_key_value_heads']} KV, vocab {SYNTH['vocab_size']}")
+def widths(tiny: bool = False) -> dict:
+    return TINY if tiny else SYNTH
 
 
-def write_synthetic(folder: str, layers: int) -> int:
+def describe(layers: int, tiny: bool = False) -> str:
+    w = widths(tiny)
+    return (f"{layers} layers, hidden {w['hidden_size']}, intermediate {w['intermediate_size']}, "
+            f"{w['num_attention_heads']} heads / {w['num_key_value_heads']} KV, vocab {w['vocab_size']}")
+
+
+def write_synthetic(folder: str, layers: int, tiny: bool = False) -> int:
     """A bf16 LLaMA checkpoint in Hugging Face names, one shard per layer (plus embeddings and
     head), random N(0, 0.02) values; holds one shard's tensors at a time. Returns the bytes."""
     import torch
@@ -34,12 +43,13 @@ def write_synthetic(folder: str, layers: int) -> int:
 
     folder = Path(folder)
     folder.mkdir(parents=True)
-    cfg = LlamaConfig(num_hidden_layers=layers, **SYNTH)
+    w = widths(tiny)
+    cfg = LlamaConfig(num_hidden_layers=layers, **w)
     cfg.architectures = ["LlamaForCausalLM"]
     cfg.dtype = "bfloat16"
     cfg.to_json_file(str(folder / "config.json"))
-    h, i, v = SYNTH["hidden_size"], SYNTH["intermediate_size"], SYNTH["vocab_size"]
-    kv = SYNTH["num_key_value_heads"] * h // SYNTH["num_attention_heads"]
+    h, i, v = w["hidden_size"], w["intermediate_size"], w["vocab_size"]
+    kv = w["num_key_value_heads"] * h // w["num_attention_heads"]
     gen = torch.Generator().manual_seed(0)
 
     def rand(*shape):
@@ -71,7 +81,7 @@ def write_synthetic(folder: str, layers: int) -> int:
     return total
 
 
-def write_byte_tokenizer(folder: str) -> int:
+def write_byte_tokenizer(folder: str, tiny: bool = False) -> int:
     """A byte-level tokenizer (tokenizer.json, tokenizer_config.json): one token per byte (ids
     0-255, no merges) and <s>, </s>, <unk> after them. Built here rather than downloaded: any
     tokenizer whose ids fit the vocabulary serves random weights, and this one needs no network.
@@ -82,13 +92,13 @@ def write_byte_tokenizer(folder: str) -> int:
     vocab = {c: i for i, c in enumerate(byte_chars)}
     specials = ["<s>", "</s>", "<unk>"]
     vocab.update({s: len(byte_chars) + n for n, s in enumerate(specials)})
-    assert len(vocab) <= SYNTH["vocab_size"]
+    assert len(vocab) <= widths(tiny)["vocab_size"]
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens(specials)
     tokenizer.save(str(Path(folder) / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-              "unk_token": "<unk>", "model_max_length": SYNTH["max_position_embeddings"]}
+              "unk_token": "<unk>", "model_max_length": widths(tiny)["max_position_embeddings"]}
     (Path(folder) / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return len(vocab)
