@@ -325,6 +325,7 @@ def test_without_vllm_validate_vllm_is_skipped_with_the_reason(workspace):
         assert (node["stage"], node["status"], node["reason"]) == (
             "validate", "skipped", "needs vllm on a CUDA GPU: this machine has no vllm")
         assert "metrics" not in node
+        assert targets[f"{variant}-hf"]["ref"] == f"ref not moved: {variant}-hf:validate-vllm was skipped"
 
 
 def test_a_format_the_serving_table_rules_out_is_not_loaded(recorded_gpu, installed_packages):
@@ -355,5 +356,9 @@ def test_every_hf_checkpoint_gets_a_vllm_validation_after_its_torch_one(tmp_path
     assert {k: p.value for k, p in node.params.items() if k != "gates"} == {
         "runner": "vllm", "dtype": "bfloat16", "quant": "fp8", "kv_cache": "fp8", "max_seq_len": 128}
     assert node.host == VllmRunner("fp8", "fp8")
+    # the runner moves a ref only once every validation serving the node is done (runner._move_refs;
+    # a failed gate fails the node): vLLM's is one of them
+    assert [n.id for n in graph.validations_of("fp8-hf")] == ["fp8-hf:validate", "fp8-hf:validate-trtllm",
+                                                               "fp8-hf:validate-vllm"]
     assert graph.node("bf16-hf:validate-vllm").inputs == {"reference": "reference", "hf_checkpoint": "bf16-hf"}
     assert not any(n.id.endswith(":validate-vllm") for n in build_graph(plan_recipe(load_recipe(recipe)), validate=False).nodes)
