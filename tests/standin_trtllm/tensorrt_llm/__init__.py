@@ -10,6 +10,8 @@ from typing import Any, Optional
 
 import torch
 
+from tensorrt_llm import _llm_args
+
 __version__ = "1.2.0+standin"
 
 
@@ -53,18 +55,51 @@ def _topk_dicts(logits: torch.Tensor, k: int) -> list:
             for t in range(logprobs.shape[0])]
 
 
+class StandinRefusal(NotImplementedError):
+    """A call the real LLM API may accept but this stand-in does not emulate: it says so, naming itself."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"tensorrt_llm {__version__} (a test stand-in): {what}")
+
+
 class LLM:
-    """`LLM(model=folder, skip_tokenizer_init=True)` on a Hugging Face checkpoint folder."""
+    """`LLM(model=folder, skip_tokenizer_init=True)` on a Hugging Face checkpoint folder. Keyword
+    arguments are checked as tensorrt_llm 1.2's are (_llm_args.py says where from): an unknown one,
+    or one only the TensorRT backend takes, raises the real ValueError; a real one the stand-in does
+    not emulate, or an explicit argument away from its default, raises StandinRefusal."""
 
     vocab_pad = 0  # the engine stand-in pads the vocabulary as a tp > 1 engine would
     logits_dtype = torch.float32
+    _fields = _llm_args.TORCH_FIELDS
 
-    def __init__(self, model: str, skip_tokenizer_init: bool = False, **kwargs: Any):
+    def __init__(self, model: str, tokenizer=None, tokenizer_mode: str = "auto", skip_tokenizer_init: bool = False,
+                 trust_remote_code: bool = False, tensor_parallel_size: int = 1, dtype: str = "auto",
+                 revision=None, tokenizer_revision=None, **kwargs: Any):
+        self.closed = True  # until the model is loaded: shutdown() and __del__ have nothing to free
+        self._check_kwargs(kwargs)
+        explicit = {"tokenizer": tokenizer, "tokenizer_mode": tokenizer_mode, "trust_remote_code": trust_remote_code,
+                    "tensor_parallel_size": tensor_parallel_size, "dtype": dtype, "revision": revision,
+                    "tokenizer_revision": tokenizer_revision}
+        for name, value in {**explicit, **kwargs}.items():
+            if value != _llm_args.EXPLICIT.get(name, object()):
+                raise StandinRefusal(f"LLM({name}={value!r}) is not emulated")
+        if not model:  # llm_args._ModelWrapper
+            raise ValueError("model should be provided.")
+        if skip_tokenizer_init is not True:
+            raise StandinRefusal("LLM(skip_tokenizer_init=False) is not emulated: the stand-in loads no tokenizer")
+        self.folder = Path(model)
+        if not self.folder.is_dir():
+            raise StandinRefusal(f"model {model!r} is not a local folder (the stand-in downloads nothing)")
         from transformers import AutoModelForCausalLM
 
-        self.folder = Path(model)
         self.model = AutoModelForCausalLM.from_pretrained(self._weights(), dtype=torch.float32).eval()
         self.closed = False
+
+    def _check_kwargs(self, kwargs: dict) -> None:
+        """_TorchLLM.__init__ then BaseLLM.__init__ (llm.py@4c05a748)."""
+        kwargs.pop("backend", "pytorch")
+        _llm_args.check_torch_kwargs(kwargs)
+        _llm_args.check_kwargs(type(self).__name__, self._fields, kwargs)
 
     def _weights(self) -> Path:
         if (self.folder / "hf_quant_config.json").is_file():

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from tensorrt_llm import LLM as _TorchLLM
+from tensorrt_llm import _llm_args
 
 
 def hf_config_of(pretrained: dict) -> dict:
@@ -36,8 +37,16 @@ def hf_config_of(pretrained: dict) -> dict:
     return config
 
 
-class LLM(_TorchLLM):
+class _TrtLLM(_TorchLLM):
+    """Named as the real one is (tensorrt_llm/_tensorrt_engine/__init__.py@1620d4fd: `from
+    tensorrt_llm.llmapi.llm import _TrtLLM as LLM`), so its errors name `_TrtLLM` too."""
+
     logits_dtype = torch.float16
+    _fields = _llm_args.TRT_FIELDS
+
+    def _check_kwargs(self, kwargs: dict) -> None:
+        """_TrtLLM.__init__ passes every keyword to BaseLLM.__init__ (llm.py@4c05a748)."""
+        _llm_args.check_kwargs(type(self).__name__, self._fields, kwargs)
 
     def _weights(self):
         config = json.loads((self.folder / "config.json").read_text())
@@ -74,3 +83,6 @@ class LLM(_TorchLLM):
         if (params.prompt_logprobs or params.return_context_logits) and not self.gather:
             raise ValueError("`prompt_logprobs` requires `gather_context_logits=True` in the BuildConfig")
 
+
+
+LLM = _TrtLLM
