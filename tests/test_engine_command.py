@@ -129,7 +129,7 @@ def test_every_quantization_sm_and_flag_set_derives_a_command_the_flag_table_par
             fmt = engine_flags.EngineFormat(quant, kv_cache, plan.dtype, sm)
             unsupported = hardware.quant_unsupported_reason(quant, kv_cache, sm)
             problem = engine_flags.recipe_flag_problem(recipe_flags, fmt)
-            checkpoint = plan.target(f"{vname}-tp1")  # int8_wo: no TensorRT-LLM checkpoint (docs/checkpoints.md)
+            checkpoint = plan.target(f"{vname}-tp1")  # an impossible checkpoint makes its engines impossible
             if not checkpoint.ok:
                 assert target.reason == f"needs checkpoint {checkpoint.name}, which is impossible: {checkpoint.reason}"
                 continue
