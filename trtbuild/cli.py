@@ -189,10 +189,7 @@ def build(recipe: Path | None, targets, until, gpu, store_url, push_after, allow
 
     Each stage's output is stored by content under an action key naming everything that shaped it:
     a second run rebuilds nothing unless something changed. Writes RECIPE's lock file beside it
-    (with --lock-out, this run's lock to PATH instead). A run that builds nothing is recorded in the
-    store's replay/ folder: the same command, with no file, package, variable or GPU changed, prints
-    that run's output again without planning (not on a terminal, nor with --json, --push,
-    --rebuild, --lock-out or a remote store).
+    (with --lock-out, this run's lock to PATH instead).
     Exit 0 when every requested target was built, cached or skipped; 1 when one failed; 2 on
     invalid input.
     """
@@ -230,7 +227,6 @@ def build(recipe: Path | None, targets, until, gpu, store_url, push_after, allow
 
         if not render.print_build_plain(outcome):  # a file or pipe: rich's text, without rich
             render.print_build(outcome, _console())
-    _record_if_noop(outcome, store, replayable=not (as_json or push_after or remote or rebuild or lock_out))
     if outcome.pushed is not None:
         from trtbuild.estimate import format_bytes
 
@@ -245,24 +241,6 @@ def build(recipe: Path | None, targets, until, gpu, store_url, push_after, allow
         for line in outcome.pushed["refused"]:
             click.echo(line, err=True)
     raise click.exceptions.Exit(outcome.exit_code)
-
-
-def _record_if_noop(outcome, store, replayable: bool) -> None:
-    """A build run as a command (`trtbuild build`, trtbuild.__main__) that found everything it could
-    build in the store and failed nothing is recorded, so that the same command replays it
-    (trtbuild.replay) while none of its inputs changes; another run drops its command's record.
-    `replayable`: not --json, --push, --rebuild or --lock-out, and no remote store."""
-    from trtbuild import replay
-    from trtbuild.runner import CACHED, IMPOSSIBLE, SKIPPED
-
-    recorder = replay.armed()
-    if recorder is None:
-        return
-    noop = all(r.status in (CACHED, SKIPPED, IMPOSSIBLE) and not r.pulled for r in outcome.results)
-    if replayable and noop and outcome.exit_code == 0:
-        recorder.save(store.state.consulted)
-    else:
-        recorder.discard()
 
 
 @cli.command()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import re
-import sys
 import types
 import typing
 from pathlib import Path
@@ -511,7 +510,6 @@ def recipe_identity(loaded: LoadedRecipe, embedded: bool) -> str:
         return f"embedded:{loaded.path.name}"
     path = loaded.path.resolve()
     for folder in path.parents:
-        sys.audit("trtbuild.stat", str(folder / ".git"))  # a stat alone decides: an input (replay.STAT_EVENT)
         if (folder / ".git").exists():
             return path.relative_to(folder).as_posix()
     return str(path)

@@ -643,7 +643,7 @@ class LocalStore(Store):
         lock_path = Path(os.path.abspath(lock_path))
         root = self.root / "roots" / f"{bytes_sha256(str(lock_path).encode())[:32]}.json"
         body = canonical_json({"lockfile": str(lock_path)}) + b"\n"
-        try:  # read, not only stat-ed: a replayed no-op build (trtbuild.replay) sees it as an input
+        try:  # read, not only stat-ed: a damaged root (cut short, or naming another path) is written again
             if root.read_bytes() == body:
                 return
         except FileNotFoundError:

@@ -1,5 +1,5 @@
-"""Which store a command means: --store URL, else $TRTBUILD_CACHE, else ./cache. Kept apart from
-local.py so that a replayed no-op build (trtbuild.replay) finds its store without importing it."""
+"""Which store a command means: --store URL, else $TRTBUILD_CACHE, else ./cache (one place holds
+the rule; it needs none of local.py's imports)."""
 
 from __future__ import annotations
 

@@ -27,9 +27,6 @@ class StatCache:
         self.db_path = db_path
         self._local = threading.local()
         self._opened: list[sqlite3.Connection] = []  # every thread's connection, for close()
-        # Every file whose stat was looked up: what this process's answers depended on (a no-op
-        # build records them, trtbuild.replay).
-        self.consulted: set[str] = set()
         if db_path is not None:
             db_path.parent.mkdir(parents=True, exist_ok=True)
             with self._faults():
@@ -105,7 +102,6 @@ class StatCache:
         return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
     def get(self, path: Path, st: os.stat_result) -> Optional[str]:
-        self.consulted.add(str(path))
         if self.db_path is None:
             return None
         row = self._connect().execute(
