@@ -1,0 +1,247 @@
+"""The stand-ins refuse what the real tools refuse, with the real tools' errors: trtllm-build
+(tests/standin_trtllm/bin/trtllm-build, its RULES cite the TensorRT-LLM source of each), the LLM
+API's keyword arguments (tests/standin_trtllm/tensorrt_llm/_llm_args.py) and NVML per handle
+(tests/standin_nvml/pynvml.py, after nvidia-ml-py's pynvml.py). Each expected message below is the
+real tool's text as read in its source, not the stand-in's output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trtbuild import hardware
+from trtbuild.hardware import DetectedGpu
+
+ROOT = Path(__file__).resolve().parent.parent
+STANDIN = ROOT / "tests" / "standin_trtllm"
+BUILD = STANDIN / "bin" / "trtllm-build"
+
+
+def checkpoint(tmp_path: Path, **config) -> Path:
+    """A checkpoint folder trtllm-build reads up to its checks (the weights are never read by them)."""
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    base = {"architecture": "LlamaForCausalLM", "dtype": "float16", "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "max_position_embeddings": 128,
+            "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}}
+    (folder / "config.json").write_text(json.dumps({**base, **config}))
+    (folder / "rank0.safetensors").write_bytes(b"")
+    return folder
+
+
+def build(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BUILD), "--output_dir", str(tmp_path / "engine"), *args],
+                          capture_output=True, text=True, cwd=tmp_path, env=env)
+
+
+def refused(result: subprocess.CompletedProcess) -> str:
+    """The last line of a refusal: what trtbuild's engine stage shows (stages/engine.py)."""
+    assert result.returncode == 1, result.stderr
+    assert not (Path(result.args[3]) / "config.json").exists()
+    return result.stderr.splitlines()[-1]
+
+
+# ---- trtllm-build: build.py main() ----
+
+def test_context_logits_with_draft_tokens(tmp_path):
+    ckpt = checkpoint(tmp_path)
+    for flag in ("--gather_context_logits", "--gather_all_token_logits"):
+        assert refused(build(tmp_path, "--checkpoint_dir", str(ckpt), flag, "--max_draft_len", "4")) == (
+            "RuntimeError: Gather context logits is not support with draft len > 0. If want to get the accepted "
+            "tokens' logits from target model, please just enable gather_generation_logits")
+
+
+def test_model_cls_file_needs_model_cls_name(tmp_path):
+    assert refused(build(tmp_path, "--checkpoint_dir", str(checkpoint(tmp_path)), "--model_cls_file", "m.py")) == \
+        "AssertionError"
+
+
+def test_no_checkpoint_and_no_model_config(tmp_path):
+    assert refused(build(tmp_path)) == "AttributeError: 'NoneType' object has no attribute 'lower'"
+
+
+def test_multiple_profiles_with_opt_num_tokens(tmp_path):
+    assert refused(build(tmp_path, "--checkpoint_dir", str(checkpoint(tmp_path)), "--multiple_profiles", "enable",
+                         "--opt_num_tokens", "64")) == (
+        "RuntimeError: multiple_profiles is enabled, while opt_num_tokens is set. They are not supposed to be "
+        "working in the same time for now.")
+
+
+def test_paged_kv_cache_must_be_a_boolean(tmp_path):
+    result = build(tmp_path, "--checkpoint_dir", str(checkpoint(tmp_path)), "--paged_kv_cache", "sometimes")
+    assert result.returncode == 1
+    assert "1 validation error for PluginConfig\npaged_kv_cache\n  Input should be a valid boolean" in result.stderr
+
+
+# ---- build_model() and builder.build() ----
+
+def test_streamingllm(tmp_path):
+    assert refused(build(tmp_path, "--checkpoint_dir", str(checkpoint(tmp_path)), "--streamingllm", "enable")) == (
+        "AssertionError: StreamingLLM is no longer supported because attention sink cannot work with the "
+        "non-cyclic kv cache kernel & runtime changes.")
+
+
+def test_pp_reduce_scatter_is_for_mixtral_only(tmp_path):
+    assert refused(build(tmp_path, "--checkpoint_dir", str(checkpoint(tmp_path)), "--pp_reduce_scatter",
+                         "enable")) == "AssertionError: PP reduce scatter is only supported in the mixtral model."
+
+
+def test_an_architecture_outside_model_map(tmp_path):
+    ckpt = checkpoint(tmp_path, architecture="LlamaForTokenClassification")
+    assert refused(build(tmp_path, "--checkpoint_dir", str(ckpt))) == \
+        "AssertionError: Unsupported model architecture: LlamaForTokenClassification"
+
+
+def test_kv_cache_type_against_paged_kv_cache(tmp_path):
+    ckpt = checkpoint(tmp_path)
+    assert refused(build(tmp_path, "--checkpoint_dir", str(ckpt), "--kv_cache_type", "continuous",
+                         "--paged_kv_cache", "enable")) == "AssertionError"
+
+
+def test_swiglu_plugins_need_fused_mlp(tmp_path):
+    ckpt = checkpoint(tmp_path)
+    for plugin in ("--gemm_swiglu_plugin", "--low_latency_gemm_swiglu_plugin"):
+        assert refused(build(tmp_path, "--checkpoint_dir", str(ckpt), plugin, "fp8", "--use_fused_mlp",
+                             "disable")) == "RuntimeError: GemmSwiGLU plugin requires --use_fused_mlp flag"
+
+
+def test_fast_build_of_weight_only_without_its_plugin(tmp_path):
+    ckpt = checkpoint(tmp_path, quantization={"quant_algo": "W8A16"}, disable_weight_only_quant_plugin=True)
+    assert refused(build(tmp_path, "--checkpoint_dir", str(ckpt), "--fast_build")) == \
+        "RuntimeError: Manage weights of weight only quant works only with plugin currently."
+
+
+def test_eagle_limits(tmp_path):
+    ckpt = checkpoint(tmp_path)
+    assert refused(build(tmp_path, "--checkpoint_dir", str(ckpt), "--speculative_decoding_mode", "eagle",
+                         "--max_batch_size", "513")) == "AssertionError: Max batch size > 512 is not supported for EAGLE"
+
+
+@pytest.mark.parametrize("quant, message", [
+    ({"quant_algo": "W8A16"}, "RuntimeError: INT8/INT4 quantization is not supported on SM>=100."),
+    ({"quant_algo": None, "kv_cache_quant_algo": "INT8"}, "RuntimeError: INT8/INT4 quantization is not supported on SM>=100."),
+    ({"quant_algo": "W8A8_SQ_PER_CHANNEL"}, "RuntimeError: SmoothQuant is not supported on SM>=100."),
+])
+def test_blackwell_refuses_int8_formats(tmp_path, recorded_gpu, quant, message):
+    recorded_gpu("B200")
+    assert refused(build(tmp_path, "--checkpoint_dir", str(checkpoint(tmp_path, quantization=quant)))) == message
+
+
+def test_plugin_validate_on_sm100(tmp_path, recorded_gpu):
+    recorded_gpu("B200")
+    assert refused(build(tmp_path, "--checkpoint_dir", str(checkpoint(tmp_path)), "--low_latency_gemm_plugin",
+                         "fp8")) == "NotImplementedError: low_latency_gemm_plugin=fp8 is not supported on SM 100."
+
+
+def test_the_same_builds_on_hopper(tmp_path, recorded_gpu):
+    """The SM rules read GPU 0 (get_sm_version): on an H100 the W8A16 checkpoint builds."""
+    recorded_gpu("H100")
+    ckpt = checkpoint(tmp_path, quantization={"quant_algo": "W8A16"})
+    write_weights(ckpt)
+    result = build(tmp_path, "--checkpoint_dir", str(ckpt))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "engine" / "config.json").read_text())["version"] == "1.2.0+standin"
+
+
+def write_weights(folder: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"transformer.vocab_embedding.weight": torch.zeros(8, 64)}, str(folder / "rank0.safetensors"))
+
+
+def test_max_input_len_above_max_seq_len_is_clipped_not_refused(tmp_path):
+    """builder._init_max_seq_len warns and clips: the real tool builds, and so does the stand-in."""
+    ckpt = checkpoint(tmp_path)
+    write_weights(ckpt)
+    result = build(tmp_path, "--checkpoint_dir", str(ckpt), "--max_input_len", "256", "--max_seq_len", "64")
+    assert result.returncode == 0, result.stderr
+    assert ("[TensorRT-LLM] [W] max_input_len is 256 is larger than max_seq_len 64, clipping it to max_seq_len"
+            in result.stdout.splitlines())
+    built = json.loads((tmp_path / "engine" / "config.json").read_text())["build_config"]
+    assert (built["max_input_len"], built["max_seq_len"]) == (64, 64)
+
+
+def test_what_only_the_standin_cannot_do_names_the_standin(tmp_path):
+    ckpt = checkpoint(tmp_path)
+    assert refused(build(tmp_path, "--checkpoint_dir", str(ckpt), "--model_cls_file", "m.py", "--model_cls_name",
+                         "M")) == "trtllm-build 1.2.0+standin (a test stand-in): --model_cls_file m.py: the stand-in loads no custom model code"
+    assert refused(build(tmp_path, "--model_config", str(ckpt / "config.json"))) == (
+        f"trtllm-build 1.2.0+standin (a test stand-in): {ckpt / 'config.json'}: the stand-in builds no engine "
+        "without weights (a config-only build)")
+
+
+# ---- the LLM API's keyword arguments ----
+
+@pytest.fixture
+def llm_api(monkeypatch):
+    monkeypatch.syspath_prepend(str(STANDIN))
+    for name in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    import tensorrt_llm
+    from tensorrt_llm import _tensorrt_engine
+
+    return tensorrt_llm.LLM, _tensorrt_engine.LLM
+
+
+def test_llm_refuses_an_unknown_keyword(llm_api, tmp_path):
+    torch_llm, engine_llm = llm_api
+    with pytest.raises(ValueError) as caught:
+        torch_llm(model=str(tmp_path), skip_tokenizer_init=True, max_logprobs=20)
+    assert str(caught.value) == "LLM got invalid argument: max_logprobs"
+    with pytest.raises(ValueError) as caught:
+        engine_llm(model=str(tmp_path), skip_tokenizer_init=True, cuda_graph_config=None)
+    assert str(caught.value) == "_TrtLLM got invalid argument: cuda_graph_config"
+
+
+def test_the_pytorch_llm_refuses_tensorrt_only_keywords(llm_api, tmp_path):
+    torch_llm, _ = llm_api
+    with pytest.raises(ValueError) as caught:
+        torch_llm(model=str(tmp_path), skip_tokenizer_init=True, build_config=None, fast_build=True)
+    assert str(caught.value) == (
+        "The following arguments are specific to TensorRT backend and cannot be used with PyTorch backend: "
+        "['fast_build'].\nPlease use 'from tensorrt_llm._tensorrt_engine import LLM' instead to use the TensorRT "
+        "backend.")
+
+
+def test_a_real_keyword_the_standin_does_not_emulate_names_the_standin(llm_api, tmp_path):
+    torch_llm, _ = llm_api
+    with pytest.raises(NotImplementedError) as caught:
+        torch_llm(model=str(tmp_path), skip_tokenizer_init=True, tensor_parallel_size=2)
+    assert str(caught.value) == "tensorrt_llm 1.2.0+standin (a test stand-in): LLM(tensor_parallel_size=2) is not emulated"
+    with pytest.raises(ValueError) as caught:
+        torch_llm(model="", skip_tokenizer_init=True)
+    assert str(caught.value) == "model should be provided."
+
+
+# ---- NVML per handle ----
+
+def test_each_handle_answers_for_its_gpu_and_trtbuild_reads_each(recorded_gpu):
+    recorded_gpu("H100,A100")
+    assert hardware.detect_gpus() == (DetectedGpu(0, "NVIDIA H100 80GB HBM3", "sm90", 81559 * 2**20),
+                                      DetectedGpu(1, "NVIDIA A100-SXM4-80GB", "sm80", 81920 * 2**20))
+    assert hardware.driver_info()["driver"] == "550.90.07"  # GPU 0's recorded driver: one driver per host
+
+
+def test_an_index_without_a_gpu_and_a_non_handle_are_invalid_arguments(recorded_gpu):
+    recorded_gpu("L40S", count=2)
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        for index in (2, -1):
+            with pytest.raises(pynvml.NVMLError) as caught:
+                pynvml.nvmlDeviceGetHandleByIndex(index)
+            assert type(caught.value).__name__ == "NVMLError_InvalidArgument"
+            assert (caught.value.value, str(caught.value)) == (pynvml.NVML_ERROR_INVALID_ARGUMENT, "Invalid Argument")
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            pynvml.nvmlDeviceGetName(1)
+        assert pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(1)) == "NVIDIA L40S"
+    finally:
+        pynvml.nvmlShutdown()
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        pynvml.nvmlDeviceGetCount()
