@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from conftest import LLAMA_70B, TINY_LLAMA, minimal
@@ -395,3 +397,97 @@ def test_an_int8_kv_cache_has_no_hf_checkpoint(ws):
     plan = plan_of(ws, "variants: {sq: {quant: int8_sq, kv_cache: int8}}\nbackends: [engine, hf-checkpoint]")
     assert statuses(plan)["sq-hf"][1].startswith("an INT8 KV cache has no Hugging Face checkpoint form")
     assert statuses(plan)["sq-tp1-sm90"][0] == "ok"
+
+
+# ---- engine flags trtllm-build itself refuses (engine_flags.trtllm_build_refusal) ---------------------
+# Each expected reason is written out here from the rule; tests/test_standins.py checks that the
+# stand-in trtllm-build, transcribed separately from the same sources, refuses exactly these.
+
+BUILD_PY = "tensorrt_llm/commands/build.py@65f1d15"
+BUILDER_PY = "tensorrt_llm/builder.py (1.x, commit not given by the source index)"
+TINY_MIXTRAL = {**TINY_LLAMA, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                "num_local_experts": 4, "num_experts_per_tok": 2}
+
+
+def engine_reasons(plan) -> set:
+    return {t.reason for t in plan.targets if t.kind == "engine"}
+
+
+def test_multiple_profiles_with_opt_num_tokens(ws):
+    plan = plan_of(ws, "engine: {flags: {multiple_profiles: enable, opt_num_tokens: 64}}", gpus="[sm89, sm90]")
+    assert engine_reasons(plan) == {
+        "engine.flags.opt_num_tokens=64 with engine.flags.multiple_profiles=enable: trtllm-build refuses the two "
+        f"together ({BUILD_PY} main())"}
+    assert plan.target("base-tp1").ok  # the checkpoint is fine
+    for alone in ("multiple_profiles: enable", "opt_num_tokens: 64"):
+        assert plan_of(ws, f"engine: {{flags: {{{alone}}}}}").target("base-tp1-sm90").ok
+
+
+def test_a_draft_length_with_context_logits(ws):
+    """The twin (and a published engine validated itself) gathers context logits, which trtllm-build
+    refuses with max_draft_len > 0; without engine validation only the recipe's own gather flags do."""
+    for engines in ("twin", "published"):
+        plan = plan_of(ws, f"engine: {{flags: {{max_draft_len: 4}}}}\nvalidate: {{engines: {engines}}}")
+        assert statuses(plan)["base-tp1-sm90"] == ("impossible", (
+            f"engine.flags.max_draft_len=4: validate.engines: {engines} builds the engine with --gather_context_logits, "
+            f"which trtllm-build refuses with a draft length above 0 ({BUILD_PY} main()); set validate.engines: none"))
+    assert plan_of(ws, "engine: {flags: {max_draft_len: 4}}\nvalidate: {engines: none}").target("base-tp1-sm90").ok
+    assert plan_of(ws, "engine: {flags: {max_draft_len: 0}}").target("base-tp1-sm90").ok
+    for flag in ("gather_context_logits", "gather_all_token_logits"):
+        plan = plan_of(ws, f"engine: {{flags: {{max_draft_len: 2, {flag}: true}}}}\nvalidate: {{engines: none}}")
+        assert statuses(plan)["base-tp1-sm90"] == ("impossible", (
+            f"engine.flags.max_draft_len=2 with engine.flags.{flag}: trtllm-build refuses context logits with a "
+            f"draft length above 0 ({BUILD_PY} main())"))
+        assert plan_of(ws, f"engine: {{flags: {{{flag}: true}}}}").target("base-tp1-sm90").ok
+
+
+def test_pp_reduce_scatter_is_for_mixtral_only(ws):
+    extra = "engine: {flags: {pp_reduce_scatter: enable}}\nparallelism: [{tp: 1, pp: 2}]"
+    assert engine_reasons(plan_of(ws, extra, gpus="[sm80, sm90]")) == {
+        f"engine.flags.pp_reduce_scatter=enable is supported for MixtralForCausalLM only; the model is "
+        f"LlamaForCausalLM ({BUILD_PY} build_model())"}
+    mixtral = plan_of(ws, extra, gpus="[sm80, sm90]", config=TINY_MIXTRAL)
+    assert all(t.ok for t in mixtral.targets), statuses(mixtral)
+
+
+@pytest.mark.parametrize("plugin", ["gemm_swiglu_plugin", "low_latency_gemm_swiglu_plugin"])
+def test_the_swiglu_plugins_need_the_fused_mlp(ws, plugin):
+    extra = "variants: {fp8: {quant: fp8}}"
+    assert plan_of(ws, f"{extra}\nengine: {{flags: {{{plugin}: fp8}}}}").target("fp8-tp1-sm90").ok
+    plan = plan_of(ws, f"{extra}\nengine: {{flags: {{{plugin}: fp8, use_fused_mlp: disable}}}}")
+    assert statuses(plan)["fp8-tp1-sm90"] == ("impossible", (
+        f"engine.flags.{plugin}=fp8 requires use_fused_mlp, which engine.flags.use_fused_mlp disables "
+        f"({BUILDER_PY} optimize_model_with_config())"))
+
+
+@pytest.mark.parametrize("flags", ["{speculative_decoding_mode: eagle}",
+                                   "{speculative_decoding_mode: eagle, max_draft_len: 300}"])
+def test_eagle_needs_an_eagle_checkpoint(ws, flags):
+    plan = plan_of(ws, f"engine: {{flags: {flags}}}\nvalidate: {{engines: none}}")
+    assert statuses(plan)["base-tp1-sm90"] == ("impossible", (
+        "engine.flags.speculative_decoding_mode=eagle needs an EAGLE checkpoint (num_eagle_layers in its config), "
+        f"which trtbuild does not write ({BUILDER_PY} build())"))
+    assert plan_of(ws, "engine: {flags: {speculative_decoding_mode: draft_tokens_external, max_draft_len: 4}}\n"
+                   "validate: {engines: none}").target("base-tp1-sm90").ok
+
+
+@pytest.mark.parametrize("plugin", ["gemm_swiglu_plugin", "low_latency_gemm_plugin", "low_latency_gemm_swiglu_plugin",
+                                    "fp8_rowwise_gemm_plugin"])
+def test_sm100_refuses_plugin_validates_list(ws, plugin):
+    value = "float16" if plugin == "fp8_rowwise_gemm_plugin" else "fp8"
+    plan = plan_of(ws, f"variants: {{fp8: {{quant: fp8}}}}\nengine: {{flags: {{{plugin}: {value}}}}}",
+                   gpus="[sm100]")
+    assert statuses(plan)["fp8-tp1-sm100"] == (
+        "impossible", f"engine.flags.{plugin}={value} is not supported on SM 100 (PluginConfig.validate)")
+
+
+def test_plan_shows_a_refused_flag_in_one_line_and_exits_0(ws, run):
+    path = ws.recipe(minimal("engine: {flags: {multiple_profiles: enable, opt_num_tokens: 64}}"))
+    result = run("plan", path, "--format", "json")
+    assert result.exit_code == 0 and result.stderr == ""
+    [engine] = [t for t in json.loads(result.stdout)["targets"] if t["kind"] == "engine"]
+    assert engine["status"] == "impossible" and "\n" not in engine["reason"]
+    assert engine["reason"].startswith("engine.flags.opt_num_tokens=64 with engine.flags.multiple_profiles=enable")
+    table = run("plan", path)
+    assert table.exit_code == 0
+    assert f"- base-tp1-sm90: {engine['reason']}" in table.stdout.splitlines()

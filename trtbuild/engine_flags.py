@@ -3,7 +3,10 @@ quantization, the SM and the validation twin, each with where it came from; and 
 check that a recipe flag suits the target's SM and quantization.
 
 Every rule cites reference/trtllm.md (facts read from TensorRT-LLM 1.2's build.py, builder.py and
-plugin.py) or the flag's help text in trtbuild/data/trtllm-build-flags.json. A derived flag only
+plugin.py) or the flag's help text in trtbuild/data/trtllm-build-flags.json; the refusals of
+trtllm-build itself cite the upstream file and commit (BUILD_PY, PLUGIN_PY, BUILDER_PY below), the
+same sources tests/standin_trtllm/bin/trtllm-build transcribes independently (tests/test_standins.py
+runs every derived command of a set of recipes through it: plan's ok <=> the stand-in builds). A derived flag only
 writes down what trtllm-build would do anyway, or picks the plugin precision it would resolve to,
 so that the engine key and `trtbuild explain` say what the engine is; a recipe flag wins over a
 derived one unless the rule says it is invalid for the target, which the plan reports.
@@ -18,6 +21,12 @@ from trtbuild import hardware, quantformats, trtllm
 from trtbuild.quantformats import QuantAlgo
 
 REF = "reference/trtllm.md"
+# Where trtllm-build's refusals were read (NVIDIA/TensorRT-LLM, 1.x line; the 1.2.x tags could not be
+# read, see reference/trtllm.md section 1). builder.py is served by the source index without its commit.
+BUILD_PY = "tensorrt_llm/commands/build.py@65f1d15"
+PLUGIN_PY = "tensorrt_llm/plugin/plugin.py@c20322f"
+BUILDER_PY = "tensorrt_llm/builder.py (1.x, commit not given by the source index)"
+SWIGLU_PLUGINS = ("gemm_swiglu_plugin", "low_latency_gemm_swiglu_plugin")
 
 # QuantAlgos whose context attention may run in FP8 (build(): use_fp8_context_fmha is turned off
 # for any other quant_algo, and below SM 89: reference section 1 "Overrides", section 3).
@@ -131,18 +140,21 @@ def engine_flags(recipe_flags: dict[str, Any], fmt: EngineFormat, gather: Option
 
 # ---- recipe flags that do not suit a target ------------------------------------------------------
 
-def recipe_flag_problem(recipe_flags: dict[str, Any], fmt: EngineFormat) -> Optional[str]:
+def recipe_flag_problem(recipe_flags: dict[str, Any], fmt: EngineFormat, architecture: Optional[str] = None,
+                        gather: Optional[str] = None) -> Optional[str]:
     """Why one of the recipe's engine.flags cannot build this target (first found), or None.
-    The message starts with the YAML path `engine.flags.NAME=VALUE`."""
+    The message starts with the YAML path `engine.flags.NAME=VALUE`. `architecture`: the checkpoint's
+    (config.json `architecture`); `gather`: why the engine is also built with --gather_context_logits
+    (`validate.engines: twin`), None when it is not."""
     flags = trtllm.canonical_flags(recipe_flags)
     algo, sm = fmt.quant_algo, fmt.sm_number
 
     def at(name: str) -> str:
         return f"engine.flags.{name}={flags[name]}"
 
-    sm100 = hardware.plugin_unsupported_reason(flags, fmt.sm)  # PluginConfig.validate (reference section 3)
-    if sm100:
-        return sm100
+    refused = trtllm_build_refusal(flags, fmt, architecture, gather)
+    if refused:
+        return refused
     gemm = flags.get("gemm_plugin")
     if gemm == "fp8" and not (algo == QuantAlgo.FP8 and sm >= 89):
         return f"{at('gemm_plugin')} needs FP8 weights (quant: fp8) on sm89 or newer; the target has {fmt.describe()}"
@@ -151,8 +163,14 @@ def recipe_flag_problem(recipe_flags: dict[str, Any], fmt: EngineFormat) -> Opti
     for name in HOPPER_FP8_PLUGINS:
         if flags.get(name) == "fp8" and not (algo == QuantAlgo.FP8 and fmt.sm == "sm90"):
             return f"{at(name)} runs FP8 GEMMs on Hopper only (quant: fp8 on sm90); the target has {fmt.describe()}"
-    if flags.get("gemm_swiglu_plugin") == "fp8" and flags.get("use_fused_mlp") == "disable":
-        return f"{at('gemm_swiglu_plugin')} requires use_fused_mlp, which engine.flags.use_fused_mlp disables"
+    # BUILDER_PY optimize_model_with_config(): RuntimeError "GemmSwiGLU plugin requires --use_fused_mlp flag".
+    # After the Hopper rule: the swiglu plugins' one value is fp8, and use_fused_mlp is derived off only
+    # for quantizations other than FP8, so only the recipe's own use_fused_mlp: disable reaches here.
+    fused_mlp = flags.get("use_fused_mlp") or getattr(use_fused_mlp(fmt), "value", "enable")
+    for name in SWIGLU_PLUGINS:
+        if flags.get(name, "disable") != "disable" and fused_mlp != "enable":
+            return (f"{at(name)} requires use_fused_mlp, which engine.flags.use_fused_mlp disables "
+                    f"({BUILDER_PY} optimize_model_with_config())")
     if flags.get("use_fp8_context_fmha") == "enable" and not (algo in FP8_CONTEXT_FMHA_ALGOS and sm >= 89):
         return (f"{at('use_fp8_context_fmha')} needs FP8, W4A8 AWQ or NVFP4 quantization on sm89 or newer "
                 f"(trtllm-build turns it off otherwise); the target has {fmt.describe()}")
@@ -162,4 +180,43 @@ def recipe_flag_problem(recipe_flags: dict[str, Any], fmt: EngineFormat) -> Opti
     if flags.get("use_fused_mlp") == "enable" and algo not in FUSED_MLP_ALGOS:
         return (f"{at('use_fused_mlp')} is turned off by trtllm-build unless quant_algo is None, FP8 or "
                 f"MIXED_PRECISION; the target has {fmt.describe()}")
+    return None
+
+
+def trtllm_build_refusal(flags: dict[str, Any], fmt: EngineFormat, architecture: Optional[str],
+                         gather: Optional[str]) -> Optional[str]:
+    """The flag combinations trtllm-build itself refuses (raises on) for this target, each from its
+    source; `flags` by canonical name. The SM rules of the quantization formats are in
+    quantformats.py (hardware.quant_unsupported_reason)."""
+
+    def at(name: str) -> str:
+        return f"engine.flags.{name}={flags[name]}"
+
+    # PluginConfig.validate: a plugin of its SM-100 list on SM 100 (NotImplementedError) (PLUGIN_PY)
+    sm100 = hardware.plugin_unsupported_reason(flags, fmt.sm)
+    if sm100:
+        return sm100
+    draft = flags.get("max_draft_len", 0)
+    if draft > 0:  # BUILD_PY main(): RuntimeError "Gather context logits is not support with draft len > 0"
+        for name in ("gather_context_logits", "gather_all_token_logits"):
+            if flags.get(name) is True:
+                return (f"{at('max_draft_len')} with engine.flags.{name}: trtllm-build refuses context logits with "
+                        f"a draft length above 0 ({BUILD_PY} main())")
+        if gather:
+            return (f"{at('max_draft_len')}: {gather} builds the engine with --gather_context_logits, which "
+                    f"trtllm-build refuses with a draft length above 0 ({BUILD_PY} main()); set validate.engines: none")
+    if flags.get("multiple_profiles") == "enable" and "opt_num_tokens" in flags:
+        # BUILD_PY main(): RuntimeError "multiple_profiles is enabled, while opt_num_tokens is set"
+        return (f"{at('opt_num_tokens')} with engine.flags.multiple_profiles=enable: trtllm-build refuses the two "
+                f"together ({BUILD_PY} main())")
+    if flags.get("pp_reduce_scatter") == "enable" and architecture is not None \
+            and architecture != "MixtralForCausalLM":
+        # BUILD_PY build_model(): AssertionError "PP reduce scatter is only supported in the mixtral model."
+        return (f"{at('pp_reduce_scatter')} is supported for MixtralForCausalLM only; the model is {architecture} "
+                f"({BUILD_PY} build_model())")
+    if flags.get("speculative_decoding_mode") == "eagle":
+        # BUILDER_PY build(): `assert hasattr(model.config, 'num_eagle_layers')` before EAGLE's batch and
+        # draft-length limits; trtbuild writes no EAGLE checkpoint (plan.CHECKPOINT_ARCHITECTURES)
+        return (f"{at('speculative_decoding_mode')} needs an EAGLE checkpoint (num_eagle_layers in its config), "
+                f"which trtbuild does not write ({BUILDER_PY} build())")
     return None

@@ -332,8 +332,11 @@ def _engine_target(plan: Plan, ckpt: Target, variant: Variant, cards: SmCards) -
     else:
         fmt = engine_flags.EngineFormat(variant.quant, variant.kv_cache, plan.dtype, sm)
         engine_flags.engine_flags(recipe.engine.flags, fmt)  # every value against the pinned flag table, now
+        # validate.engines twin/published builds an engine with --gather_context_logits (graph.engine)
+        engines = recipe.validation.engines
+        gather = f"validate.engines: {engines}" if engines != "none" else None
         reason = (hardware.quant_unsupported_reason(variant.quant, variant.kv_cache, sm)
-                  or engine_flags.recipe_flag_problem(recipe.engine.flags, fmt)
+                  or engine_flags.recipe_flag_problem(recipe.engine.flags, fmt, model.architecture, gather)
                   or _limit_rules(plan))
     if reason is None and not fits:
         g = estimate.format_bytes
