@@ -18,7 +18,8 @@ from packaging.version import InvalidVersion, Version
 ENGINE_TOOLCHAIN_SERIES = "1.2"  # the last TensorRT-LLM line with the TensorRT engine backend
 DEFAULT_TENSORRT_LLM = "1.2.1"
 
-# tensorrt_llm/models/__init__.py@02267d3 MODEL_MAP keys (reference/trtllm.md section 8):
+# tensorrt_llm/models/__init__.py@02267d3 MODEL_MAP keys (reference/trtllm.md section 8; LLaMAForCausalLM
+# is the class the Llama family maps to, not a key):
 # build_model asserts "Unsupported model architecture" for anything else.
 ENGINE_ARCHITECTURES = frozenset(
     """
@@ -26,7 +27,7 @@ ENGINE_ARCHITECTURES = frozenset(
     Kosmos2ForConditionalGeneration JAISLMHeadModel GPTForCausalLM NemotronForCausalLM
     LlamaForCausalLM LlavaLlamaModel ExaoneForCausalLM MistralForCausalLM MixtralForCausalLM
     ArcticForCausalLM InternLMForCausalLM InternLM2ForCausalLM InternLMXComposer2ForCausalLM
-    GraniteForCausalLM GraniteMoeForCausalLM SkyworkForCausalLM LLaMAForCausalLM
+    GraniteForCausalLM GraniteMoeForCausalLM SkyworkForCausalLM
     OPTForCausalLM BloomForCausalLM RWForCausalLM FalconForCausalLM PhiForCausalLM Phi3ForCausalLM
     Phi3VForCausalLM Phi3SmallForCausalLM PhiMoEForCausalLM Phi4MMForCausalLM MambaForCausalLM
     GPTNeoXForCausalLM GPTJForCausalLM MptForCausalLM MPTForCausalLM GLMModel ChatGLMModel
