@@ -1,6 +1,7 @@
 """How fast the store hashes a checkpoint, and how fast a no-op build is.
 
-    python benchmarks/store_speed.py [--gib 2] [--files 8] [--repeat 3] [--store DIR | --skip-build]
+    python benchmarks/store_speed.py [--gib 2] [--files 8] [--repeat 3] [--runs 9] [--store DIR | --skip-build]
+    python benchmarks/store_speed.py --smoke     (seconds: tiny sizes, goals printed but not judged)
 
 1. Writes a checkpoint of --files files totalling --gib GiB (random bytes) into a temp folder.
 2. Times `sha256sum` over the files (one process, one file after another: the usual baseline),
@@ -8,27 +9,27 @@
    parallel across files), then again with the stat cache filled ("warm"). Both read from the page
    cache: the files were just written and fit in memory, so this measures hashing, not the disk.
 3. Times a no-op `trtbuild build` of the embedded demo recipe (after one build has filled the
-   store: a few minutes on 2 cores; --store DIR keeps that store for the next run), against
-   `python -c pass`, run in turn (median of 9 each), with the load average: replayed from the
-   record of the run before (trtbuild.replay, what a user gets from the second no-op on), and in
-   full (its record removed first: the first no-op after any change). Byte code is
-   cached, as an installed package has it (s3_speed.py does the same), in a folder of this run's
-   after an untimed warm-up; the figure is also shown without it (PYTHONDONTWRITEBYTECODE, as
-   in a test environment, compiles every trtbuild module in every process).
-
+   store: a few minutes on 2 cores; --store DIR keeps that store for the next run) against
+   `python -c pass`, run in turn (median of --runs each), with the load average before and after.
+   Every no-op build runs in full: it plans, probes the GPUs, reads each record and checks each blob
+   through the stat cache (issue #22: no earlier run's answer is replayed); each timed run must say
+   that nothing was built. Byte code is cached, as an installed package has it (s3_speed.py does
+   the same), in a folder of this run's after an untimed warm-up; the figure is also shown without
+   it (PYTHONDONTWRITEBYTECODE, as in a test environment, compiles every trtbuild module in every
+   process). --smoke times a tiny synthetic LLaMA's recipe instead (`--until source`), with 2 runs.
 4. Times adopting the folder into a new store (`LocalStore.ingest`, what a `path:` source does:
    copy, hash and fsync each file, in parallel across files) against `cp -r` then `sha256sum`
    on the copy, and against `cp -r`, `sync`, `sha256sum` (the store makes its copy durable).
 
 Goals (issue #3): cold >= 1.7x sha256sum on 2 cores, warm >= 50x. Issue #15: cold >= 1.8x one
-`openssl dgst -sha256` process over the same files, ingest at most the copy plus the hash, no-op
-build < 0.3 s beyond interpreter start. Exits 1 when one is missed.
+`openssl dgst -sha256` process over the same files, ingest at most the copy plus the hash. Issue
+#22: the demo's no-op build at most 0.3 s beyond interpreter start. Exits 1 when one is missed
+(never with --smoke, whose sizes say nothing about them).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -40,7 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from trtbuild.store.state import StatCache  # noqa: E402
+from trtbuild.store.state import StatCache, settled  # noqa: E402
 from trtbuild.store.tree import build_manifest  # noqa: E402
 
 
@@ -64,54 +65,60 @@ def in_turn(commands: dict[str, tuple], repeat: int) -> dict[str, float]:
             if before:
                 before()
             start = time.perf_counter()
-            subprocess.run(command, env=env, cwd=cwd, check=True, capture_output=True)
+            done = subprocess.run(command, env=env, cwd=cwd, check=True, capture_output=True, text=True)
             times[name].append(time.perf_counter() - start)
+            if "trtbuild" in command and NOTHING_BUILT not in done.stdout:  # a build, not a no-op: not this figure
+                sys.exit(f"{' '.join(command)} built something:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def drop_replay_records(store: str, cwd: Path) -> None:
-    """Remove the no-op build records (trtbuild.replay) made in `cwd`: the next build there runs in full."""
-    for record in (Path(store) / "replay").glob("*.json"):
-        try:
-            if json.loads(record.read_text())["identity"]["cwd"] == str(cwd):
-                record.unlink()
-        except (OSError, ValueError, KeyError):
-            continue
+SMOKE_RECIPE = """schema: 1
+name: store-speed-smoke
+source: {path: model}
+variants: {bf16: {}}
+gpus: [sm90]
+limits: {max_input_len: 128, max_seq_len: 256}
+"""
 
 
-def noop_build(store: str, tmp: Path) -> bool:
-    """A no-op `trtbuild build` of the demo beyond `python -c pass`; goal (issue #15) < 0.3 s, with
-    byte code cached. The first build fills the store without the byte code folder (the stages'
-    torch and transformers would be compiled into it). Timed as users meet it: replayed from the
-    record the run before it left (trtbuild.replay); and in full, its record removed before each
-    run (each variant in a folder of its own: a record belongs to a command line and folder)."""
+def smoke_project(folder: Path) -> list[str]:
+    """A tiny synthetic LLaMA (synthetic_llama.TINY) beside a recipe of it, written by a child
+    process (torch stays out of this one); returns the build's arguments."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import synthetic_llama as s; "
+            "s.write_synthetic(sys.argv[2], 1, True); s.write_byte_tokenizer(sys.argv[2], True)")
+    subprocess.run([sys.executable, "-c", code, str(REPO / "benchmarks"), str(folder / "model")], check=True)
+    (folder / "smoke.yaml").write_text(SMOKE_RECIPE)
+    return ["smoke.yaml", "--until", "source"]
+
+
+NOTHING_BUILT = "Nothing was built"
+
+
+def noop_build(store: str, tmp: Path, args: list[str], runs: int) -> float:
+    """A no-op `trtbuild build ARGS` (run in `tmp`) beyond `python -c pass`, in seconds, with byte
+    code cached. The first build fills the store without the byte code folder (the stages' torch
+    and transformers would be compiled into it); the second, a no-op, writes the byte code."""
     env = {**os.environ, "TRTBUILD_CACHE": store}
     cached = {**{k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}, "PYTHONPYCACHEPREFIX": str(tmp / "pycache")}
-    build = [sys.executable, "-m", "trtbuild", "build"]
+    build = [sys.executable, "-m", "trtbuild", "build", *args]
     start = [sys.executable, "-c", "pass"]
-    for run_env in (env, cached):  # fills the store unless it is built, then writes the byte code
-        first = subprocess.run(build, env=run_env, capture_output=True, text=True)
+    for run_env in (env, cached):
+        first = subprocess.run(build, env=run_env, cwd=tmp, capture_output=True, text=True)
         if first.returncode != 0:
-            print(first.stderr)
-            return False
-    folders = {name: tmp / name for name in ("replayed", "full", "replayed-uncached", "full-uncached")}
-    for folder in folders.values():
-        folder.mkdir(exist_ok=True)
-    load = os.getloadavg()[0]
-    t = in_turn({"pass": (start, cached), "build": (build, cached, folders["replayed"]),
-                 "full": (build, cached, folders["full"], lambda: drop_replay_records(store, folders["full"])),
-                 "pass, uncached": (start, env), "build, uncached": (build, env, folders["replayed-uncached"]),
-                 "full, uncached": (build, env, folders["full-uncached"],
-                                    lambda: drop_replay_records(store, folders["full-uncached"]))}, 9)
-    load = f"load average {load:.2f} -> {os.getloadavg()[0]:.2f}"
+            sys.exit(f"trtbuild build {' '.join(args)} failed (exit {first.returncode}):\n{first.stderr[-3000:]}")
+    load = os.getloadavg()
+    t = in_turn({"pass": (start, cached), "build": (build, cached, tmp),
+                 "pass, uncached": (start, env), "build, uncached": (build, env, tmp)}, runs)
+    after = os.getloadavg()
+    load = f"load average (1, 5, 15 min) {'/'.join(f'{x:.2f}' for x in load)} -> {'/'.join(f'{x:.2f}' for x in after)}"
     beyond = t["build"] - t["pass"]
     print(f"python -c pass             {t['pass']:8.3f} s")
-    print(f"no-op trtbuild build       {t['build']:8.3f} s   {beyond:.3f} s beyond interpreter start  goal < 0.3 s  ({load})")
-    print(f"  in full (no record)      {t['full']:8.3f} s   {t['full'] - t['pass']:.3f} s beyond interpreter start")
+    print(f"no-op trtbuild build       {t['build']:8.3f} s   {beyond:.3f} s beyond interpreter start  goal <= 0.3 s "
+          f"(in full, median of {runs})")
     print(f"  without cached byte code {t['build, uncached']:8.3f} s   {t['build, uncached'] - t['pass, uncached']:.3f} s "
-          f"beyond interpreter start ({t['pass, uncached']:.3f} s); in full {t['full, uncached']:.3f} s, "
-          f"{t['full, uncached'] - t['pass, uncached']:.3f} s beyond")
-    return beyond < 0.3
+          f"beyond interpreter start ({t['pass, uncached']:.3f} s)")
+    print(f"  {load}")
+    return beyond
 
 
 def write_checkpoint(folder: Path, gib: float, files: int) -> None:
@@ -130,9 +137,14 @@ def main() -> int:
     parser.add_argument("--gib", type=float, default=2.0)
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=9, help="no-op builds timed (and as many `python -c pass`)")
     parser.add_argument("--skip-build", action="store_true", help="skip the no-op build timing")
     parser.add_argument("--store", help="the store for the no-op build: reused (built first where empty)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds: 4 MiB in 2 files, one repeat, 2 no-op builds of a tiny model; goals not judged")
     args = parser.parse_args()
+    if args.smoke:
+        args.gib, args.files, args.repeat, args.runs = 1 / 256, 2, 1, 2
     ok = True
 
     with tempfile.TemporaryDirectory(prefix="trtbuild-bench-") as tmp:
@@ -156,10 +168,10 @@ def main() -> int:
 
         db = Path(tmp) / "index.db"
         warm_state = StatCache(db)
-        # mtimes must be older than the racy window before the stat cache may keep them
-        for f in files:
-            st = os.stat(f)
-            os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns - 10**9))
+        # the stat cache keeps a file's digest only once its last change is settled (not racy)
+        newest = max((os.stat(f) for f in files), key=lambda st: max(st.st_mtime_ns, st.st_ctime_ns))
+        while not settled(newest, time.time_ns()):
+            time.sleep(0.01)
         build_manifest(folder, warm_state)
 
         def warm() -> None:
@@ -207,7 +219,11 @@ def main() -> int:
 
     if not args.skip_build:
         with tempfile.TemporaryDirectory(prefix="trtbuild-bench-store-") as tmp:
-            ok &= noop_build(args.store or str(Path(tmp) / "store"), Path(tmp))
+            build_args = smoke_project(Path(tmp)) if args.smoke else []
+            ok &= noop_build(args.store or str(Path(tmp) / "store"), Path(tmp), build_args, args.runs) <= 0.3
+    if args.smoke:
+        print("smoke size: the goals are not judged")
+        return 0
     print("OK: every goal met" if ok else "MISSED a goal")
     return 0 if ok else 1
 
