@@ -10,7 +10,9 @@
    cache: the files were just written and fit in memory, so this measures hashing, not the disk.
 3. Times a no-op `trtbuild build` of the embedded demo recipe (after one build has filled the
    store: a few minutes on 2 cores; --store DIR keeps that store for the next run) against
-   `python -c pass`, run in turn (median of --runs each), with the load average before and after.
+   `python -c pass`, run in turn (median of --runs each; wall time, and the CPU time the kernel
+   accounts to each finished child, which a busy machine inflates least), with the load average
+   before and after.
    Every no-op build runs in full: it plans, probes the GPUs, reads each record and checks each blob
    through the stat cache (issue #22: no earlier run's answer is replayed); each timed run must say
    that nothing was built. Byte code is cached, as an installed package has it (s3_speed.py does
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -54,22 +57,24 @@ def timed(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
-def in_turn(commands: dict[str, tuple], repeat: int) -> dict[str, float]:
-    """The median wall time of each command, the commands run one after another `repeat` times
-    (a machine that gets busier slows them alike). A command is (argv, env) or (argv, env, cwd,
-    before): `before` is called, untimed, before each run."""
-    times: dict[str, list[float]] = {name: [] for name in commands}
+def in_turn(commands: dict[str, tuple], repeat: int) -> dict[str, tuple[float, float]]:
+    """The median wall time and the median CPU time (user + system, the kernel's accounting of the
+    finished child: what a busy machine inflates least) of each command, the commands run one
+    after another `repeat` times (a machine that gets busier slows them alike). A command is
+    (argv, env) or (argv, env, cwd)."""
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
     for _ in range(repeat):
         for name, (command, env, *rest) in commands.items():
-            cwd, before = (rest + [None, None])[:2]
-            if before:
-                before()
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             start = time.perf_counter()
-            done = subprocess.run(command, env=env, cwd=cwd, check=True, capture_output=True, text=True)
-            times[name].append(time.perf_counter() - start)
+            done = subprocess.run(command, env=env, cwd=rest[0] if rest else None, check=True, capture_output=True,
+                                  text=True)
+            wall = time.perf_counter() - start
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            times[name].append((wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime))
             if "trtbuild" in command and NOTHING_BUILT not in done.stdout:  # a build, not a no-op: not this figure
                 sys.exit(f"{' '.join(command)} built something:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return {name: statistics.median(t) for name, t in times.items()}
+    return {name: (statistics.median(w for w, _ in t), statistics.median(c for _, c in t)) for name, t in times.items()}
 
 
 SMOKE_RECIPE = """schema: 1
@@ -111,12 +116,15 @@ def noop_build(store: str, tmp: Path, args: list[str], runs: int) -> float:
                  "pass, uncached": (start, env), "build, uncached": (build, env, tmp)}, runs)
     after = os.getloadavg()
     load = f"load average (1, 5, 15 min) {'/'.join(f'{x:.2f}' for x in load)} -> {'/'.join(f'{x:.2f}' for x in after)}"
-    beyond = t["build"] - t["pass"]
-    print(f"python -c pass             {t['pass']:8.3f} s")
-    print(f"no-op trtbuild build       {t['build']:8.3f} s   {beyond:.3f} s beyond interpreter start  goal <= 0.3 s "
+    (wall, cpu), (pass_wall, pass_cpu) = t["build"], t["pass"]
+    (wall_u, cpu_u), (pass_wall_u, pass_cpu_u) = t["build, uncached"], t["pass, uncached"]
+    beyond = wall - pass_wall
+    print(f"python -c pass             {pass_wall:8.3f} s   cpu {pass_cpu:.3f} s")
+    print(f"no-op trtbuild build       {wall:8.3f} s   {beyond:.3f} s beyond interpreter start  goal <= 0.3 s "
           f"(in full, median of {runs})")
-    print(f"  without cached byte code {t['build, uncached']:8.3f} s   {t['build, uncached'] - t['pass, uncached']:.3f} s "
-          f"beyond interpreter start ({t['pass, uncached']:.3f} s)")
+    print(f"  cpu (user + system)      {cpu:8.3f} s   {cpu - pass_cpu:.3f} s beyond interpreter start")
+    print(f"  without cached byte code {wall_u:8.3f} s   {wall_u - pass_wall_u:.3f} s beyond interpreter start "
+          f"({pass_wall_u:.3f} s); cpu {cpu_u - pass_cpu_u:.3f} s beyond")
     print(f"  {load}")
     return beyond
 
