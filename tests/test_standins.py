@@ -115,14 +115,22 @@ def test_fast_build_of_weight_only_without_its_plugin(tmp_path):
         "RuntimeError: Manage weights of weight only quant works only with plugin currently."
 
 
+def test_eagle_needs_an_eagle_checkpoint(tmp_path):
+    """builder.build asserts hasattr(model.config, 'num_eagle_layers') before EAGLE's limits."""
+    assert refused(build(tmp_path, "--checkpoint_dir", str(checkpoint(tmp_path)), "--speculative_decoding_mode",
+                         "eagle")) == "AssertionError"
+
+
 def test_eagle_limits(tmp_path):
-    ckpt = checkpoint(tmp_path)
+    ckpt = checkpoint(tmp_path, num_eagle_layers=4)
     assert refused(build(tmp_path, "--checkpoint_dir", str(ckpt), "--speculative_decoding_mode", "eagle",
                          "--max_batch_size", "513")) == "AssertionError: Max batch size > 512 is not supported for EAGLE"
 
 
 @pytest.mark.parametrize("quant, message", [
     ({"quant_algo": "W8A16"}, "RuntimeError: INT8/INT4 quantization is not supported on SM>=100."),
+    # QuantMode.from_quant_algo maps W4A8_AWQ to use_weight_only(use_int4_weights=True, per_group=True)
+    ({"quant_algo": "W4A8_AWQ"}, "RuntimeError: INT8/INT4 quantization is not supported on SM>=100."),
     ({"quant_algo": None, "kv_cache_quant_algo": "INT8"}, "RuntimeError: INT8/INT4 quantization is not supported on SM>=100."),
     ({"quant_algo": "W8A8_SQ_PER_CHANNEL"}, "RuntimeError: SmoothQuant is not supported on SM>=100."),
 ])
@@ -145,6 +153,90 @@ def test_the_same_builds_on_hopper(tmp_path, recorded_gpu):
     result = build(tmp_path, "--checkpoint_dir", str(ckpt))
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "engine" / "config.json").read_text())["version"] == "1.2.0+standin"
+
+
+# ---- what a stand-in engine computes with: TensorRT-LLM 1.2's load-time weight-only quantization ----
+# Hand-computed from symmetric_quantize (cutlass_preprocessors.cpp@b35ac1b): per output channel the step
+# is max|w| / 128 (int4: / 8), each value C round(w / step) (half away from zero) clipped to [-128, 127]
+# ([-8, 7]), and the engine multiplies value x step. Rows are output channels.
+LOADTIME_WEIGHT = [
+    [2.0, 0.0078125, 0.0390625, -0.0390625, -0.0078125, -2.0],  # step 1/64: 128, +-0.5, +-2.5, -128 steps
+    [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],  # max 0: every value 0
+    [1.0, 0.01171875, -0.01171875, 0.00390625, 0.0, -0.0029296875],  # step 1/128: 128, 1.5, -1.5, 0.5, -0.375 steps
+]
+LOADTIME_EXPECTED = {
+    # int8: 128 -> 127 (clipped), 0.5 -> 1, 2.5 -> 3 (torch.round and max/127 would give 0 and 2)
+    "W8A16": [[127 / 64, 1 / 64, 3 / 64, -3 / 64, -1 / 64, -2.0], [0.0] * 6,
+              [127 / 128, 2 / 128, -2 / 128, 1 / 128, 0.0, 0.0]],
+    # int4: step 2/8 and 1/8; 8 -> 7 (clipped), 0.03125 steps and the like round to 0
+    "W4A16": [[7 / 4, 0.0, 0.0, 0.0, 0.0, -2.0], [0.0] * 6, [7 / 8, 0.0, 0.0, 0.0, 0.0, 0.0]],
+}
+
+
+@pytest.mark.parametrize("algo", ["W8A16", "W4A16"])
+def test_a_weight_only_engine_holds_the_per_channel_round_trip(tmp_path, recorded_gpu, algo):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    recorded_gpu("H100")
+    ckpt = checkpoint(tmp_path, dtype="float32", quantization={"quant_algo": algo})
+    weight = torch.tensor(LOADTIME_WEIGHT, dtype=torch.float32)
+    untouched = {"lm_head.weight": weight.clone(), "transformer.vocab_embedding.weight": weight.clone(),
+                 "transformer.layers.0.input_layernorm.weight": torch.ones(6)}
+    save_file({"transformer.layers.0.attention.qkv.weight": weight, "transformer.layers.0.mlp.fc.weight": weight.clone(),
+               **untouched}, str(ckpt / "rank0.safetensors"))
+    result = build(tmp_path, "--checkpoint_dir", str(ckpt))
+    assert result.returncode == 0, result.stderr
+    engine = load_file(str(tmp_path / "engine" / "rank0.engine"))
+    expected = torch.tensor(LOADTIME_EXPECTED[algo], dtype=torch.float32)
+    for name in ("transformer.layers.0.attention.qkv.weight", "transformer.layers.0.mlp.fc.weight"):
+        assert torch.equal(engine[name], expected), (name, engine[name])
+    for name, tensor in untouched.items():  # not a weight-only linear: kept as it is (weight_only_quantize_dict)
+        assert torch.equal(engine[name], tensor)
+
+
+def test_an_int8_wo_engine_holds_what_the_torch_validation_reads_back(tmp_path, recorded_gpu):
+    """Two transcriptions of the same upstream code, each on its own: the stand-in's engine weights
+    equal trtbuild's read-back of the W8A16 checkpoint (trtbuild/validate/trtllm_loadtime.py), so
+    validating the engine through the stand-in and the checkpoint through torch compute with the
+    same weights."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from trtbuild.validate.trtllm_loadtime import loadtime_weight
+
+    recorded_gpu("H100")
+    ckpt = checkpoint(tmp_path, dtype="bfloat16", quantization={"quant_algo": "W8A16", "exclude_modules": None})
+    generator = torch.Generator().manual_seed(0)
+    names = ["transformer.layers.0.attention.qkv.weight", "transformer.layers.0.attention.dense.weight",
+             "transformer.layers.0.mlp.fc.weight", "transformer.layers.0.mlp.gate.weight",
+             "transformer.layers.0.mlp.proj.weight", "lm_head.weight", "transformer.vocab_embedding.weight"]
+    tensors = {name: (torch.randn(128, 64, generator=generator) * 0.05).to(torch.bfloat16) for name in names}
+    save_file(tensors, str(ckpt / "rank0.safetensors"))
+    result = build(tmp_path, "--checkpoint_dir", str(ckpt))
+    assert result.returncode == 0, result.stderr
+    engine = load_file(str(tmp_path / "engine" / "rank0.engine"))
+    changed = 0
+    for name, tensor in tensors.items():
+        read_back = loadtime_weight(name, tensor, "W8A16", None)
+        assert torch.equal(engine[name], read_back), name
+        changed += not torch.equal(read_back, tensor)
+    assert changed == 5  # the five linears; lm_head and the embedding stay float
+
+
+def test_a_dry_run_checks_everything_and_builds_no_engine(tmp_path, recorded_gpu):
+    """build(): with dry_run no engine is serialized, the config and timing cache still are; a format
+    the stand-in cannot compute is no reason to refuse then."""
+    recorded_gpu("H100")
+    ckpt = checkpoint(tmp_path, quantization={"quant_algo": "W4A16_AWQ", "group_size": 128})
+    result = build(tmp_path, "--checkpoint_dir", str(ckpt), "--dry_run")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "engine").iterdir()) == ["config.json"]
+    assert (tmp_path / "model.cache").is_file()
+    again = tmp_path / "again"
+    again.mkdir()
+    assert refused(build(again, "--checkpoint_dir", str(ckpt), "--dry_run", "--multiple_profiles", "enable",
+                         "--opt_num_tokens", "8")).startswith("RuntimeError: multiple_profiles is enabled")
 
 
 def write_weights(folder: Path) -> None:
