@@ -337,3 +337,98 @@ def test_an_index_without_a_gpu_and_a_non_handle_are_invalid_arguments(recorded_
         pynvml.nvmlShutdown()
     with pytest.raises(pynvml.NVMLError_Uninitialized):
         pynvml.nvmlDeviceGetCount()
+
+
+# ---- trtbuild's plan and the stand-in judge the same commands alike ----
+# trtbuild's rules (trtbuild/engine_flags.py, quantformats.py) and the stand-in's RULES are separate
+# transcriptions of the same upstream checks. Every engine command plan derives for these recipes
+# runs through the stand-in (with --dry_run: every check, no engine): a target is ok exactly when
+# the stand-in builds all its commands. The recipes leave out what trtllm-build leaves to its
+# kernels and trtbuild refuses from the hardware (FP8 below sm89, FP4 below sm100) or from a help text
+# (the FP8 GEMM plugins off FP8 on sm90): there the stand-in, like the real tool's Python, accepts.
+
+BOARDS = {"sm80": "A100", "sm89": "L40S", "sm90": "H100", "sm100": "B200"}  # tests/standin_nvml/gpus
+# The quant_algo / kv_cache_quant_algo each variant's checkpoint says (docs/checkpoints.md), restated.
+QUANT_ALGO = {None: None, "fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int4_awq": "W4A16_AWQ",
+              "w4a8_awq": "W4A8_AWQ", "int8_wo": "W8A16", "int4_wo": "W4A16_AWQ"}
+KV_ALGO = {None: None, "fp8": "FP8", "int8": "INT8"}
+TINY_MIXTRAL_CONFIG = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 4,
+                       "num_experts_per_tok": 2}
+DRIFT_RECIPES = [  # (variants, gpus, engine.flags, validate.engines, config overrides)
+    ("{base: {}, wo8: {quant: int8_wo}, sq: {quant: int8_sq}, sqkv: {quant: int8_sq, kv_cache: int8}, "
+     "awq: {quant: int4_awq}, wo4: {quant: int4_wo}}", "[sm80, sm90, sm100]", {}, "twin", {}),
+    ("{base: {}, fp8: {quant: fp8}, fp8kv: {quant: fp8, kv_cache: fp8}, w4a8: {quant: w4a8_awq}}",
+     "[sm89, sm90, sm100]", {}, "twin", {}),
+    ("{base: {}, fp8: {quant: fp8}}", "[sm89, sm100]", {"multiple_profiles": "enable", "opt_num_tokens": 64},
+     "twin", {}),
+    ("{base: {}, fp8: {quant: fp8}}", "[sm90]", {"multiple_profiles": "enable"}, "twin", {}),
+    ("{base: {}}", "[sm90]", {"max_draft_len": 4}, "twin", {}),
+    ("{base: {}}", "[sm90]", {"max_draft_len": 4}, "published", {}),
+    ("{base: {}}", "[sm90]", {"max_draft_len": 4, "speculative_decoding_mode": "draft_tokens_external"}, "none", {}),
+    ("{base: {}}", "[sm90]", {"max_draft_len": 4, "gather_all_token_logits": True}, "none", {}),
+    ("{base: {}}", "[sm90]", {"speculative_decoding_mode": "eagle"}, "none", {}),
+    ("{base: {}}", "[sm80, sm100]", {"pp_reduce_scatter": "enable"}, "twin", {}),
+    ("{base: {}}", "[sm80, sm100]", {"pp_reduce_scatter": "enable"}, "twin", TINY_MIXTRAL_CONFIG),
+    ("{fp8: {quant: fp8}}", "[sm90, sm100]", {"low_latency_gemm_swiglu_plugin": "fp8"}, "twin", {}),
+    ("{fp8: {quant: fp8}}", "[sm90, sm100]", {"gemm_swiglu_plugin": "fp8", "use_fused_mlp": "disable"}, "twin", {}),
+    ("{base: {}}", "[sm90, sm100]", {"bert_context_fmha_fp32_acc": "enable"}, "twin", {}),
+    ("{wo8: {quant: int8_wo}}", "[sm80, sm100]", {"fast_build": True}, "twin", {}),
+]
+
+
+def standin_checkpoint(folder: Path, plan, quant, kv_cache, tp: int, pp: int) -> None:
+    """What trtllm-build reads before its checks: config.json and one rank file per rank."""
+    folder.mkdir()
+    model = plan.model
+    config = {"architecture": model.architecture, "dtype": plan.dtype, "hidden_size": model.hidden_size,
+              "num_hidden_layers": model.num_layers, "num_attention_heads": model.num_heads,
+              "max_position_embeddings": model.max_seq_len,
+              "quantization": {"quant_algo": QUANT_ALGO[quant], "kv_cache_quant_algo": KV_ALGO[kv_cache]},
+              "mapping": {"world_size": tp * pp, "tp_size": tp, "pp_size": pp}}
+    (folder / "config.json").write_text(json.dumps(config))
+    for rank in range(tp * pp):
+        (folder / f"rank{rank}.safetensors").write_bytes(b"")
+
+
+@pytest.mark.parametrize("case", range(len(DRIFT_RECIPES)))
+def test_plan_ok_exactly_when_the_standin_builds_every_derived_command(ws, case):
+    import os
+
+    from conftest import STANDIN_NVML, TINY_LLAMA, minimal
+    from trtbuild.engine_command import build_argv
+    from trtbuild.graph import build_graph, twin_id
+    from trtbuild.plan import plan_recipe
+    from trtbuild.recipe import load_recipe
+
+    variants, gpus, flags, engines, overrides = DRIFT_RECIPES[case]
+    extra = (f"variants: {variants}\nparallelism: [{{tp: 1, pp: 2}}]\nengine: {{flags: {json.dumps(flags)}}}\n"
+             f"validate: {{engines: {engines}}}")
+    plan = plan_recipe(load_recipe(ws.recipe(minimal(extra, gpus), config={**TINY_LLAMA, **overrides})))
+    graph = build_graph(plan)
+    env = {**os.environ, "PYTHONPATH": str(STANDIN_NVML), "STANDIN_NVML_COUNT": "1"}
+    seen = {True: 0, False: 0}
+    for target in (t for t in plan.targets if t.kind == "engine"):
+        assert plan.target(target.depends_on[0]).ok, target.reason  # the checkpoints are not what is judged
+        variant = plan.recipe.variants[target.variant]
+        published = build_argv(graph.node(target.name).param_values(), 1, False)
+        # validate.engines builds a twin with --gather_context_logits, or gathers in the published engine;
+        # the graph shows those nodes for ok targets only, so the command is restated and checked there
+        commands = [published] if engines == "none" else [published + ["--gather_context_logits"]]
+        if engines == "twin":
+            commands.append(published)
+        if target.ok and engines == "twin":
+            gathering = build_argv(graph.node(twin_id(target.name)).param_values(), 1, False)
+            assert sorted(gathering) == sorted(commands[0])
+        work = ws.root / target.name
+        work.mkdir()
+        standin_checkpoint(work / "checkpoint", plan, variant.quant, variant.kv_cache, target.tp, target.pp)
+        verdicts = []
+        for argv in commands:
+            result = subprocess.run([sys.executable, str(BUILD), *argv[1:], "--dry_run"], capture_output=True,
+                                    text=True, cwd=work, env={**env, "STANDIN_NVML_GPU": BOARDS[target.gpu]})
+            assert "(a test stand-in)" not in result.stderr, result.stderr  # a limit of the stand-in, not a verdict
+            assert result.returncode in (0, 1), result.stderr
+            verdicts.append((result.returncode == 0, result.stderr.splitlines()[-1:] if result.returncode else ""))
+        assert target.ok == all(ok for ok, _ in verdicts), (target.name, target.reason, verdicts)
+        seen[target.ok] += 1
+    assert seen[True] + seen[False] > 0
