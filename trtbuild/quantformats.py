@@ -58,7 +58,8 @@ class SmRule:
 
 # The lower bounds come from the hardware (FP8 tensor cores from Ada, sm89; FP4 from Blackwell,
 # sm100); TensorRT-LLM leaves those to its kernels. The SM 100-119 rejections are the RuntimeErrors
-# of tensorrt_llm/builder.py@14e801d build() for is_int8/int4_weight_only, has_int8_kv_cache and
+# of tensorrt_llm/builder.py build() (1.x; the source index serves it without a commit: builder.py@14e801d
+# is a 0.x version without these checks) for is_int8/int4_weight_only, has_int8_kv_cache and
 # has_act_and_weight_quant (SmoothQuant); both AWQ formats count as INT4 weight-only there
 # (quantization/mode.py: use_weight_only(use_int4_weights=True, per_group=True)).
 def _needs_fp8(label: str) -> SmRule:
