@@ -138,7 +138,8 @@ def validated(project, tmp_path_factory) -> tuple[dict, Path, Path]:
 def test_validate_speed(validated, capsys):
     report, _, _ = validated
     rows = {row["target"]: row for row in report["stages"]}
-    assert set(rows) == {"reference", "fp8-hf:validate"}
+    # (on a host with a GPU and vLLM or TensorRT-LLM, their validations of fp8-hf run and have rows too)
+    assert set(rows) >= {"reference", "fp8-hf:validate"}
     for row in rows.values():
         assert row["status"] == "built" and positive(row["seconds"]) and positive(row["peak_rss_mib"])
     reference = report["reference"]
