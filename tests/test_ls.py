@@ -23,9 +23,10 @@ ENGINE_FACTS = {"sm": "sm90", "tp": 1, "pp": 1, "world_size": 1, "toolchain": {"
                 "memory": {"engine_bytes_per_rank": 4096}}
 
 
-def validation_summary(kl: float, top1: float, ppl: float, passed: bool = True) -> dict:
+def validation_summary(kl: float, top1: float, ppl: float, passed: bool = True, runner: str = "torch",
+                       device: str = "cpu") -> dict:
     return {"metrics": {"kld_mean": kl, "kld_p99": kl * 10, "top1_agreement": top1, "ppl_delta_pct": ppl, "tokens": 4096},
-            "gates": {"kld_mean": {"value": kl, "limit": 0.05, "passed": passed}}}
+            "gates": {"kld_mean": {"value": kl, "limit": 0.05, "passed": passed}}, "runner": runner, "device": device}
 
 
 class Published:
@@ -52,17 +53,22 @@ class Published:
         return record
 
     def typical(self) -> None:
-        """A checkpoint and its engine, both validated; a stand-in hf-checkpoint; another recipe's checkpoint."""
+        """A checkpoint and its engine, both validated; a stand-in hf-checkpoint validated on torch and on
+        vLLM; another recipe's checkpoint."""
         self.add("base-tp1", "checkpoint:export", "2026-12-01T12:00:00Z", 3 * 1024 * 1024, CHECKPOINT_TOOLS)
         self.add("base-tp1:validate", "validate", "2026-12-01T12:30:00Z", 2048, CHECKPOINT_TOOLS,
                  validation_summary(0.00123456, 0.98514, 0.4213))
         self.add("base-tp1-sm90", "engine", "2026-12-03T09:15:00Z", 5 * 1024 * 1024, {"tensorrt_llm": TRTLLM, "tensorrt": TRT},
                  ENGINE_FACTS)
         self.add("base-tp1-sm90:validate", "validate", "2026-12-03T09:20:00Z", 2048, {"tensorrt_llm": TRTLLM},
-                 validation_summary(0.0021, 0.97, -0.05))
+                 validation_summary(0.0021, 0.97, -0.05, runner=f"tensorrt_llm {TRTLLM}", device="cuda:0"))
         self.add("fp8-hf", "hf-checkpoint:package", "2026-12-03T11:59:30Z", 1536, {"modelopt": "0.47.0+standin"},
                  {"serving": {"serves": {"trtllm": ["sm89", "sm90"], "vllm": ["sm89", "sm90"]}}},
                  fields={"params": {"quant": "fp8", "kv_cache": None}})
+        self.add("fp8-hf:validate", "validate", "2026-12-03T11:59:40Z", 2048, CHECKPOINT_TOOLS,
+                 validation_summary(0.0025, 0.975, 0.3))
+        self.add("fp8-hf:validate-vllm", "validate:vllm", "2026-12-03T11:59:50Z", 2048, {"vllm": "0.26.0"},
+                 validation_summary(0.0042, 0.9612, 0.51, runner="vllm 0.26.0", device="cuda:0"))
         self.add("base-tp1", "checkpoint:export", "2026-11-20T12:00:00Z", 4096, CHECKPOINT_TOOLS, recipe="other")
 
 
@@ -78,12 +84,12 @@ def folder_store(tmp_path):
     return store
 
 
-TABLE = [
-    "RECIPE  TARGET         STAGE          SIZE     KL        TOP-1  PPL     AGE  SERVES                                 TOOLCHAIN",
-    "other   base-tp1       checkpoint     4.0 KiB  -         -      -       13d  -                                      modelopt 0.47.0, torch 2.13.0, transformers 4.57.6",
-    "tiny    base-tp1       checkpoint     3.0 MiB  0.001235  98.5%  +0.42%  2d   -                                      modelopt 0.47.0, torch 2.13.0, transformers 4.57.6",
-    "tiny    base-tp1-sm90  engine         5.0 MiB  0.0021    97.0%  -0.05%  2h   sm90                                   tensorrt 10.13.2, tensorrt_llm 1.2.1",
-    "tiny    fp8-hf         hf-checkpoint  1.5 KiB  -         -      -       30s  trtllm>=1.3 sm89 sm90; vllm sm89 sm90  STAND-IN modelopt 0.47.0+standin",
+TABLE = [  # the figures that decide, and who measured them: vLLM's before torch's for fp8-hf
+    "RECIPE  TARGET         STAGE          SIZE     KL        TOP-1  PPL     MEASURED BY                   AGE  SERVES                                 TOOLCHAIN",
+    "other   base-tp1       checkpoint     4.0 KiB  -         -      -       -                             13d  -                                      modelopt 0.47.0, torch 2.13.0, transformers 4.57.6",
+    "tiny    base-tp1       checkpoint     3.0 MiB  0.001235  98.5%  +0.42%  torch on cpu                  2d   -                                      modelopt 0.47.0, torch 2.13.0, transformers 4.57.6",
+    "tiny    base-tp1-sm90  engine         5.0 MiB  0.0021    97.0%  -0.05%  tensorrt_llm 1.2.1 on cuda:0  2h   sm90                                   tensorrt 10.13.2, tensorrt_llm 1.2.1",
+    "tiny    fp8-hf         hf-checkpoint  1.5 KiB  0.0042    96.1%  +0.51%  vllm 0.26.0 on cuda:0         30s  trtllm>=1.3 sm89 sm90; vllm sm89 sm90  STAND-IN modelopt 0.47.0+standin",
 ]
 
 
@@ -152,11 +158,44 @@ def test_ls_json_gives_every_field_of_every_target(folder_store, tmp_path, run, 
         "toolchain": {"tensorrt": TRT, "tensorrt_llm": TRTLLM}, "standin": [], "serves": {"trtllm-engine": ["sm90"]},
         "validations": [  # its own validation first, then its checkpoint's
             {"id": "base-tp1-sm90:validate", "kld_mean": 0.0021, "top1_agreement": 0.97, "ppl_delta_pct": -0.05,
-             "gates_passed": True},
+             "gates_passed": True, "runner": "tensorrt_llm 1.2.1", "device": "cuda:0"},
             {"id": "base-tp1:validate", "kld_mean": 0.00123456, "top1_agreement": 0.98514, "ppl_delta_pct": 0.4213,
-             "gates_passed": True}],
+             "gates_passed": True, "runner": "torch", "device": "cpu"}],
         "fits": None, "runtime": None, "world_size": None, "reasons": []}
     assert data["published"][3]["standin"] == ["modelopt"]
+    assert data["published"][3]["validations"] == [  # vLLM's figures decide before torch's
+        {"id": "fp8-hf:validate-vllm", "kld_mean": 0.0042, "top1_agreement": 0.9612, "ppl_delta_pct": 0.51,
+         "gates_passed": True, "runner": "vllm 0.26.0", "device": "cuda:0"},
+        {"id": "fp8-hf:validate", "kld_mean": 0.0025, "top1_agreement": 0.975, "ppl_delta_pct": 0.3,
+         "gates_passed": True, "runner": "torch", "device": "cpu"}]
+
+
+def test_ls_names_who_measured_an_engines_checkpoints_figures_and_never_fits_what_a_standin_measured(
+        folder_store, tmp_path, run, fixed_now, recorded_gpu, installed_packages):
+    made = Published(folder_store, tmp_path)
+    made.add("base-tp1", "checkpoint:export", "2026-12-01T12:00:00Z", 2048, CHECKPOINT_TOOLS)
+    made.add("base-tp1:validate", "validate", "2026-12-01T12:30:00Z", 2048, CHECKPOINT_TOOLS,
+             validation_summary(0.001, 0.99, 0.1))
+    made.add("base-tp1-sm90", "engine", "2026-12-03T09:15:00Z", 4096, {"tensorrt_llm": TRTLLM, "tensorrt": TRT},
+             ENGINE_FACTS)  # not validated itself (validate.engines: none)
+    made.add("fp8-hf", "hf-checkpoint:package", "2026-12-03T11:00:00Z", 2048, CHECKPOINT_TOOLS,
+             {"serving": {"serves": {"vllm": ["sm90"]}}}, fields={"params": {"quant": "fp8", "kv_cache": None}})
+    made.add("fp8-hf:validate", "validate", "2026-12-03T11:10:00Z", 2048, CHECKPOINT_TOOLS,
+             validation_summary(0.002, 0.98, 0.2))
+    made.add("fp8-hf:validate-vllm", "validate:vllm", "2026-12-03T11:20:00Z", 2048, {"vllm": "0.33.0+standin"},
+             validation_summary(0.003, 0.97, 0.3, runner="vllm 0.33.0+standin"))
+    result = run("ls", "--store", folder_store.root)
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert [line.split("  ")[0:1] + [cell for cell in line.split("  ") if " on " in cell]
+            for line in result.stdout.splitlines()[1:]] == [
+        ["tiny", "torch on cpu"], ["tiny", "torch on cpu (of base-tp1)"], ["tiny", "vllm 0.33.0+standin on cpu"]]
+    recorded_gpu("H100")
+    installed_packages(vllm="0.33.0")
+    judged = json.loads(run("ls", "--store", folder_store.root, "--compatible", "--json").stdout)["published"]
+    hf = judged[2]
+    assert (hf["target"], hf["standin"], hf["fits"], hf["runtime"], hf["reasons"]) == (
+        "fp8-hf", [], False, None,
+        ["validated by a stand-in (fp8-hf:validate-vllm: vllm): never for real use"])
 
 
 def test_ls_of_a_store_with_nothing_published_says_so(folder_store, ws, run):
@@ -244,8 +283,8 @@ def test_ls_names_a_ref_whose_action_record_is_gone(folder_store, tmp_path, run,
     folder_store.delete_record(source.key)
     result = run("ls", "--store", folder_store.root)
     assert (result.exit_code, result.stderr) == (0, "")
-    assert result.stdout == ("RECIPE  TARGET    STAGE  SIZE     KL  TOP-1  PPL  AGE  SERVES  TOOLCHAIN\n"
-                             "tiny    base-tp1  ?      2.0 KiB  -   -      -    -    -       -\n")
+    assert result.stdout == ("RECIPE  TARGET    STAGE  SIZE     KL  TOP-1  PPL  MEASURED BY  AGE  SERVES  TOOLCHAIN\n"
+                             "tiny    base-tp1  ?      2.0 KiB  -   -      -    -            -    -       -\n")
     recorded_gpu(None)
     judged = json.loads(run("ls", "--store", folder_store.root, "--compatible", "--json").stdout)["published"]
     assert [(p["stage"], p["fits"], p["reasons"]) for p in judged] == [

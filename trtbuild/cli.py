@@ -533,8 +533,10 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dr
 @click.option("--json", "as_json", is_flag=True, help="Print every published target, its validations and fit as JSON.")
 def ls(recipe: Path | None, store_url, compatible, as_json) -> None:
     """List what --store (default: RECIPE's publish.store) publishes (its refs; with RECIPE, only
-    that recipe's): per target its stage, size, the headline numbers of its validation (KL mean,
-    top-1 agreement, perplexity change), its toolchain (STAND-IN when a stand-in made it) and age.
+    that recipe's): per target its stage, size, the headline numbers of the validation whose figures
+    decide (TensorRT-LLM's, else vLLM's, else torch's: KL mean, top-1 agreement, perplexity change)
+    and the runner and device that measured them, its toolchain (STAND-IN when a stand-in made it)
+    and age.
     --compatible adds whether it fits this host and, when not, why. Exit 0; 2 for a missing store
     or bad input.
     """

@@ -1,5 +1,5 @@
-"""`trtbuild ls`: what a store publishes (its refs), with sizes, validation headline numbers,
-toolchain and age; with --compatible, whether each target fits this host (after NVIDIA NIM's
+"""`trtbuild ls`: what a store publishes (its refs), with sizes, validation headline numbers (and
+the runner and device that measured them), toolchain and age; with --compatible, whether each target fits this host (after NVIDIA NIM's
 `list-model-profiles`), judged by the same rules as `pull --target auto` (pullselect.choose).
 
 Everything comes from the store: a ref names the artifact, its action record the stage, size,
@@ -33,9 +33,13 @@ class Validation:
     id: str
     metrics: dict  # the headline numbers (None where the record has none)
     gates_passed: bool
+    runner: Optional[str] = None  # as its report names it: `torch`, `tensorrt_llm VERSION`, `vllm VERSION`
+    device: Optional[str] = None  # what that runner computed on, as it said
+    standin: list[str] = field(default_factory=list)  # toolchain parts of the validation that were stand-ins
 
     def as_json(self) -> dict:
-        return {"id": self.id, **self.metrics, "gates_passed": self.gates_passed}
+        return {"id": self.id, **self.metrics, "gates_passed": self.gates_passed, "runner": self.runner,
+                "device": self.device}
 
 
 @dataclass
@@ -117,8 +121,10 @@ def platform_of(record: ActionRecord) -> Optional[LockedPlatform]:
 
 
 def _validation_ids(target: str, record: Optional[ActionRecord]) -> list[str]:
-    """A target's validations, its own first; an engine's also its checkpoint's (as publish.validations)."""
-    ids = [validate_id(target), trtllm_validate_id(target), vllm_validate_id(target)]
+    """A target's validations in the order their figures decide (runner.DECIDING_ORDER): its own
+    first, the serving runtime's before torch's (TensorRT-LLM's, vLLM's, then torch's; an engine's
+    own is TensorRT-LLM's); an engine's also its checkpoint's, last (as publish.validations)."""
+    ids = [trtllm_validate_id(target), vllm_validate_id(target), validate_id(target)]
     platform = platform_of(record) if record is not None and record.stage.startswith("engine") else None
     if platform is not None:
         ids.append(validate_id(target.removesuffix(f"-{platform.sm}")))
@@ -126,8 +132,11 @@ def _validation_ids(target: str, record: Optional[ActionRecord]) -> list[str]:
 
 
 def _validation(vid: str, record: ActionRecord) -> Validation:
-    metrics = record.summary.get("metrics") if isinstance(record.summary.get("metrics"), dict) else {}
-    return Validation(vid, {name: metrics.get(name) for name in HEADLINE}, not gates.failed_gates(record.summary))
+    summary = record.summary
+    metrics = summary.get("metrics") if isinstance(summary.get("metrics"), dict) else {}
+    said = {name: summary.get(name) if isinstance(summary.get(name), str) else None for name in ("runner", "device")}
+    return Validation(vid, {name: metrics.get(name) for name in HEADLINE}, not gates.failed_gates(summary),
+                      **said, standin=record.standin)
 
 
 def list_published(store: Store, recipe: Optional[str] = None) -> list[Published]:
@@ -187,6 +196,11 @@ def judge(published: list[Published], host: Host, variant_order: Optional[list[s
                 item.fits, item.runtime, item.world_size = False, None, None
                 stand_in = f"made by a stand-in toolchain ({', '.join(item.standin)}): never for real use"
                 item.reasons = [stand_in, *item.reasons]
+            measured = [v for v in item.validations if v.standin]
+            if measured:  # figures a stand-in computed never pass for a real runtime's
+                item.fits, item.runtime, item.world_size = False, None, None
+                item.reasons = [f"validated by a stand-in ({measured[0].id}: {', '.join(measured[0].standin)}): "
+                                "never for real use", *item.reasons]
 
 
 # ---- the table -------------------------------------------------------------------------------------
@@ -215,15 +229,20 @@ def format_age(seconds: Optional[int]) -> str:
     return f"{seconds}s"
 
 
-def _headline(item: Published) -> tuple[str, str, str]:
-    """KL mean, top-1 agreement and perplexity change of the target's first validation."""
+def _headline(item: Published) -> tuple[str, str, str, str]:
+    """KL mean, top-1 agreement and perplexity change of the target's first validation (the one
+    whose figures decide), and who measured them: `RUNNER on DEVICE`, `(of CHECKPOINT)` when they
+    are an engine's checkpoint's."""
     if not item.validations:
-        return "-", "-", "-"
-    m = item.validations[0].metrics
+        return "-", "-", "-", "-"
+    first = item.validations[0]
+    m = first.metrics
     kl = f"{m['kld_mean']:.4g}" if isinstance(m["kld_mean"], (int, float)) else "-"
     top1 = f"{m['top1_agreement'] * 100:.1f}%" if isinstance(m["top1_agreement"], (int, float)) else "-"
     ppl = f"{m['ppl_delta_pct']:+.2f}%" if isinstance(m["ppl_delta_pct"], (int, float)) else "-"
-    return kl, top1, ppl
+    by = (first.runner or "?") + (f" on {first.device}" if first.device else "")
+    of = first.id.rsplit(":", 1)[0]
+    return kl, top1, ppl, by if of == item.target else f"{by} (of {of})"
 
 
 def _toolchain_cell(item: Published) -> str:
@@ -250,12 +269,12 @@ def _fit_cell(item: Published) -> str:
 
 def table_lines(published: list[Published], now: dt.datetime, compatible: bool = False) -> list[str]:
     """Aligned columns, one row per target; with `compatible`, a FITS column last."""
-    header = ["RECIPE", "TARGET", "STAGE", "SIZE", "KL", "TOP-1", "PPL", "AGE", "SERVES", "TOOLCHAIN"]
+    header = ["RECIPE", "TARGET", "STAGE", "SIZE", "KL", "TOP-1", "PPL", "MEASURED BY", "AGE", "SERVES", "TOOLCHAIN"]
     rows = []
     for item in published:
-        kl, top1, ppl = _headline(item)
+        kl, top1, ppl, by = _headline(item)
         row = [item.recipe, item.target, item.stage or "?", format_bytes(item.size) if item.size is not None else "-",
-               kl, top1, ppl, format_age(_age_seconds(item.created, now)), _serves_cell(item), _toolchain_cell(item)]
+               kl, top1, ppl, by, format_age(_age_seconds(item.created, now)), _serves_cell(item), _toolchain_cell(item)]
         if compatible:
             row.append(_fit_cell(item))
         rows.append(row)
