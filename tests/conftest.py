@@ -254,19 +254,23 @@ def installed_packages(tmp_path, monkeypatch):
 
 
 def standin_toolchain_env(env: dict, gpu: "str | None" = "H100", count: int = 1, bin_first: "Path | None" = None,
-                          vllm: bool = False) -> dict:
+                          vllm: bool = False, trtllm: bool = True) -> dict:
     """`env` as a GPU build host would have it, with stand-ins for what this machine cannot have:
     NVML answering as `count` recorded `gpu`s (tests/standin_nvml; None: no driver), tensorrt_llm
     1.2.0+standin importable (tests/standin_trtllm) and its `trtllm-build` on PATH (after
-    `bin_first`'s programs, for a test's own fake), and with `vllm` vllm 0.33.0+standin importable
-    (tests/standin_vllm). Torch stays the CPU build, so `device: auto` resolves to cpu."""
+    `bin_first`'s programs, for a test's own fake; not with `trtllm=False`: a host with vLLM only),
+    and with `vllm` vllm 0.33.0+standin importable (tests/standin_vllm). Torch stays the CPU build,
+    so `device: auto` resolves to cpu."""
     env = {k: v for k, v in env.items() if not k.startswith("STANDIN_NVML")}
     standin = ROOT / "tests" / "standin_trtllm"
-    paths = [str(standin), str(STANDIN_NVML), str(ROOT)]
+    paths = [str(STANDIN_NVML), str(ROOT)]
+    if trtllm:
+        paths.insert(0, str(standin))
     if vllm:
         paths.insert(0, str(ROOT / "tests" / "standin_vllm"))
     env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env["PATH"] = os.pathsep.join(([str(bin_first)] if bin_first else []) + [str(standin / "bin"), env["PATH"]])
+    env["PATH"] = os.pathsep.join(([str(bin_first)] if bin_first else []) + ([str(standin / "bin")] if trtllm else [])
+                                  + [env["PATH"]])
     env["OMP_NUM_THREADS"] = "1"
     if gpu:
         env["STANDIN_NVML_GPU"], env["STANDIN_NVML_COUNT"] = gpu, str(count)

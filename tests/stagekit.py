@@ -113,6 +113,16 @@ def read_stdin(ctx: StageContext) -> None:
     (ctx.out / "stdin.txt").write_text(f"own={own!r} child={child!r}")
 
 
+def gated(ctx: StageContext) -> None:
+    """A validation of its `src` input: a report with one KL gate, passed unless `kl` exceeds 0.1, and
+    the runner and device the `runner` and `device` params name (as the real validate stages write)."""
+    _count(ctx)
+    (ctx.out / "seen.txt").write_text((ctx.inputs["src"] / "text.txt").read_text())
+    kl = ctx.params["kl"]
+    ctx.report({"metrics": {"kld_mean": kl}, "gates": {"kld_mean": {"value": kl, "limit": 0.1, "passed": kl <= 0.1}},
+                "runner": ctx.params["runner"], "device": ctx.params.get("device", "cpu")})
+
+
 WRITE = Stage("write", 1, "stagekit:write_text")
 UPPER = Stage("upper", 1, "stagekit:upper")
 CONCAT = Stage("concat", 1, "stagekit:concat")
@@ -120,6 +130,7 @@ BIG = Stage("big", 1, "stagekit:big")
 FAIL = Stage("fail", 1, "stagekit:fail")
 DIE = Stage("die", 1, "stagekit:die")
 UPPER_INPROCESS = Stage("upper", 1, "stagekit:upper", isolated=False)
+GATED = Stage("validate", 1, "stagekit:gated", isolated=False)
 OVERLAY = Stage("overlay", 1, "stagekit:add_file", isolated=False, overlay="base")
 OVERLAY_ISOLATED = Stage("overlay", 1, "stagekit:add_file", overlay="base")
 # the same stages in the build's shared worker process (worker_pool.py)

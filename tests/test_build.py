@@ -103,8 +103,8 @@ def test_json_summary_statuses_and_read_only_paths(recipe, model, tmp_path):
     engine = targets["bf16-tp1-sm90"]
     assert (engine["stage"], engine["status"]) == ("engine", "skipped")
     assert engine["reason"] == "after --until source"
-    assert set(source) == {"name", "stage", "status", "key", "digest", "size", "seconds", "reason", "path", "ref", "standin",
-                           "origin", "pulled", "note"}
+    assert set(source) == {"name", "stage", "status", "key", "digest", "size", "seconds", "reason", "path", "ref",
+                           "decided_by", "standin", "origin", "pulled", "note"}
 
 
 @needs_no_gpu

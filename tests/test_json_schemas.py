@@ -132,6 +132,11 @@ def test_the_outputs_hold_the_shapes_the_schemas_describe(project, outputs):
     assert (outputs["push-refused"].data["pushed"], outputs["push-refused"].stderr) == (
         [], "".join(f"{line}\n" for line in outputs["push-refused"].data["refused"]))
     assert [p["target"] for p in outputs["ls"].data["published"]] == ["base-tp1"]
+    # who measured the figures that moved the ref (the device is what torch ran on: cpu here, a GPU elsewhere)
+    decided = built["base-tp1"]["decided_by"]
+    assert [(d["validation"], d["runner"]) for d in decided] == [("base-tp1:validate", "torch")]
+    listed = outputs["ls"].data["published"][0]["validations"]
+    assert [(v["id"], v["runner"], v["device"]) for v in listed] == [("base-tp1:validate", "torch", decided[0]["device"])]
     pulled = outputs["pull"].data
     blobs = {e.sha256 for e in LocalStore(project.root / "store").get_manifest(pulled["digest"]).entries}
     assert (pulled["moved"]["blobs"], outputs["pull-dry-run"].data["path"]) == (len(blobs), None)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import stagekit
-from stagekit import DIE, FAIL, UPPER_INPROCESS, WRITE, counts, diamond, node
+from stagekit import DIE, FAIL, GATED, UPPER_INPROCESS, WRITE, counts, diamond, node
 from stage_fixtures import TESTS, stage_modules_importable, store  # noqa: F401 (fixtures)
 from trtbuild.graph import Graph
 from trtbuild.runner import RunOptions, Silent, run_graph
@@ -334,13 +334,93 @@ def test_refs_move_only_once_every_validation_of_the_node_passed(store, tmp_path
     graph.nodes[1].kind, graph.nodes[1].serves = "validate", "ckpt"
     ckpt, validation = run_graph(graph, store).results
     assert ckpt.status == "built" and validation.status == "failed"
-    assert ckpt.ref == "ref not moved: ckpt:validate was failed"
+    assert ckpt.ref == "ref not moved: ckpt:validate failed"
     assert store.read_ref("g", "ckpt") is None and store.read_ref("g", "ckpt:validate") is None
     graph.nodes[1].stage, graph.nodes[1].params = UPPER_INPROCESS, {}
     graph.nodes[1].inputs = {"src": "ckpt"}
     ckpt, validation = run_graph(graph, store).results
     assert (ckpt.status, validation.status, ckpt.ref) == ("cached", "built", None)
     assert store.read_ref("g", "ckpt").digest == ckpt.digest
+
+
+def validated(text: str = "x", torch_kl: float = 0.01, vllm_kl: float = 0.02, vllm_here: bool = True,
+              torch_here: bool = True, vllm_version: str = "1") -> Graph:
+    """A checkpoint, its torch validation and its vLLM validation (a runtime's: its host need is vLLM
+    on a GPU, which `vllm_here=False` says this host lacks), as graph.GraphBuilder makes them."""
+    nodes = [node("ckpt", WRITE, text=text),
+             node("ckpt:validate", GATED, inputs={"src": "ckpt"}, kl=torch_kl, runner="torch"),
+             node("ckpt:validate-vllm", GATED, inputs={"src": "ckpt"}, kl=vllm_kl, runner="vllm", version=vllm_version)]
+    for validation in nodes[1:]:
+        validation.serves = "ckpt"
+    nodes[2].after = ["ckpt:validate"]
+    if not vllm_here:
+        nodes[2].host = stagekit.Lacking("needs vllm on a CUDA GPU: this machine has no vllm")
+    if not torch_here:
+        nodes[1].host = stagekit.Lacking("needs a CUDA GPU (this machine: no GPU)")
+    return Graph("g", nodes)
+
+
+def refs_of(store: LocalStore) -> dict[str, str]:
+    return {target: ref.digest for _, target, ref in store.refs()}
+
+
+def test_a_runtime_validation_this_host_cannot_run_leaves_the_decision_to_torchs_figures(store):
+    results = run_graph(validated(vllm_here=False), store).by_id()
+    ckpt, torch_validation, vllm_validation = results["ckpt"], results["ckpt:validate"], results["ckpt:validate-vllm"]
+    assert (vllm_validation.status, vllm_validation.reason) == ("skipped", "needs vllm on a CUDA GPU: this machine has no vllm")
+    assert (ckpt.status, ckpt.ref) == ("built", None)
+    assert ckpt.decided_by == [{"validation": "ckpt:validate", "runner": "torch", "device": "cpu"}]
+    assert ckpt.as_json()["decided_by"] == ckpt.decided_by
+    assert refs_of(store) == {"ckpt": ckpt.digest, "ckpt:validate": torch_validation.digest}
+
+
+def test_with_require_all_a_runtime_validation_this_host_cannot_run_holds_the_ref_back(store):
+    results = run_graph(validated(vllm_here=False), store, RunOptions(require_all=True)).by_id()
+    assert results["ckpt:validate-vllm"].status == "failed"
+    assert (results["ckpt"].ref, results["ckpt"].decided_by) == ("ref not moved: ckpt:validate-vllm failed", [])
+    assert refs_of(store) == {}
+
+
+def test_a_runtime_validation_that_ran_and_failed_holds_the_ref_back_though_torch_passed(store):
+    results = run_graph(validated(vllm_kl=0.5), store).by_id()
+    assert results["ckpt:validate"].status == "built"
+    assert results["ckpt:validate-vllm"].status == "failed"
+    assert results["ckpt:validate-vllm"].reason.startswith("failed its gates: kld_mean 0.5 (limit 0.1); report: ")
+    assert (results["ckpt"].ref, results["ckpt"].decided_by) == ("ref not moved: ckpt:validate-vllm failed", [])
+    assert refs_of(store) == {}  # nor the validations': they move with their target
+
+
+def test_when_the_runtime_validation_ran_its_figures_decide_first(store):
+    results = run_graph(validated(), store).by_id()
+    ckpt = results["ckpt"]
+    assert ckpt.ref is None
+    assert ckpt.decided_by == [{"validation": "ckpt:validate-vllm", "runner": "vllm", "device": "cpu"},
+                               {"validation": "ckpt:validate", "runner": "torch", "device": "cpu"}]
+    assert refs_of(store) == {"ckpt": ckpt.digest, "ckpt:validate": results["ckpt:validate"].digest,
+                              "ckpt:validate-vllm": results["ckpt:validate-vllm"].digest}
+
+
+def test_a_node_no_validation_of_which_ran_keeps_its_old_ref(store):
+    results = run_graph(validated(vllm_here=False, torch_here=False), store).by_id()
+    assert results["ckpt"].status == "built" and results["ckpt:validate"].status == "skipped"
+    assert results["ckpt"].ref == "ref not moved: ckpt:validate was skipped"
+    graph = validated(vllm_here=False)  # an engine's case: its only validation is the runtime's
+    graph.nodes.pop(1)
+    graph.nodes[1].after = []
+    results = run_graph(graph, store).by_id()
+    assert results["ckpt"].ref == "ref not moved: ckpt:validate-vllm was skipped"
+    assert refs_of(store) == {}
+
+
+def test_the_ref_of_a_runtime_validation_of_another_artifact_goes_when_its_target_moves_without_it(store):
+    first = run_graph(validated(), store).by_id()  # a host with vLLM
+    # vLLM's version changes the key, not the inputs: the validation made elsewhere is of this very artifact
+    again = run_graph(validated(vllm_here=False, vllm_version="2"), store).by_id()
+    assert again["ckpt:validate-vllm"].status == "skipped" and again["ckpt"].ref is None
+    assert refs_of(store)["ckpt:validate-vllm"] == first["ckpt:validate-vllm"].digest
+    changed = run_graph(validated(text="y", vllm_here=False), store).by_id()  # another checkpoint
+    assert changed["ckpt"].ref is None and changed["ckpt"].digest != first["ckpt"].digest
+    assert refs_of(store) == {"ckpt": changed["ckpt"].digest, "ckpt:validate": changed["ckpt:validate"].digest}
 
 
 def test_two_recipes_with_one_name_cannot_move_each_others_refs(store, tmp_path):

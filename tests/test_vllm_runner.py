@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import needs_no_vllm, standin_toolchain_env
+from conftest import needs_no_trtllm, needs_no_vllm, standin_toolchain_env
 from tinymodels import make_model, make_tokenizer
 from trtbuild.errors import TrtbuildError
 from trtbuild.store.local import LocalStore
@@ -279,15 +280,59 @@ def workspace(tmp_path_factory):
     return folder
 
 
-def build(env: dict, folder: Path) -> dict:
-    result = subprocess.run([sys.executable, "-m", "trtbuild", "build", "recipe.yaml", "--json"], capture_output=True,
-                            text=True, env=env, cwd=folder, timeout=900)
+def build(env: dict, folder: Path, *args: str) -> dict:
+    result = subprocess.run([sys.executable, "-m", "trtbuild", "build", "recipe.yaml", "--json", *args],
+                            capture_output=True, text=True, env=env, cwd=folder, timeout=900)
     assert result.returncode in (0, 1), result.stderr
     return {t["name"]: t for t in json.loads(result.stdout)["targets"]}
 
 
-def test_build_runs_validate_vllm_through_the_standin_and_marks_it(workspace):
-    env = standin_toolchain_env({**os.environ, "TRTBUILD_CACHE": str(workspace / "store")}, "H100", vllm=True)
+def trtbuild(env: dict, folder: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trtbuild", *args], capture_output=True, text=True, env=env,
+                          cwd=folder, timeout=300)
+
+
+def listed(env: dict, folder: Path) -> tuple[dict, dict]:
+    """`ls --json` of the workspace's store: target -> its validations; and the table's MEASURED BY per target."""
+    data = json.loads(trtbuild(env, folder, "ls", "--store", str(folder / "store"), "--json").stdout)
+    table = trtbuild(env, folder, "ls", "--store", str(folder / "store")).stdout.splitlines()
+    at = table[0].index("MEASURED BY")
+    width = table[0].index(" AGE ") + 1 - at
+    return ({p["target"]: p["validations"] for p in data["published"]},
+            {line.split()[1]: line[at:at + width].strip() for line in table[1:]})
+
+
+@needs_no_vllm
+@needs_no_trtllm
+def test_without_vllm_validate_vllm_is_skipped_and_torchs_figures_decide(workspace):
+    """A host with a GPU but neither serving runtime: their validations are skipped with the reason,
+    and torch's figures alone decide the refs, as the build, the lock and ls say."""
+    env = standin_toolchain_env({**os.environ, "TRTBUILD_CACHE": str(workspace / "store")}, "H100", trtllm=False)
+    targets = build(env, workspace)
+    lock = yaml.safe_load((workspace / "recipe.lock").read_text())
+    validations, measured_by = listed(env, workspace)
+    for variant in ("bf16", "fp8"):
+        node = targets[f"{variant}-hf:validate-vllm"]
+        assert (node["stage"], node["status"], node["reason"]) == (
+            "validate", "skipped", "needs vllm on a CUDA GPU: this machine has no vllm")
+        assert "metrics" not in node
+        assert targets[f"{variant}-hf:validate-trtllm"]["status"] == "skipped"
+        assert targets[f"{variant}-hf:validate-trtllm"]["reason"].endswith("(this machine: no tensorrt_llm)")
+        target = targets[f"{variant}-hf"]
+        assert (target["status"], target["ref"]) == ("built", None)
+        assert target["decided_by"] == [{"validation": f"{variant}-hf:validate", "runner": "torch", "device": "cpu"}]
+        assert {k: lock["targets"][f"{variant}-hf:validate"][k] for k in ("runner", "device", "gates_passed")} == {
+            "runner": "torch", "device": "cpu", "gates_passed": True}
+        assert f"{variant}-hf:validate-vllm" not in lock["targets"]
+        assert [(v["id"], v["runner"], v["device"]) for v in validations[f"{variant}-hf"]] == [
+            (f"{variant}-hf:validate", "torch", "cpu")]
+        assert measured_by[f"{variant}-hf"] == "torch on cpu"
+
+
+def test_build_runs_validate_vllm_through_the_standin_and_marks_it(workspace, tmp_path):
+    """A host with vLLM (the stand-in) and no TensorRT-LLM: vLLM's figures decide first."""
+    env = standin_toolchain_env({**os.environ, "TRTBUILD_CACHE": str(workspace / "store")}, "H100", vllm=True,
+                                trtllm=False)
     targets = build(env, workspace)
     for variant in ("bf16", "fp8"):
         node = targets[f"{variant}-hf:validate-vllm"]
@@ -305,6 +350,11 @@ def test_build_runs_validate_vllm_through_the_standin_and_marks_it(workspace):
             **({"quantization": "modelopt"} if variant == "fp8" else {}), "kv_cache_dtype": "auto",
             "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "max_model_len": 128, "max_num_seqs": 4,
             "max_num_batched_tokens": 256, "gpu_memory_utilization": 0.9, "dtype": "bfloat16"}
+        # vLLM's figures ran and passed: they decide first (the stand-in's version names it), then torch's
+        assert targets[f"{variant}-hf"]["ref"] is None
+        assert targets[f"{variant}-hf"]["decided_by"] == [
+            {"validation": f"{variant}-hf:validate-vllm", "runner": "vllm 0.33.0+standin", "device": "cpu"},
+            {"validation": f"{variant}-hf:validate", "runner": "torch", "device": "cpu"}]
     lock = yaml.safe_load((workspace / "recipe.lock").read_text())
     assert lock["toolchain"]["validate:vllm"]["vllm"] == "0.33.0+standin"
     assert lock["targets"]["fp8-hf:validate-vllm"]["gates_passed"] is True
@@ -314,18 +364,35 @@ def test_build_runs_validate_vllm_through_the_standin_and_marks_it(workspace):
     assert {k: v for k, v in lock["targets"]["fp8-hf:validate"].items() if k in ("runner", "device")} == {
         "runner": "torch", "device": "cpu"}
     assert "runner" not in lock["targets"]["fp8-hf"]
+    validations, measured_by = listed(env, workspace)
+    assert [(v["id"], v["runner"]) for v in validations["fp8-hf"]] == [
+        ("fp8-hf:validate-vllm", "vllm 0.33.0+standin"), ("fp8-hf:validate", "torch")]
+    assert measured_by["fp8-hf"] == "vllm 0.33.0+standin on cpu"
+    # nothing a stand-in made passes for real: the checkpoint it validated is never pushed
+    pushed = trtbuild(env, workspace, "push", "recipe.yaml", "--store", str(tmp_path / "published"),
+                      "--target", "fp8-hf")
+    assert (pushed.returncode, pushed.stderr) == (
+        1, "fp8-hf: its validation fp8-hf:validate-vllm: made by a stand-in toolchain (vllm); "
+           "stand-ins are never pushed\n")
 
 
-@needs_no_vllm
-def test_without_vllm_validate_vllm_is_skipped_with_the_reason(workspace):
-    env = standin_toolchain_env({**os.environ, "TRTBUILD_CACHE": str(workspace / "store")}, "H100")  # all else cached
-    targets = build(env, workspace)
-    for variant in ("bf16", "fp8"):
-        node = targets[f"{variant}-hf:validate-vllm"]
-        assert (node["stage"], node["status"], node["reason"]) == (
-            "validate", "skipped", "needs vllm on a CUDA GPU: this machine has no vllm")
-        assert "metrics" not in node
-        assert targets[f"{variant}-hf"]["ref"] == f"ref not moved: {variant}-hf:validate-vllm was skipped"
+def test_a_runtime_validation_that_fails_its_gates_holds_the_ref_back_though_torch_passed(workspace, tmp_path):
+    """vLLM's figures fail the gates torch's pass (the stand-in's logits scaled: another distribution
+    than the checkpoint's): the ref does not move, and the build says which validation failed."""
+    copy = tmp_path / "workspace"
+    shutil.copytree(workspace, copy, symlinks=True)
+    (copy / "store" / "refs" / "tiny-vllm" / ".recipe.json").unlink()  # the copy's recipe takes the name over
+    env = standin_toolchain_env({**os.environ, "TRTBUILD_CACHE": str(copy / "store"), "STANDIN_VLLM_LOGIT_SCALE": "3"},
+                                "H100", vllm=True, trtllm=False)
+    targets = build(env, copy, "--rebuild", "fp8-hf:validate-vllm")
+    node = targets["fp8-hf:validate-vllm"]
+    assert node["status"] == "failed" and node["reason"].startswith("failed its gates: kld_mean ")
+    assert targets["fp8-hf:validate"]["status"] == "cached" and targets["fp8-hf:validate"]["gates"]
+    assert (targets["fp8-hf"]["ref"], targets["fp8-hf"]["decided_by"]) == ("ref not moved: fp8-hf:validate-vllm failed", [])
+    human = trtbuild(env, copy, "build", "recipe.yaml")
+    assert human.returncode == 1
+    row = next(line for line in human.stdout.splitlines() if line.strip("│ ").split(" ")[:1] == ["fp8-hf"])
+    assert row.rstrip("│ ").endswith("│ ref not moved: fp8-hf:validate-vllm failed")  # the table's notes
 
 
 def test_a_format_the_serving_table_rules_out_is_not_loaded(recorded_gpu, installed_packages):

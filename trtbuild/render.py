@@ -121,6 +121,15 @@ def _escape(text: str) -> str:
     return escape(text)
 
 
+def _ref_note(result) -> str:
+    """Whose figures moved a validated node's ref (the runtime's first), or why it did not move."""
+    if result.ref:
+        return result.ref
+    if not result.decided_by:
+        return ""
+    return "published: gates passed on " + ", ".join(f"{d['runner']} ({d['device']})" for d in result.decided_by)
+
+
 def _build_report(outcome) -> tuple[list[list[tuple[str, str]]], list[tuple[str, str, bool]]]:
     """The build table's rows and the lines under it: each cell (markup, plain text), each line
     (markup, plain text, soft wrap). Rich prints the markup as the plain text where plainout.as_is
@@ -131,7 +140,8 @@ def _build_report(outcome) -> tuple[list[list[tuple[str, str]]], list[tuple[str,
 
     rows = []
     for r in outcome.results:
-        note = r.reason or r.note or (f"pulled from {r.pulled['store']}" if r.pulled else "")
+        note = "; ".join(part for part in (r.reason or r.note or (f"pulled from {r.pulled['store']}" if r.pulled else ""),
+                                           _ref_note(r)) if part)
         rows.append([_same(r.id), _same(r.stage or "-"), (f"[{STATUS_STYLE.get(r.status, '')}]{r.status}[/]", f"{r.status}"),
                      _same(f"{r.seconds:.1f}"), _same(r.digest[:12] if r.digest else "-"), *_accuracy_cells(r),
                      (_escape(note), note)])

@@ -1,7 +1,7 @@
 """Walk a stage graph against a store: key hit -> done; miss -> run the stage in a fresh folder ->
 ingest -> record. Two processes that want one key build it once (per-key lock, then re-check).
 A record whose artifact is damaged is never served: the key is rebuilt. Refs move last, and only
-to artifacts that passed every validation the graph holds for them."""
+to artifacts that passed every validation of them that could run (`_ref_verdict` says which)."""
 
 from __future__ import annotations
 
@@ -58,6 +58,8 @@ class NodeResult:
     path: Optional[str] = None
     summary: dict = field(default_factory=dict)
     ref: Optional[str] = None  # why the node's ref did not move, when it is done but not validated
+    decided_by: list[dict] = field(default_factory=list)  # the validations whose figures moved its ref, deciding first
+    blocker: Optional[Blocker] = None  # a node this host could not run: why (Blocker.HOST: no GPU or runtime here)
     log_tail: list[str] = field(default_factory=list)  # a failed stage's last log lines
     standin: list[str] = field(default_factory=list)  # toolchain parts that are test stand-ins (never real)
     platform: dict = field(default_factory=dict)  # what the artifact is for (an engine's SM, parallelism, toolchain)
@@ -72,7 +74,7 @@ class NodeResult:
     def as_json(self) -> dict:
         out = {"name": self.id, "stage": self.stage or self.kind, "status": self.status.value, "key": self.key,
                "digest": self.digest, "size": self.size, "seconds": round(self.seconds, 3), "reason": self.reason, "path": self.path,
-               "ref": self.ref, "standin": self.standin, "origin": self.origin, "pulled": self.pulled, "note": self.note}
+               "ref": self.ref, "decided_by": self.decided_by, "standin": self.standin, "origin": self.origin, "pulled": self.pulled, "note": self.note}
         if self.log_tail:
             out["log_tail"] = self.log_tail
         if "metrics" in self.summary:  # validation entries
@@ -366,6 +368,7 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
             if problem:  # a host without the hardware skips; an install without the packages fails
                 fails = options.require_all or found.problem or problem.kind == Blocker.INSTALL
                 result.status = FAILED if fails else SKIPPED
+                result.blocker = problem.kind
                 result.reason = (f"the stored artifact is damaged ({found.problem}) and {problem.reason}" if found.problem
                                  else problem.reason)
                 return result
@@ -422,15 +425,75 @@ def _platform_facts(node: Node, record: ActionRecord) -> dict:
     return facts
 
 
+# The order in which validations' figures decide (and head `ls` and the report): what the serving
+# runtime measured before what torch did. A graph node's `runner` param names its runner.
+DECIDING_ORDER = ("tensorrt_llm", "vllm", "torch")
+
+
+def _runner(node: Node) -> Optional[str]:
+    param = node.params.get("runner")
+    return param.value if param else None
+
+
+def _ref_verdict(graph: Graph, node: Node, results: dict[str, NodeResult]) -> tuple[Optional[str], list[Node], list[Node]]:
+    """Whether a done node's ref may move: (why not, or None; the validations that decided, deciding
+    first; the runtime validations this host could not run). Every validation that ran must have
+    passed. A runtime validation (TensorRT-LLM's, vLLM's) skipped because this host lacks the runtime
+    or a GPU holds the ref back only when no torch validation ran and passed: then torch's figures
+    decide alone. Any other validation not done holds it back, and so does a node none of whose
+    validations ran."""
+    validations = graph.validations_of(node.id)
+    failed = [v for v in validations if results[v.id].status == FAILED]
+    if failed:
+        return f"ref not moved: {failed[0].id} failed", [], []
+    ran = [v for v in validations if results[v.id].done]
+    elsewhere = [v for v in validations if results[v.id].status == SKIPPED and results[v.id].blocker == Blocker.HOST
+                 and _runner(v) in DECIDING_ORDER[:-1]]
+    if not any(_runner(v) == "torch" for v in ran):
+        elsewhere = []
+    pending = [v for v in validations if not results[v.id].done and v not in elsewhere]
+    if pending:
+        return f"ref not moved: {pending[0].id} was {results[pending[0].id].status}", [], []
+    ranks = {runner: n for n, runner in enumerate(DECIDING_ORDER)}
+    return None, sorted(ran, key=lambda v: ranks.get(_runner(v), len(ranks))), elsewhere
+
+
 def _move_refs(graph: Graph, store: LocalStore, results: dict[str, NodeResult]) -> None:
-    """Point each done node's ref at its artifact, but only once every validation that serves it
-    passed in this run: a ref never names an artifact that has not passed what the recipe asks."""
+    """Point each done node's ref at its artifact when `_ref_verdict` allows it: a ref never names an
+    artifact that has not passed what the recipe asks and this host could measure. A validation's
+    ref moves with the ref of the node it serves, so that the validations a store holds beside a
+    target are those of its artifact: the ref of a runtime validation this host could not run is
+    removed unless it names a validation of this very artifact (made on another host)."""
+    served = {n.id for n in graph.nodes}
     for node in graph.nodes:
         result = results[node.id]
-        if not result.done:
+        if not result.done or (node.kind == "validate" and node.serves in served):
             continue
-        pending = [v.id for v in graph.validations_of(node.id) if not results[v.id].done]
-        if pending:
-            result.ref = f"ref not moved: {pending[0]} was {results[pending[0]].status}"
+        why, decided, elsewhere = _ref_verdict(graph, node, results)
+        if why:
+            result.ref = why
             continue
         store.update_ref(graph.recipe, node.id, result.digest, result.key)
+        for validation in decided:
+            done = results[validation.id]
+            store.update_ref(graph.recipe, validation.id, done.digest, done.key)
+            result.decided_by.append({"validation": validation.id, "runner": done.summary.get("runner"),
+                                      "device": done.summary.get("device")})
+        for validation in elsewhere:
+            if not _validates(store, graph.recipe, validation, results):
+                store.delete_ref(graph.recipe, validation.id)
+
+
+def _validates(store: LocalStore, recipe: str, validation: Node, results: dict[str, NodeResult]) -> bool:
+    """Whether the validation's ref names a validation of what this run made (the same inputs: the
+    candidate, the reference and the calibration set)."""
+    try:
+        ref = store.read_ref(recipe, validation.id)
+    except CorruptStore:  # a malformed ref names nothing: it goes
+        return False
+    record = store.get_record(ref.key) if ref is not None else None
+    if record is None:
+        return False
+    inputs = record.fields.get("inputs") if isinstance(record.fields, dict) else None
+    return isinstance(inputs, dict) and all(inputs.get(role) == results[dep].digest
+                                            for role, dep in validation.inputs.items())

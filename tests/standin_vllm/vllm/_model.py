@@ -7,6 +7,7 @@ which are not vLLM's, and the two stand-ins' rules change independently."""
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -48,8 +49,12 @@ class Model:
         return scratch
 
     def logits(self, ids: list) -> torch.Tensor:
+        # STANDIN_VLLM_LOGIT_SCALE (tests only, never real vLLM behaviour): logits multiplied by it, as
+        # kernels that compute another distribution would, so a test can make the runtime's gates fail
+        # where torch's pass
+        scale = float(os.environ.get("STANDIN_VLLM_LOGIT_SCALE", "1"))
         with torch.no_grad():
-            return self.model(input_ids=torch.tensor(ids)[None]).logits[0].float()  # [L, V]
+            return self.model(input_ids=torch.tensor(ids)[None]).logits[0].float() * scale  # [L, V]
 
     def shutdown(self) -> None:
         if self._scratch is not None:
