@@ -305,3 +305,62 @@ def test_one_shared_gate_limit_is_labelled_without_variants():
     fig, _ = _figure_of(rows)
     labels = [line.get_label() for ax in fig.axes for line in ax.get_lines()]
     assert labels == ["gate: KL mean ≤ 0.150", "gate: top-1 ≥ 80.0%", "gate: ppl change ≤ 15%"]
+
+
+def test_the_rows_fail_a_target_any_validation_of_which_failed_and_say_which_runner_on_which_device(tmp_path):
+    """A target fails when any validation that ran failed its gates, not only the one whose numbers a
+    row shows; the numbers are the runtime's before torch's (a failed one's first: they say why), and
+    `measured by` names the runner and the device it computed on."""
+    import json
+
+    from conftest import TINY_LLAMA
+    from trtbuild.lockfile import LockedRecipe, LockedTarget, LockFile
+    from trtbuild.plan import plan_recipe
+    from trtbuild.recipe import load_recipe
+    from trtbuild.records import ActionRecord, Digest, Execution
+    from trtbuild.report.collect import rows
+    from trtbuild.store.local import LocalStore
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(TINY_LLAMA))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("schema: 1\nname: r\nsource: {path: model}\ngpus: [sm90]\nbackends: [hf-checkpoint]\n"
+                      "variants: {bf16: {}, fp8: {quant: fp8}}\nlimits: {max_input_len: 64, max_seq_len: 128}\n")
+    plan = plan_recipe(load_recipe(recipe))
+    store = LocalStore(tmp_path / "store")
+    store.create()
+    targets = {}
+
+    def add(node: str, summary: dict) -> None:
+        folder = tmp_path / "art" / node.replace(":", "_")
+        folder.mkdir(parents=True)
+        (folder / "x").write_text(node)
+        manifest = store.ingest(folder)
+        key = f"{len(targets) + 1:064x}"
+        store.put_record(ActionRecord(key=key, artifact=Digest(hash=manifest.digest, size_bytes=manifest.size),
+                                      stage="validate" if ":" in node else "hf-checkpoint:package", stage_version=1,
+                                      target=node, recipe="r", created="2026-12-03T12:00:00Z", toolchain={},
+                                      summary=summary, fields={}, execution=Execution(seconds=1.0, host="h")))
+        passed = summary["gates"]["kld_mean"]["passed"] if "gates" in summary else None
+        targets[node] = LockedTarget(stage="validate" if ":" in node else "hf-checkpoint", key=key,
+                                     digest=manifest.digest, size=manifest.size, gates_passed=passed)
+
+    def validation(kl: float, runner: str, device: str) -> dict:
+        return {"metrics": {"kld_mean": kl}, "gates": {"kld_mean": {"value": kl, "limit": 0.05, "passed": kl <= 0.05}},
+                "runner": runner, "device": device}
+
+    add("bf16-hf", {})
+    add("bf16-hf:validate", validation(0.001, "torch", "cpu"))
+    add("bf16-hf:validate-vllm", validation(0.002, "vllm 0.26.0", "cuda:0"))  # TensorRT-LLM's did not run
+    add("fp8-hf", {})
+    add("fp8-hf:validate", validation(0.01, "torch", "cpu"))
+    add("fp8-hf:validate-trtllm", validation(0.02, "tensorrt_llm 1.3.0", "cuda:0"))
+    add("fp8-hf:validate-vllm", validation(0.09, "vllm 0.26.0", "cuda:0"))  # fails, though TensorRT-LLM's passed
+    lock = LockFile(recipe=LockedRecipe(name="r", digest="d"), source=None, toolchain={}, targets=targets,
+                    validation="run")
+    shown = {row["target"]: (row["status"], row["kld_mean"], row["measured_by"]) for row in rows(plan, store, lock)}
+    assert shown == {"bf16-hf": ("built", 0.002, "vllm 0.26.0 on cuda:0"),
+                     "fp8-hf": ("failed", 0.09, "vllm 0.26.0 on cuda:0")}
+    del lock.targets["fp8-hf:validate-vllm"]  # TensorRT-LLM's figures come first
+    shown = {row["target"]: (row["status"], row["kld_mean"], row["measured_by"]) for row in rows(plan, store, lock)}
+    assert shown["fp8-hf"] == ("built", 0.02, "tensorrt_llm 1.3.0 on cuda:0")

@@ -17,6 +17,13 @@ def _summary(store: LocalStore, entry: Optional[LockedTarget]) -> dict:
     return record.summary if record else {}
 
 
+def _measured_by(summary: dict, of: Optional[str] = None) -> str:
+    """`RUNNER on DEVICE` as the validation's report names them, `(of CHECKPOINT)` for an engine
+    that shares its checkpoint's numbers."""
+    by = str(summary.get("runner") or "?") + (f" on {summary['device']}" if summary.get("device") else "")
+    return f"{by} (of {of})" if of else by
+
+
 def rows(plan: Plan, store: LocalStore, lock: Optional[LockFile]) -> list[dict]:
     locked = lock.targets if lock else {}
     out = []
@@ -24,23 +31,26 @@ def rows(plan: Plan, store: LocalStore, lock: Optional[LockFile]) -> list[dict]:
         variant = plan.recipe.variants[target.variant]
         entry = locked.get(target.name)
         record = store.get_record(entry.key) if entry else None
-        # an hf-checkpoint's numbers as TensorRT-LLM (else vLLM) serves it, when a GPU host measured them
-        validation = (locked.get(trtllm_validate_id(target.name)) or locked.get(vllm_validate_id(target.name))
-                      or locked.get(validate_id(target.name)))
+        # the validations that ran, in the order their figures decide (runner.DECIDING_ORDER): the
+        # numbers shown are TensorRT-LLM's, else vLLM's, else torch's (an engine's own is TensorRT-LLM's),
+        # those of the first that failed its gates when one did (they say why the target failed)
+        ran = [locked[v] for v in (trtllm_validate_id(target.name), vllm_validate_id(target.name),
+                                   validate_id(target.name)) if v in locked]
+        validation = next((v for v in ran if v.gates_passed is False), ran[0] if ran else None)
         summary = _summary(store, validation)
         if not target.ok:
             status = "impossible"
         elif record is None:
             status = "planned"
-        else:
-            status = "failed" if summary.get("gates") and validation.gates_passed is False else "built"
+        else:  # any validation that ran and failed its gates fails the target, whichever shows its numbers
+            status = "failed" if any(v.gates_passed is False for v in ran) else "built"
         metrics = summary.get("metrics", {})
-        measured_by = summary.get("runner") if metrics else None
+        measured_by = _measured_by(summary) if metrics else None
         if target.kind == "engine" and not metrics:  # an engine shares its checkpoint's numbers until validated itself
             checkpoint = locked.get(validate_id(target.depends_on[0]))
             inherited = _summary(store, checkpoint)
             metrics = inherited.get("metrics", {})
-            measured_by = f"{inherited.get('runner')}, on {target.depends_on[0]}" if metrics else None
+            measured_by = _measured_by(inherited, target.depends_on[0]) if metrics else None
         est = target.estimate
         serves = None
         if target.kind == "hf-checkpoint" and target.ok:  # the build's loader check, else the plan's table
