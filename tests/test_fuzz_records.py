@@ -307,7 +307,7 @@ def test_a_ref_with_a_line_break_in_a_key_is_one_line(world):
 
 def good_lock(digest: str) -> dict:
     target = {"stage": "checkpoint", "key": "e" * 64, "digest": digest, "size": 215}
-    return {"schema": 3, "recipe": {"name": "tiny", "digest": "a" * 64}, "validation": "run",
+    return {"schema": 4, "recipe": {"name": "tiny", "digest": "a" * 64}, "validation": "run",
             "source": {"kind": "path", "location": "model", "digest": "5" * 64},
             "toolchain": {"checkpoint:convert": {"safetensors": "0.8.0"}}, "targets": {"base-tp1": target}}
 

@@ -49,7 +49,7 @@ HF = {"base-hf": entry("hf-checkpoint", "c", "c", serves={"vllm": ["sm80", "sm90
 
 
 def lock(targets: dict, toolchain: dict | None = None, **fields) -> dict:
-    data = {"schema": 3, "recipe": RECIPE, "source": SOURCE, "validation": "run", "targets": targets,
+    data = {"schema": 4, "recipe": RECIPE, "source": SOURCE, "validation": "run", "targets": targets,
             "toolchain": toolchain if toolchain is not None else {"checkpoint:convert": {"safetensors": "0.8.0"}}}
     return {**data, **fields}
 
@@ -127,6 +127,29 @@ def test_two_digests_for_one_target_are_refused_naming_the_target_and_both(tmp_p
     b = write(tmp_path / "b" / "tiny.lock", lock({**rebuilt, **SM90}))
     refused(tmp_path, a, b, line=f"lock merge: target base-tp1: {a} has artifact {'2' * 64}, {b} has {'e' * 64} "
                                  f"(same key {'2' * 64}: a stage that is not bit-reproducible built it in both jobs)")
+
+
+def test_a_validation_of_another_artifact_than_the_merged_lock_names_is_refused(tmp_path):
+    """One job's lock carries vLLM's validation of a checkpoint other than the one another job's
+    lock names: merged, the lock would hold an answer about another artifact."""
+    stale = entry("validate", "d", "d", metrics={"kld_mean": 0.02}, gates_passed=True, runner="vllm 0.26.0",
+                  device="cuda:0", inputs={"base-hf": "e" * 64, "source": "1" * 64})
+    a = write(tmp_path / "a" / "tiny.lock", lock({"source": SHARED["source"], "base-hf:validate-vllm": stale}))
+    b = write(tmp_path / "b" / "tiny.lock", lock({"source": SHARED["source"], **HF}))
+    refused(tmp_path, a, b, line=f"lock merge: target base-hf:validate-vllm: {a} records it as made from base-hf "
+                                 f"{'e' * 64}, {b} has base-hf {'c' * 64}; merge the --lock-out locks of one CI run")
+
+
+def test_a_validation_of_the_artifact_the_merged_lock_names_is_kept(tmp_path):
+    fresh = entry("validate", "d", "d", metrics={"kld_mean": 0.02}, gates_passed=True, runner="vllm 0.26.0",
+                  device="cuda:0", inputs={"base-hf": "c" * 64, "source": "1" * 64})
+    a = write(tmp_path / "a" / "tiny.lock", lock({"source": SHARED["source"], "base-hf:validate-vllm": fresh}))
+    b = write(tmp_path / "b" / "tiny.lock", lock({"source": SHARED["source"], **HF}))
+    out = tmp_path / "tiny.lock"
+    result = merge(a, b, "-o", out)
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert yaml.safe_load(out.read_text())["targets"] == {"source": SHARED["source"], "base-hf:validate-vllm": fresh,
+                                                          **HF}
 
 
 def test_two_keys_for_one_target_are_refused_naming_both_digests(tmp_path):

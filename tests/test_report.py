@@ -243,7 +243,7 @@ def test_a_hand_edited_lock_is_refused_with_one_line(tmp_path):
     from trtbuild.lockfile import read
 
     lock = tmp_path / "r.lock"
-    lock.write_text("schema: 3\nrecipe: {name: r, digest: d}\nsource: null\ntoolchain: {}\nvalidation: run\n"
+    lock.write_text("schema: 4\nrecipe: {name: r, digest: d}\nsource: null\ntoolchain: {}\nvalidation: run\n"
                     "targets: {base-tp1: garbage}\n")
     with pytest.raises(InvalidInput) as caught:
         read(lock)
@@ -251,7 +251,7 @@ def test_a_hand_edited_lock_is_refused_with_one_line(tmp_path):
                                  "LockedTarget (edited by hand? rebuild without --locked to rewrite it)")
     lock.write_text("schema: 1\ntargets: {}\n")  # an older layout: a build rewrites it, --locked refuses it
     assert read(lock, older_ok=True) is None
-    with pytest.raises(InvalidInput, match="not a trtbuild lock file of schema 3"):
+    with pytest.raises(InvalidInput, match="not a trtbuild lock file of schema 4"):
         read(lock)
 
 

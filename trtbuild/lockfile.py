@@ -8,10 +8,10 @@ digests, versions and paths the recipe already shows.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Iterable, Mapping, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from trtbuild.errors import InvalidInput
 from trtbuild.validate import gates
@@ -22,7 +22,8 @@ if TYPE_CHECKING:  # the recipe's models are not needed to read or choose from a
     from trtbuild.recipe import LoadedRecipe
     from trtbuild.store.base import Store
 
-LOCK_SCHEMA = 3  # 2: typed, every artifact with its size, toolchain per stage id; 3: a validation's runner and device
+LOCK_SCHEMA = 4  # 2: typed, every artifact with its size, toolchain per stage id; 3: a validation's runner and device;
+# 4: each entry's inputs (what it was made from), so that no entry outlives the artifacts it describes
 HEADER = "# Written by `trtbuild build`: commit it; `trtbuild build --locked` checks against it. Do not edit.\n"
 
 
@@ -52,6 +53,9 @@ class LockedPlatform(BaseModel):
     standin: bool = Field(False, description="Made by a stand-in toolchain (tests): never for real use.")
 
 
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+
+
 class LockedTarget(BaseModel):
     """One graph node as the build left it: the key it was built under and the artifact."""
 
@@ -65,6 +69,10 @@ class LockedTarget(BaseModel):
     runner: Optional[str] = Field(None, description="A validation: the runner its metrics came from (`torch`, "
                                   "`tensorrt_llm VERSION`, `vllm VERSION`).")
     device: Optional[str] = Field(None, description="A validation: the device that runner computed on, as it said.")
+    inputs: Optional[dict[str, Sha256]] = Field(
+        None, description="Node id -> the artifact digest of each input it was made from (a validation: the artifact "
+        "it validated, the reference, the calibration set); absent for the source. An entry a build did not refresh "
+        "is kept only while every one of these is still the artifact the lock names for that node.")
     platform: Optional[LockedPlatform] = Field(None, description="An engine: what it is tied to (SM, parallelism, versions).")
     serves: Optional[dict[str, list[str]]] = Field(
         None, description="An hf-checkpoint: runtime (trtllm, vllm, sglang) -> the SMs it serves it on, by the loader "
@@ -157,11 +165,15 @@ def read(path: Path, older_ok: bool = False) -> Optional[LockFile]:
         raise InvalidInput(f"{path}: not a trtbuild lock file of schema {LOCK_SCHEMA} (schema: {data.get('schema')!r}); "
                            "rebuild without --locked to rewrite it")
     try:
-        return LockFile.model_validate(data)
+        lock = LockFile.model_validate(data)
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(p) if str(p).isprintable() else repr(p) for p in error["loc"])  # one line, always
         raise InvalidInput(f"{path}: {where}: {error['msg']} (edited by hand? rebuild without --locked to rewrite it)") from None
+    wrong = inconsistency(lock.targets)
+    if wrong:  # an entry about another artifact than the one the lock names: never served
+        raise InvalidInput(f"{path}: targets.{wrong} (edited by hand? rebuild without --locked to rewrite it)")
+    return lock
 
 
 def digests(path: Path) -> set[str]:
@@ -181,22 +193,25 @@ def check_locked(path: Path, loaded: LoadedRecipe) -> LockFile:
 
 
 def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: list, toolchains: dict[str, dict],
-          validated: bool = True, partial_of: Optional[Path] = None) -> LockFile:
-    """Write the lock, keeping entries of targets this run did not touch when the recipe is unchanged.
+          validated: bool = True, partial_of: Optional[Path] = None,
+          made_from: Optional[Mapping[str, Iterable[str]]] = None) -> LockFile:
+    """Write the lock, keeping entries of targets this run did not touch when the recipe is unchanged
+    and what they were made from is still what the lock names (`carried`). `made_from`: node id ->
+    the ids of the nodes it was made from (the graph's inputs), recorded as each entry's `inputs`.
     With `partial_of` (`build --lock-out`: a CI job's slice): only this run's targets and toolchains,
     the source from the lock at `partial_of` when this run resolved none (what `lock merge` takes)."""
     digest = recipe_digest(loaded)
     base = partial_of or path
     previous = read(base, older_ok=True) if base.exists() else None
-    targets: dict[str, LockedTarget] = {}
-    if previous and previous.recipe.digest == digest:
-        source = source or previous.source
-        if partial_of is None:
-            targets.update(previous.targets)
-            toolchains = {**previous.toolchain, **toolchains}
+    made_from = made_from or {}
+    fresh: dict[str, LockedTarget] = {}
+    by_id = {r.id: r.digest for r in results if r.digest}
     for r in results:
         if r.digest:
             entry = LockedTarget(stage=r.stage, key=r.key, digest=r.digest, size=r.size)
+            deps = list(made_from.get(r.id, ()))
+            if deps:  # every input of a done node is done: its digest is this run's
+                entry.inputs = {dep: by_id[dep] for dep in deps}
             if "gates" in r.summary:  # validation: the headline numbers and whether the gates passed
                 entry.metrics = {k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in r.summary["metrics"].items()}
                 entry.gates_passed = not gates.failed_gates(r.summary)
@@ -206,7 +221,14 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
                 entry.platform = LockedPlatform.model_validate(platform)
             if r.stage == "hf-checkpoint" and isinstance(r.summary.get("serving"), dict):
                 entry.serves = r.summary["serving"].get("serves")
-            targets[r.id] = entry
+            fresh[r.id] = entry
+    targets: dict[str, LockedTarget] = {}
+    if previous and previous.recipe.digest == digest:
+        source = source or previous.source
+        if partial_of is None:
+            targets.update(carried(previous.targets, fresh))
+            toolchains = {**previous.toolchain, **toolchains}
+    targets.update(fresh)
     recipe = LockedRecipe(name=loaded.recipe.name, digest=digest, publish_store=loaded.recipe.publish.store)
     lock = LockFile(recipe=recipe, source=source, toolchain=toolchains,
                     targets=targets, validation="run" if validated else "skipped (--no-validate)")
@@ -214,6 +236,33 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
     if _read_bytes(path) != data:  # the same lock again (a no-op build): no rewrite, no fsync
         atomic_write(path, data)
     return lock
+
+
+def carried(previous: dict[str, LockedTarget], fresh: dict[str, LockedTarget]) -> dict[str, LockedTarget]:
+    """The previous lock's entries this run did not refresh that still describe what the new lock
+    names: an entry goes when an input it was made from is now another artifact, or is no longer in
+    the lock (and so is what was made from it, in turn). E.g. vLLM's validation of the previous
+    checkpoint goes when a host without vLLM rebuilds the checkpoint from a changed source; it stays
+    when that host rebuilt nothing it was made from."""
+    kept = {tid: entry for tid, entry in previous.items() if tid not in fresh}
+    while True:
+        lock = {**kept, **fresh}
+        gone = [tid for tid, entry in kept.items()
+                if any(dep not in lock or lock[dep].digest != d for dep, d in (entry.inputs or {}).items())]
+        if not gone:
+            return kept
+        for tid in gone:
+            del kept[tid]
+
+
+def inconsistency(targets: dict[str, LockedTarget]) -> Optional[str]:
+    """The first entry whose recorded input is another artifact than the one these targets name for
+    that node, as 'T: made from N D1, but N is D2'; None when there is none."""
+    for tid, entry in sorted(targets.items()):
+        for dep, d in sorted((entry.inputs or {}).items()):
+            if dep in targets and targets[dep].digest != d:
+                return f"{tid}: made from {dep} {d}, but {dep} is {targets[dep].digest}"
+    return None
 
 
 def _read_bytes(path: Path) -> Optional[bytes]:
@@ -230,7 +279,7 @@ def render(lock: LockFile, header: str = HEADER) -> bytes:
     if data["recipe"]["publish_store"] is None:  # a recipe without publish.store: its lock as before
         del data["recipe"]["publish_store"]
     for entry in data["targets"].values():  # only validations carry numbers, engines a platform, hf-checkpoints serves
-        for name in ("metrics", "gates_passed", "runner", "device", "platform", "serves"):
+        for name in ("metrics", "gates_passed", "runner", "device", "inputs", "platform", "serves"):
             if entry[name] is None:
                 del entry[name]
     return (header + yaml.safe_dump(data, sort_keys=True, default_flow_style=False)).encode()

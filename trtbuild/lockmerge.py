@@ -4,7 +4,8 @@ its targets, `build --lock-out`) become the recipe's one lock.
 Deterministic: the inputs are read in path order, and the lock is written with sorted keys, so the
 same inputs in any order give the same bytes. Locks that disagree cannot be merged honestly and are
 refused, one line: another recipe version or source, another validation mode, another toolchain for
-a stage, or one target with two artifacts.
+a stage, one target with two artifacts, or an entry made from another artifact than the one the
+merged lock names for its input (a validation of another checkpoint: an answer about something else).
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ def merge(paths: list[Path]) -> LockFile:
             seen_path, seen = targets.setdefault(target_id, (path, entry))
             if seen != entry:
                 raise InvalidInput(_conflict(target_id, seen_path, seen, path, entry))
+    for target_id, (path, entry) in sorted(targets.items()):
+        for dep, digest in sorted((entry.inputs or {}).items()):
+            if dep in targets and targets[dep][1].digest != digest:
+                dep_path, named = targets[dep]
+                raise InvalidInput(f"lock merge: target {target_id}: {path} records it as made from {dep} {digest}, "
+                                   f"{dep_path} has {dep} {named.digest}; merge the --lock-out locks of one CI run")
     return LockFile(recipe=first.recipe, source=first.source, validation=first.validation,
                     toolchain={stage: versions for stage, (_, versions) in sorted(toolchain.items())},
                     targets={tid: entry for tid, (_, entry) in sorted(targets.items())})

@@ -102,7 +102,8 @@ def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, report
     written = request.lock_out or lock_path
     if any(r.digest for r in results):
         lockfile.write(written, loaded, source, results, _toolchains(graph, results), validated=request.validate,
-                       partial_of=lock_path if request.lock_out else None)
+                       partial_of=lock_path if request.lock_out else None,
+                       made_from={node.id: list(node.inputs.values()) for node in graph.nodes})
         store.register_lockfile(written)
     return BuildOutcome(loaded.recipe.name, results, written, graph)
 
