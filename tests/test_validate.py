@@ -228,10 +228,10 @@ def test_report_command_writes_the_page_and_plot(built, project):
     row = row[:row.index("</tr>")]
     kld = targets["fp8-tp1:validate"]["metrics"]["kld_mean"]
     assert f'<td class="num">{kld:.3g}</td>' in row and "passed" in row and "status-built" in row
-    assert "<td>torch</td>" in row  # which runner measured it
+    assert "<td>torch on cpu</td>" in row  # which runner measured it, on which device
     engine = page[page.index("<code>fp8-tp1-sm90</code>"):]
     engine = engine[:engine.index("</tr>")]
-    assert f'<td class="num">{kld:.3g}</td>' in engine and "<td>torch, on fp8-tp1</td>" in engine
+    assert f'<td class="num">{kld:.3g}</td>' in engine and "<td>torch on cpu (of fp8-tp1)</td>" in engine
 
 
 @pytest.mark.parametrize("mode", ["twin", "published", "none"])
