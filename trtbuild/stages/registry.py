@@ -48,8 +48,9 @@ STAGES: dict[str, Optional[Stage]] = {
     "validate": Stage("validate", 2, "trtbuild.stages.validate:validate",
                       toolchain=("torch", "transformers", "modelopt"), needs=("torch", "transformers", "modelopt")),
     # Engines and hf-checkpoints as TensorRT-LLM serves them; the node's `requires` says why a host
-    # cannot (trtllm_runner.available) before the needs are checked.
-    "validate:trtllm": Stage("validate", 1, "trtbuild.stages.validate:validate_trtllm",
+    # cannot (trtllm_runner.available) before the needs are checked. 2: a stand-in's report says
+    # `cpu`, where version 1 named cuda:0 for what the stand-in computed on the CPU.
+    "validate:trtllm": Stage("validate", 2, "trtbuild.stages.validate:validate_trtllm",
                              toolchain=("tensorrt_llm", "tensorrt", "cuda"), needs=("tensorrt_llm",)),
     # A packaged hf-checkpoint as vLLM loads it (its serving/vllm_args.json); the node's host need
     # (vllm_runner.available) says why a host cannot before the needs are checked.

@@ -305,8 +305,8 @@ def _to_numpy(tensor) -> np.ndarray:
 def run(folder: Path, windows: np.ndarray, ref_ids: np.ndarray, backend: str, path: str = "context_logits") -> dict:
     """The candidate's teacher-forced log-probs on the reference's windows: the arrays of the module
     docstring plus `logp_at_reference` (the candidate's log-prob of each of the reference's top-k
-    tokens, NaN where unknown), `path`, `device` (the CUDA devices by rank) and `gpus` (which
-    products those were here, `devices_used`). `folder`
+    tokens, NaN where unknown), `path`, `device` (the CUDA devices by rank; `cpu` for a stand-in) and
+    `gpus` (which products those were here, `devices_used`; None for a stand-in). `folder`
     is an engine dir (backend "engine", TensorRT backend) or a Hugging Face checkpoint dir (backend
     "hf", PyTorch backend).
 
@@ -365,9 +365,24 @@ def run(folder: Path, windows: np.ndarray, ref_ids: np.ndarray, backend: str, pa
     finally:
         llm.shutdown()
     result["path"] = path
-    result["device"] = ", ".join(f"cuda:{rank}" for rank in range(world_size))  # by rank: the same on every host
-    result["gpus"] = devices_used(world_size)  # the products: a fact of this host, for the action record
+    from trtbuild import toolchain
+
+    if toolchain.is_standin_version(toolchain.package_version("tensorrt_llm")):
+        # A stand-in computes with torch on this host's CPU: say so. TensorRT-LLM's LLM API has no
+        # device to ask (it runs on CUDA only), so the stand-in's label is what tells them apart.
+        result["device"], result["gpus"] = "cpu", None
+    else:
+        result["device"] = cuda_devices(world_size)  # by rank: the same on every host
+        result["gpus"] = devices_used(world_size)  # the products: a fact of this host, for the action record
     return result
+
+
+def cuda_devices(world_size: int) -> str:
+    """The CUDA devices TensorRT-LLM runs `world_size` ranks on, by rank: rank r on device r (each
+    worker sets device `global_rank % torch.cuda.device_count()`: NVIDIA/TensorRT-LLM
+    tensorrt_llm/executor/base_worker.py@b35ac1b64368513d215c57d2ed01d62d910df8da,
+    `BaseWorker._get_comm_ranks_device_id`)."""
+    return ", ".join(f"cuda:{rank}" for rank in range(world_size))
 
 
 def compare(candidate: dict, ref: dict):
