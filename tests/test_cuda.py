@@ -56,7 +56,7 @@ def test_calibration_and_export_run_on_the_gpu(built):
     for variant in ("fp8", "int8-sq", "nvfp4"):
         assert targets[f"{variant}-quantized"]["status"] == "built", targets[f"{variant}-quantized"]
         assert targets[f"{variant}-tp1"]["status"] == "built", targets[f"{variant}-tp1"]
-    # no serving runtime takes W8A8_SQ_PER_CHANNEL (reference/serving.md): its hf-checkpoint is impossible
+    # no serving runtime takes W8A8_SQ_PER_CHANNEL (docs/runtimes.md): its hf-checkpoint is impossible
     hf = {"fp8-hf": "built", "int8-sq-hf": "impossible", "nvfp4-hf": "built"}
     assert {name: targets[name]["status"] for name in hf} == hf
 

@@ -185,7 +185,7 @@ def test_int8_wo_rules_of_tensorrt_llms_load_time_quantization(ws):
 
 @pytest.mark.parametrize("variant, what, hf_served", [
     ("{quant: fp8}", "FP8", True), ("{quant: int8_sq}", "INT8 SmoothQuant", False),
-    ("{kv_cache: fp8}", "an FP8 KV cache", False),  # serving.md: no runtime claims these Hugging Face checkpoints
+    ("{kv_cache: fp8}", "an FP8 KV cache", False),  # docs/runtimes.md: no runtime claims these Hugging Face checkpoints
 ])
 def test_float32_with_a_quantized_trtllm_checkpoint_is_impossible(ws, variant, what, hf_served):
     """ModelOpt 0.47's TensorRT-LLM export writes unquantized tensors in float16 when asked for

@@ -224,7 +224,7 @@ def test_a_lock_file_is_parsed_by_libyaml_not_the_pure_python_loader(tmp_path, m
 
 
 def test_sglang_serves_fp8_on_an_l40s_but_not_awq(host):
-    """reference/serving.md section 3: SGLang takes FP8 from compute capability 89 and no W4A16_AWQ."""
+    """docs/runtimes.md (trtbuild/data/runtime-support.json): SGLang takes FP8 from compute capability 89 and no W4A16_AWQ."""
     h = host("L40S", sglang="0.5.23")
     selection = choose(matrix(), h, formats=formats, variant_order=["fp8", "base", "awq"])
     assert (selection.chosen.target, selection.chosen.runtime) == ("fp8-hf", "sglang")
