@@ -144,7 +144,7 @@ def test_asked_sms_must_all_serve(exports):
 
 def test_the_result_is_versioned_json(exports):
     data = check(exports["fp8-kv"], runtimes=["vllm"], sms=["sm90"]).as_json()
-    assert data == {"schema": 1, "folder": str(exports["fp8-kv"]), "quant_algo": "FP8", "kv_cache_quant_algo": "FP8",
+    assert data == {"schema": 1, "folder": str(exports["fp8-kv"]), "quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "defects": [],
                     "runtimes": {"vllm": {"accepted": True, "version": "0.33.0", "config_source": "config.json quantization_config",
                                           "reasons": [], "warnings": [], "sms": {"sm90": "serves"}}}}
 
@@ -181,7 +181,13 @@ Q = "model.layers.0.self_attn.q_proj"
 def test_a_missing_scale_tensor_is_named(exports, tmp_path):
     folder = broken(exports["fp8"], tmp_path / "x", drop=[f"{Q}.weight_scale"])
     line = f"{Q}.weight_scale missing (expected F32 [] for FP8)"
-    assert verdicts(check(folder)) == {rt: (False, [line]) for rt in ("trtllm", "vllm", "sglang")}
+    result = check(folder)
+    # vLLM 0.33.0 fills k/v's shares of its fused qkv_proj scale and raises nothing (default_loader.py
+    # track_weights_loading): its loader accepts it, the defect keeps it from being served
+    assert verdicts(result) == {"trtllm": (False, [line]), "vllm": (True, []), "sglang": (False, [line])}
+    assert result.defects == [line + " (vLLM 0.33.0's loader would load the layer with an uninitialised weight_scale: "
+                              "its fused qkv_proj counts as loaded once another shard is)"]
+    assert not result.accepted
 
 
 def test_a_scale_of_the_wrong_dtype_is_named(exports, tmp_path):
@@ -189,13 +195,29 @@ def test_a_scale_of_the_wrong_dtype_is_named(exports, tmp_path):
 
     folder = broken(exports["fp8"], tmp_path / "x", replace={f"{Q}.input_scale": torch.tensor(1.0, dtype=torch.bfloat16)})
     line = f"{Q}.input_scale dtype expected F32, found BF16"
-    assert verdicts(check(folder)) == {rt: (False, [line]) for rt in ("trtllm", "vllm", "sglang")}
+    result = check(folder)
+    # vLLM's weight loaders copy the tensor into their float32 parameter: accepted, a defect
+    assert verdicts(result) == {"trtllm": (False, [line]), "vllm": (True, []), "sglang": (False, [line])}
+    assert result.defects == [line + " (vLLM 0.33.0's weight loader would convert it to the parameter's dtype)"]
 
 
 def test_a_missing_fp8_kv_scale_is_named(exports, tmp_path):
     folder = broken(exports["fp8-kv"], tmp_path / "x", drop=["model.layers.1.self_attn.v_proj.v_scale"])
     line = "model.layers.1.self_attn.v_proj.v_scale missing (expected F32 [] for the FP8 KV cache)"
-    assert verdicts(check(folder)) == {rt: (False, [line]) for rt in ("trtllm", "vllm", "sglang")}
+    result = check(folder)
+    # k_scale without v_scale: vLLM's BaseKVCacheMethod.process_weights_after_loading asserts (kv_cache.py)
+    assert verdicts(result) == {rt: (False, [line]) for rt in ("trtllm", "vllm", "sglang")}
+    assert result.defects == [line]
+
+
+def test_a_layer_without_both_fp8_kv_scales_is_loaded_by_vllm_with_scale_one_but_is_a_defect(exports, tmp_path):
+    names = ["model.layers.1.self_attn.k_proj.k_scale", "model.layers.1.self_attn.v_proj.v_scale"]
+    folder = broken(exports["fp8-kv"], tmp_path / "x", drop=names)
+    lines = [f"{n} missing (expected F32 [] for the FP8 KV cache)" for n in names]
+    result = check(folder)
+    assert verdicts(result) == {"trtllm": (False, lines), "vllm": (True, []), "sglang": (False, lines)}
+    assert result.runtimes["vllm"].warnings == ["vLLM 0.33.0 would use a KV scale of 1.0 for layer 1"]
+    assert result.defects == [line + " (vLLM 0.33.0 would use a KV scale of 1.0 for layer 1)" for line in lines]
 
 
 def _fp8_head():
@@ -211,7 +233,12 @@ def test_a_quantized_lm_head_is_rejected(exports, tmp_path):
     lines = ["lm_head.weight dtype expected BF16, found F8_E4M3",
              "lm_head.weight_scale present but lm_head is excluded from quantization: its weight is loaded as unquantized",
              "lm_head.input_scale present but lm_head is excluded from quantization: its weight is loaded as unquantized"]
-    assert verdicts(check(folder)) == {rt: (False, sorted(lines, key=lines.index)) for rt in ("trtllm", "vllm", "sglang")}
+    result = check(folder)
+    # vLLM refuses the scales an unquantized lm_head has no parameter for; the FP8 weight it would
+    # convert into its bfloat16 parameter (a defect, as all three are)
+    assert verdicts(result) == {"trtllm": (False, lines), "vllm": (False, lines[1:]), "sglang": (False, lines)}
+    assert result.defects == [lines[0] + " (vLLM 0.33.0's weight loader would convert it to the parameter's dtype)",
+                              *lines[1:]]
 
     # Quantized in the configs too (vLLM #45102's checkpoint): vLLM needs lm_head unquantized.
     def unlist(q, where):

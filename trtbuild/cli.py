@@ -292,10 +292,11 @@ def check(folder: Path, lock_path: Path | None, runtimes: tuple[str, ...], gpus:
     import of tensorrt); OK, or one line per difference. A Hugging Face checkpoint folder
     (config.json and safetensors, as an hf-checkpoint target holds): the loader rules of
     TensorRT-LLM's PyTorch backend (>=1.3), vLLM and SGLang on its configs and tensor headers, and
-    the SMs each serves it on; one line per runtime, or per reason it is rejected.
+    the SMs each serves it on; one `defect:` line per tensor missing or wrong (whatever a loader
+    does with it), then one line per runtime, or per reason it is rejected.
 
-    Exit 0 when it fits / every asked runtime accepts it (on every asked SM), 1 when not (a
-    stand-in engine never fits), 2 when DIR is neither.
+    Exit 0 when it fits / every asked runtime accepts it (on every asked SM) and it has no
+    defects, 1 when not (a stand-in engine never fits), 2 when DIR is neither.
     """
     import json
 

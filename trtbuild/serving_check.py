@@ -71,11 +71,14 @@ class ServingCheck(BaseModel):
     folder: str
     quant_algo: Optional[str] = None  # as the runtimes that read config.json see it
     kv_cache_quant_algo: Optional[str] = None
+    # trtbuild's own integrity findings, whatever a loader does with them: a tensor missing, of the
+    # wrong dtype or shape, a scale a loader silently defaults. Any defect: not fit to serve.
+    defects: list[str] = Field(default_factory=list)
     runtimes: dict[str, RuntimeCheck]
 
     @property
     def accepted(self) -> bool:
-        return all(r.accepted for r in self.runtimes.values())
+        return not self.defects and all(r.accepted for r in self.runtimes.values())
 
     def as_json(self) -> dict:
         return self.model_dump(by_alias=True)
@@ -87,8 +90,8 @@ class ServingCheck(BaseModel):
                 for runtime, r in self.runtimes.items() if r.accepted}
 
     def lines(self) -> list[str]:
-        """One line per runtime verdict, reason and warning (what `trtbuild check` prints)."""
-        out = []
+        """One line per defect, runtime verdict, reason and warning (what `trtbuild check` prints)."""
+        out = [f"defect: {d}" for d in self.defects]
         for runtime, r in self.runtimes.items():
             label = RUNTIME_LABELS[runtime] if r.version == RUNTIME_INFO[runtime].default else \
                 f"{runtime}=={r.version}"
@@ -199,7 +202,8 @@ def _sglang_excluded(module: str, pattern: str) -> bool:
 
 
 MATCHERS: dict[str, Callable[[str, str], bool]] = {
-    "trtllm": _trtllm_excluded, "vllm": _vllm_excluded, "sglang": _sglang_excluded}
+    "trtllm": _trtllm_excluded, "vllm": _vllm_excluded, "sglang": _sglang_excluded,
+    "defects": _vllm_excluded}  # the defects read the config vLLM reads (config.json first), with its matching
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,7 +361,7 @@ def _loader_problems(runtime: str, view: Optional[QuantView], ck: _Checkpoint, v
     if kv is not None:
         if not isinstance(kv, str):
             reasons.append(f"{src}: kv_cache_quant_algo must be a string, found {kv!r}")
-        elif (kv.upper() if runtime == "vllm" else kv) not in kv_names:
+        elif runtime != "vllm" and kv not in kv_names:  # vLLM: a warning (vllm_kv_warning)
             reasons.append(f"{src}: kv_cache_quant_algo {kv!r} is not one of {', '.join(kv_names)} "
                            f"({RUNTIME_NAMES[runtime]})")
 
@@ -391,7 +395,42 @@ def _loader_problems(runtime: str, view: Optional[QuantView], ck: _Checkpoint, v
     return reasons, group, False
 
 
-def _tensor_problems(runtime: str, view: Optional[QuantView], group: Optional[int], ck: _Checkpoint) -> list[str]:
+@dataclass(frozen=True)
+class Finding:
+    """One problem of the tensors (or of lm_head's config) as one runtime's rules see it."""
+
+    line: str
+    defect: bool  # the checkpoint is incomplete or wrong, whatever a loader does with it
+    vllm_refuses: bool = True  # vLLM 0.33.0's loader raises on it (else: `vllm_does`, what it does instead)
+    vllm_does: Optional[str] = None
+
+
+# vLLM fuses these into one parameter (LlamaForCausalLM.packed_modules_mapping): its loaded-weights
+# tracking (DefaultModelLoader.track_weights_loading, vllm v0.33.0 default_loader.py l.525) counts the
+# fused parameter as loaded once any shard is, so a missing shard stays uninitialised, unnoticed.
+VLLM_FUSED = {"q_proj": ("k_proj", "v_proj"), "k_proj": ("q_proj", "v_proj"), "v_proj": ("q_proj", "k_proj"),
+              "gate_proj": ("up_proj",), "up_proj": ("gate_proj",)}
+VLLM_KV_DTYPES = ("FP8", "NVFP4")  # MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP (vllm v0.33.0 utils/torch_utils.py l.78)
+
+
+def _vllm_missing(module: str, suffix: str, algo: Optional[str], tensors: dict) -> Optional[str]:
+    """What vLLM 0.33.0 does instead of refusing a missing `module.suffix`, or None when it refuses
+    ("Following weights were not initialized from checkpoint")."""
+    if algo is None:
+        # an unquantized model: the tracking exempts every module with a quant_method (the linear
+        # layers), default_loader.py l.540-565
+        return "vLLM 0.33.0 loads the model with it uninitialised: its loaded-weights check exempts an unquantized model's linear layers"
+    parent, _, leaf = module.rpartition(".")
+    siblings = VLLM_FUSED.get(leaf, ())
+    if any(f"{parent}.{s}.{suffix}" in tensors for s in siblings):
+        fused = "qkv_proj" if leaf in ("q_proj", "k_proj", "v_proj") else "gate_up_proj"
+        return (f"vLLM 0.33.0's loader would load the layer with an uninitialised {suffix}: its fused {fused} counts as "
+                "loaded once another shard is")
+    return None
+
+
+def _tensor_findings(runtime: str, view: Optional[QuantView], group: Optional[int], ck: _Checkpoint
+                     ) -> list[Finding]:
     algo = view.algo if view is not None and isinstance(view.algo, str) else None
     patterns = view.exclude if view is not None and isinstance(view.exclude, list) else []
     patterns = [p for p in patterns if isinstance(p, str)]
@@ -400,25 +439,28 @@ def _tensor_problems(runtime: str, view: Optional[QuantView], group: Optional[in
     embed = tensors.get("model.embed_tokens.weight", {})
     model_dtype = (embed["dtype"],) if embed.get("dtype") in FLOAT_CODES else FLOAT_CODES
     tied = bool(ck.config.get("tie_word_embeddings", False))
-    problems: list[str] = []
+    problems: list[Finding] = []
     try:
         shapes = linear_shapes(ck.config, tensors)
     except InvalidInput as exc:
-        return [f"tensors not checked: {exc}"]
+        return [Finding(f"tensors not checked: {exc}", defect=False)]
 
     for module, (out_f, in_f) in shapes.items():
         excluded = algo is None or any(matches(module, p) for p in patterns)
         module_algo = None if excluded else algo
         if module == "lm_head" and module_algo is not None:
             if tied:
-                problems.append(f"config.json: tie_word_embeddings is true, so lm_head is model.embed_tokens, which is "
-                                f"not quantized, but {view.exclude_field} does not exclude lm_head")
+                problems.append(Finding(
+                    f"config.json: tie_word_embeddings is true, so lm_head is model.embed_tokens, which is "
+                    f"not quantized, but {view.exclude_field} does not exclude lm_head", defect=False))
                 continue
             if runtime == "vllm":
-                problems.append(f"{view.source}: {view.exclude_field} does not exclude lm_head: vLLM would quantize "
-                                f"its ParallelLMHead as {algo} (keep lm_head unquantized: vLLM #45102)")
+                problems.append(Finding(
+                    f"{view.source}: {view.exclude_field} does not exclude lm_head: vLLM would quantize "
+                    f"its ParallelLMHead as {algo} (keep lm_head unquantized: vLLM #45102)", defect=False))
         if module_algo in PER_GROUP and group and in_f % group:
-            problems.append(f"{view.source}: group_size {group} does not divide {module}'s in_features {in_f}")
+            problems.append(Finding(f"{view.source}: group_size {group} does not divide {module}'s in_features {in_f}",
+                                    defect=False))
             group_for = None
         else:
             group_for = group
@@ -431,30 +473,71 @@ def _tensor_problems(runtime: str, view: Optional[QuantView], group: Optional[in
                 if exp.required and not head_optional:
                     what = " ".join(x for x in ("/".join(exp.dtype) if exp.dtype else None,
                                                 _fmt(exp.shape) if exp.shape is not None else None) if x)
-                    problems.append(f"{name} missing (expected {what}{' for ' + module_algo if module_algo else ''})")
+                    does = _vllm_missing(module, suffix, algo, tensors)
+                    problems.append(Finding(f"{name} missing (expected {what}"
+                                            f"{' for ' + module_algo if module_algo else ''})", defect=True,
+                                            vllm_refuses=does is None, vllm_does=does))
                 continue
             shape, dtype = tuple(info.get("shape", ())), info.get("dtype")
             if exp.dtype is not None and dtype not in exp.dtype:
-                problems.append(f"{name} dtype expected {'/'.join(exp.dtype)}, found {dtype}")
+                # vLLM's weight loaders copy_ the tensor into the parameter, converting its dtype
+                problems.append(Finding(f"{name} dtype expected {'/'.join(exp.dtype)}, found {dtype}", defect=True,
+                                        vllm_refuses=False,
+                                        vllm_does=f"vLLM 0.33.0's weight loader would convert it to the parameter's dtype"))
             if exp.shape is not None and shape != exp.shape:
-                problems.append(f"{name} shape expected {_fmt(exp.shape)}, found {_fmt(shape)}")
+                problems.append(Finding(f"{name} shape expected {_fmt(exp.shape)}, found {_fmt(shape)}", defect=True))
         if module_algo is None:
             for suffix in ("weight_scale", "weight_scale_2", "input_scale"):
                 if f"{module}.{suffix}" in tensors:
                     why = "excluded from quantization" if algo is not None else "the checkpoint is not quantized"
-                    problems.append(f"{module}.{suffix} present but {module} is {why}: its weight is loaded as "
-                                    "unquantized")
+                    problems.append(Finding(f"{module}.{suffix} present but {module} is {why}: its weight is loaded as "
+                                            "unquantized", defect=True))
     kv = view.kv_algo if view is not None else None
-    if kv == "FP8":
+    # A quantized KV cache reads per-tensor k/v scales. Every runtime's reasons keep FP8's (its loaders read
+    # them); the defects also name an INT8 KV cache's, which vLLM does not quantize (vllm_kv_warning).
+    if kv in ("FP8", "INT8") and (kv == "FP8" or runtime == "defects"):
         for i in range(int(ck.config.get("num_hidden_layers", 0))):
-            for proj, scale in (("k_proj", "k_scale"), ("v_proj", "v_scale")):
-                name = f"model.layers.{i}.self_attn.{proj}.{scale}"
+            names = {scale: f"model.layers.{i}.self_attn.{proj}.{scale}" for proj, scale in (("k_proj", "k_scale"),
+                                                                                           ("v_proj", "v_scale"))}
+            absent = [scale for scale, name in names.items() if name not in tensors]
+            for scale, name in names.items():
                 info = tensors.get(name)
                 if info is None:
-                    problems.append(f"{name} missing (expected F32 [] for the FP8 KV cache)")
+                    # BaseKVCacheMethod.process_weights_after_loading (vllm v0.33.0 kv_cache.py l.113-140): both
+                    # missing: scale 1.0; one missing: `assert layer.k_scale > 0.0` fails
+                    both = len(absent) == 2 or kv == "INT8"  # vLLM keeps an INT8-declared KV cache unquantized
+                    problems.append(Finding(
+                        f"{name} missing (expected F32 [] for the {kv} KV cache)", defect=True,
+                        vllm_refuses=not both,
+                        vllm_does=f"vLLM 0.33.0 would use a KV scale of 1.0 for layer {i}"
+                        if both and kv == "FP8" else None))
                 elif info.get("dtype") != "F32" or tuple(info.get("shape", ())) != ():
-                    problems.append(f"{name} expected F32 [], found {info.get('dtype')} {_fmt(info.get('shape', ()))}")
+                    problems.append(Finding(f"{name} expected F32 [], found {info.get('dtype')} "
+                                            f"{_fmt(info.get('shape', ()))}", defect=True))
     return problems
+
+
+def defects(ck: _Checkpoint) -> list[str]:
+    """The checkpoint's integrity findings, runtime-independent (the config the runtimes that read
+    config.json use; its group size as written), each saying what vLLM does with it when it loads it."""
+    view = _chosen("vllm", ck)
+    group = view.group_size if view is not None and isinstance(view.group_size, int) and view.group_size > 0 else None
+    if view is not None and view.algo == "NVFP4" and group is None:
+        group = 16
+    return [f.line + (f" ({f.vllm_does})" if not f.vllm_refuses and f.vllm_does else "")
+            for f in _tensor_findings("defects", view, group, ck) if f.defect]
+
+
+def vllm_kv_warning(view: Optional[QuantView], version: str) -> Optional[str]:
+    """vLLM takes any kv_cache_quant_algo string (ModelOptQuantConfigBase.from_config, vllm v0.33.0
+    modelopt.py l.368-377); one it has no KV cache dtype for is logged and the KV cache stays in the
+    model dtype (get_kv_cache_quant_algo_string, utils/torch_utils.py l.443: "Falling back to 'auto'")."""
+    kv = view.kv_algo if view is not None else None
+    if isinstance(kv, str) and kv.upper() not in serving.loader_algos("vllm", version)[1]:
+        return (f"{view.source}: kv_cache_quant_algo {kv!r} is not a KV cache dtype vLLM knows "
+                f"({', '.join(serving.loader_algos('vllm', version)[1])}): vLLM logs \"Unknown kv_cache_quant_algo\" "
+                "and keeps the KV cache unquantized, in the model dtype")
+    return None
 
 
 def _format_name(algo: Optional[str]) -> Optional[str]:
@@ -526,15 +609,24 @@ def check_checkpoint(folder: Path, runtimes: Sequence[str] = RUNTIMES, sms: Opti
     for runtime, version in versions.items():
         view = _chosen(runtime, ck)
         reasons, group, fatal = _loader_problems(runtime, view, ck, version)
-        if not fatal:
-            reasons += _tensor_problems(runtime, view, group, ck)
         warnings = []
+        if not fatal:
+            findings = _tensor_findings(runtime, view, group, ck)
+            reasons += [f.line for f in findings if runtime != "vllm" or f.vllm_refuses]
+            if runtime == "vllm":  # what it loads anyway and the user should know (the defects name each tensor)
+                warnings += list(dict.fromkeys(f.vllm_does for f in findings
+                                               if not f.vllm_refuses and f.vllm_does and "KV scale" in f.vllm_does))
+        kv_warning = vllm_kv_warning(view, version) if runtime == "vllm" and not fatal else None
+        if kv_warning:
+            warnings.append(kv_warning)
         if diverged:
             used = view.source if view is not None else FILE
             warnings.append(f"{INLINE} diverges from {FILE} ({'; '.join(diverged)}); "
                             f"{RUNTIME_NAMES[runtime]} uses {used}")
         algo = view.algo if view is not None and isinstance(view.algo, str) else None
         kv = view.kv_algo if view is not None else None
+        if kv_warning:
+            kv = None  # vLLM serves it with an unquantized KV cache
         cells = {sm: _cell(support, runtime, algo, kv, sm, version) for sm in asked_sms}
         verdicts = {sm: _sm_verdict(c) for sm, c in cells.items()}
         serving_sms = [sm for sm, c in cells.items() if c.serves]
@@ -549,4 +641,4 @@ def check_checkpoint(folder: Path, runtimes: Sequence[str] = RUNTIMES, sms: Opti
     first = _chosen("vllm", ck)
     return ServingCheck(folder=str(folder), quant_algo=first.algo if first else None,
                         kv_cache_quant_algo=first.kv_algo if first and isinstance(first.kv_algo, str) else None,
-                        runtimes=results)
+                        defects=defects(ck), runtimes=results)

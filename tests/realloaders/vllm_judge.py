@@ -22,7 +22,9 @@ checkpoint). VERDICTS.json gets one object per job, in order:
   weight_loaders' checks), with vLLM's own loaded-weights tracking switched on
   (model_loader_extra_config enable_weights_track: vLLM does it by default only for unquantized
   models): a parameter the checkpoint does not fill is vLLM's "Following weights were not
-  initialized from checkpoint".
+  initialized from checkpoint"; then the attention layers' KV-cache scale processing
+  (BaseKVCacheMethod.process_weights_after_loading: plain torch, no kernel), which vLLM runs after
+  loading.
 - "loaded": all of the above passed: accepted.
 
 What cannot run here, without a GPU and without vLLM's compiled kernels (vllm._C is absent on
@@ -31,7 +33,8 @@ so `create_engine_config`'s CUDA-only parts are not exercised: the compute-capab
 quantization method (CpuPlatform.get_device_capability() is None, so VllmConfig skips
 `get_min_capability`), CudaPlatform.check_and_update_config (attention backend, CUDA graphs, block
 size) and the memory profiling the workers do later; and after load_weights,
-`process_weights_after_loading` (the kernel-specific repacking and scale fusion) is not called.
+the linear and MoE methods' `process_weights_after_loading` (the kernel-specific repacking and scale
+fusion) is not called.
 Which SMs serve a format is therefore not judged here: that is trtbuild's support table.
 """
 
@@ -115,6 +118,14 @@ class Judge:
                 with set_default_torch_dtype(cfg.model_config.dtype), torch.device("cpu"):
                     model = loader.create_model(vllm_config=cfg, model_config=cfg.model_config)
                 loader.load_weights(model, cfg.model_config)
+                # The attention layers' KV-scale processing is plain torch, no kernel: run it as vLLM does
+                # after loading (BaseKVCacheMethod.process_weights_after_loading, kv_cache.py: it asserts
+                # when a layer has only one of k_scale / v_scale).
+                from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
+
+                for module in model.modules():
+                    if isinstance(getattr(module, "quant_method", None), BaseKVCacheMethod):
+                        module.quant_method.process_weights_after_loading(module)
             return {"accepted": True, "stage": "loaded", "error": None, "message": None,
                     "quantization": cfg.model_config.quantization}
         except Exception as exc:  # vLLM refused: its own exception and message

@@ -1,6 +1,7 @@
 """hf-checkpoint:package: an hf-export's files plus serving/ (the loader check, and the runtime options
 and serve commands of the runtimes whose loader accepts the checkpoint; the README names the others
-with the reason). The stage writes only serving/; the runner overlays it on the export's manifest
+with the reason). A checkpoint with defects (serving_check.defects: a tensor missing or wrong that a
+loader might load anyway) is refused, in one line naming it and its first defect. The stage writes only serving/; the runner overlays it on the export's manifest
 (Stage.overlay), so the weights are neither copied nor hashed again. No torch: it runs in-process."""
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ def loader_check(folder) -> tuple[dict, dict[str, list[str]]]:
 def package_hf(ctx: StageContext) -> None:
     weights = ctx.inputs["weights"]
     check, serves = loader_check(weights)
+    if check["defects"]:  # a loader may take it, but what it would serve is not the checkpoint: never packaged
+        raise TrtbuildError(f"{weights}: not packaged: {check['defects'][0]}"
+                            + (f" (and {len(check['defects']) - 1} more defects)" if len(check["defects"]) > 1 else ""))
     accepted = {runtime: verdict["accepted"] for runtime, verdict in check["runtimes"].items()}
     first_reason = {runtime: (verdict["reasons"] or ["not served"])[0] for runtime, verdict in check["runtimes"].items()}
     if not any(accepted.values()):  # the table said a runtime serves it: the export is what is wrong
