@@ -269,6 +269,12 @@ def test_the_damaged_copies_are_the_ones_listed(checkpoints):
 def test_vllm_judges_a_damaged_copy_as_trtbuild_check_does(checkpoints, verdicts, case):
     """One test per copy, so that each disagreement is named by its own failing test."""
     assert _differences([(f"damaged {case}", checkpoints["damaged"][case], verdicts[f"damaged {case}"])]) == []
+    # and a broken checkpoint is never reported fit: a defect of its own, or some runtime's refusal
+    from trtbuild.serving_check import check_checkpoint
+
+    result = check_checkpoint(checkpoints["damaged"][case])
+    assert result.defects or not all(r.accepted for r in result.runtimes.values())
+    assert not result.accepted
 
 
 def test_vllm_judges_every_packaged_checkpoint_as_trtbuild_check_and_its_check_json_do(checkpoints, verdicts):
