@@ -1,7 +1,8 @@
 """Build the real-loader environment the tests judge checkpoints in (tests/test_vllm_real_loader.py):
 a virtual environment at .realloaders/vllm-0.33.0 (git-ignored) with vLLM 0.33.0 and the packages
 its argument parser, engine config and ModelOpt loader import (requirements.txt beside this file,
-every one --no-deps), over this interpreter's own site-packages for torch 2.13.0 (CPU): nothing
+every one --no-deps), over this interpreter's own site-packages (a virtual environment's too) for
+torch 2.13.0 (CPU): nothing
 CUDA is downloaded, and torch is not installed twice.
 
 Run by the README's test command before pytest. Built once: a second run with the same
@@ -42,7 +43,7 @@ def env_python(env: Path = ENV) -> Path:
 
 def wanted_stamp() -> dict:
     return {"requirements_sha256": hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest(),
-            "python": sys.version.split()[0], "base": sys.base_prefix}
+            "python": sys.version.split()[0], "over": sys.prefix}
 
 
 def up_to_date() -> bool:
@@ -56,12 +57,26 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.lstat().st_size for p in folder.rglob("*") if not p.is_symlink() and p.is_file())
 
 
+def over_this_interpreter(env: Path) -> None:
+    """Make the environment see this interpreter's packages after its own, as --system-site-packages
+    would for a base interpreter. venv's flag means the *base* interpreter's site-packages, so run
+    from inside a virtual environment (torch installed there) it would leave torch out; a .pth line
+    that adds this interpreter's site folders (their own .pth files included) does not."""
+    import sysconfig
+
+    ours = subprocess.run([str(env_python(env)), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    outer = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
+    lines = "".join(f"import site; site.addsitedir({folder!r})\n" for folder in outer)
+    (Path(ours) / "zz-trtbuild-outer-site.pth").write_text(lines)  # zz: read after the environment's own
+
+
 def build() -> None:
     tmp = ENV.with_name(f".{ENV.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(tmp)],
-                       check=True, capture_output=True, text=True)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp)], check=True, capture_output=True, text=True)
+        over_this_interpreter(tmp)
         # this interpreter's pip installs into the environment (--python): no pip copied into it
         pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(env_python(tmp)), "install", "-q",
                               "--no-deps", "--no-warn-script-location", "-r", str(REQUIREMENTS)],
