@@ -182,11 +182,11 @@ def test_a_missing_scale_tensor_is_named(exports, tmp_path):
     folder = broken(exports["fp8"], tmp_path / "x", drop=[f"{Q}.weight_scale"])
     line = f"{Q}.weight_scale missing (expected F32 [] for FP8)"
     result = check(folder)
-    # vLLM 0.33.0 fills k/v's shares of its fused qkv_proj scale and raises nothing (default_loader.py
-    # track_weights_loading): its loader accepts it, the defect keeps it from being served
+    # vLLM 0.33.0's default load tracks no weights of a quantized model (default_loader.py
+    # load_weights): its loader accepts it, the defect keeps it from being served
     assert verdicts(result) == {"trtllm": (False, [line]), "vllm": (True, []), "sglang": (False, [line])}
-    assert result.defects == [line + " (vLLM 0.33.0's loader would load the layer with an uninitialised weight_scale: "
-                              "its fused qkv_proj counts as loaded once another shard is)"]
+    assert result.defects == [line + " (vLLM 0.33.0 loads the layer with it uninitialised: by default it checks "
+                              "the loaded weights of unquantized models only)"]
     assert not result.accepted
 
 
@@ -240,15 +240,18 @@ def test_a_quantized_lm_head_is_rejected(exports, tmp_path):
     assert result.defects == [lines[0] + " (vLLM 0.33.0's weight loader would convert it to the parameter's dtype)",
                               *lines[1:]]
 
-    # Quantized in the configs too (vLLM #45102's checkpoint): vLLM needs lm_head unquantized.
+    # Quantized in the configs too (vLLM #45102's checkpoint): vLLM 0.33.0's default load takes it
+    # (it tracks no weight of a quantized model) with lm_head quantized, which #45102 advises against
     def unlist(q, where):
         q["ignore" if where == "inline" else "exclude_modules"] = ["model.embed_tokens"]
 
     folder = broken(exports["fp8"], tmp_path / "quantized", replace=_fp8_head(), quant=unlist)
-    assert verdicts(check(folder)) == {
-        "trtllm": (True, []), "sglang": (True, []),
-        "vllm": (False, ["config.json quantization_config: ignore does not exclude lm_head: vLLM would quantize its "
-                         "ParallelLMHead as FP8 (keep lm_head unquantized: vLLM #45102)"])}
+    result = check(folder)
+    assert verdicts(result) == {"trtllm": (True, []), "sglang": (True, []), "vllm": (True, [])}
+    assert result.runtimes["vllm"].warnings == [
+        "config.json quantization_config: ignore does not exclude lm_head: vLLM would quantize its "
+        "ParallelLMHead as FP8 (keep lm_head unquantized: vLLM #45102)"]
+    assert result.defects == [] and result.accepted
 
 
 def test_tied_embeddings_need_no_lm_head_but_an_excluded_one(exports, tmp_path):

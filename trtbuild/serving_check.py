@@ -405,28 +405,20 @@ class Finding:
     vllm_does: Optional[str] = None
 
 
-# vLLM fuses these into one parameter (LlamaForCausalLM.packed_modules_mapping): its loaded-weights
-# tracking (DefaultModelLoader.track_weights_loading, vllm v0.33.0 default_loader.py l.525) counts the
-# fused parameter as loaded once any shard is, so a missing shard stays uninitialised, unnoticed.
-VLLM_FUSED = {"q_proj": ("k_proj", "v_proj"), "k_proj": ("q_proj", "v_proj"), "v_proj": ("q_proj", "k_proj"),
-              "gate_proj": ("up_proj",), "up_proj": ("gate_proj",)}
 VLLM_KV_DTYPES = ("FP8", "NVFP4")  # MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP (vllm v0.33.0 utils/torch_utils.py l.78)
 
 
 def _vllm_missing(module: str, suffix: str, algo: Optional[str], tensors: dict) -> Optional[str]:
-    """What vLLM 0.33.0 does instead of refusing a missing `module.suffix`, or None when it refuses
-    ("Following weights were not initialized from checkpoint")."""
+    """What vLLM 0.33.0's default load (`vllm serve` as packaged: no model-loader extra config) does
+    instead of refusing a missing linear tensor `module.suffix`, or None when it refuses ("Following
+    weights were not initialized from checkpoint"). By default it tracks the loaded weights of an
+    unquantized model only (model_loader/default_loader.py, DefaultModelLoader.load_weights,
+    l.510-518), and there it exempts every module with a quant_method, which the linear layers have
+    (track_weights_loading, l.540-565): so a missing linear tensor is never refused."""
     if algo is None:
-        # an unquantized model: the tracking exempts every module with a quant_method (the linear
-        # layers), default_loader.py l.540-565
         return "vLLM 0.33.0 loads the model with it uninitialised: its loaded-weights check exempts an unquantized model's linear layers"
-    parent, _, leaf = module.rpartition(".")
-    siblings = VLLM_FUSED.get(leaf, ())
-    if any(f"{parent}.{s}.{suffix}" in tensors for s in siblings):
-        fused = "qkv_proj" if leaf in ("q_proj", "k_proj", "v_proj") else "gate_up_proj"
-        return (f"vLLM 0.33.0's loader would load the layer with an uninitialised {suffix}: its fused {fused} counts as "
-                "loaded once another shard is")
-    return None
+    return ("vLLM 0.33.0 loads the layer with it uninitialised: by default it checks the loaded weights of unquantized "
+            "models only")
 
 
 def _tensor_findings(runtime: str, view: Optional[QuantView], group: Optional[int], ck: _Checkpoint
@@ -455,9 +447,13 @@ def _tensor_findings(runtime: str, view: Optional[QuantView], group: Optional[in
                     f"not quantized, but {view.exclude_field} does not exclude lm_head", defect=False))
                 continue
             if runtime == "vllm":
+                # vLLM 0.33.0 loads it (its default load tracks no weight of a quantized model), with
+                # lm_head quantized, which vLLM #45102 says to avoid: a warning, since the other
+                # runtimes serve the same checkpoint as it is meant
                 problems.append(Finding(
                     f"{view.source}: {view.exclude_field} does not exclude lm_head: vLLM would quantize "
-                    f"its ParallelLMHead as {algo} (keep lm_head unquantized: vLLM #45102)", defect=False))
+                    f"its ParallelLMHead as {algo} (keep lm_head unquantized: vLLM #45102)", defect=False,
+                    vllm_refuses=False))
         if module_algo in PER_GROUP and group and in_f % group:
             problems.append(Finding(f"{view.source}: group_size {group} does not divide {module}'s in_features {in_f}",
                                     defect=False))
@@ -616,6 +612,7 @@ def check_checkpoint(folder: Path, runtimes: Sequence[str] = RUNTIMES, sms: Opti
             if runtime == "vllm":  # what it loads anyway and the user should know (the defects name each tensor)
                 warnings += list(dict.fromkeys(f.vllm_does for f in findings
                                                if not f.vllm_refuses and f.vllm_does and "KV scale" in f.vllm_does))
+                warnings += [f.line for f in findings if not f.vllm_refuses and not f.defect]
         kv_warning = vllm_kv_warning(view, version) if runtime == "vllm" and not fatal else None
         if kv_warning:
             warnings.append(kv_warning)

@@ -19,10 +19,10 @@ checkpoint). VERDICTS.json gets one object per job, in order:
 - "load": the model built by vLLM's model class with its quantization methods' `create_weights`
   (on the CPU, in the model dtype) and the checkpoint's tensors fed through vLLM's
   DefaultModelLoader.load_weights and the model's own load_weights (names, shapes and the
-  weight_loaders' checks), with vLLM's own loaded-weights tracking switched on
-  (model_loader_extra_config enable_weights_track: vLLM does it by default only for unquantized
-  models): a parameter the checkpoint does not fill is vLLM's "Following weights were not
-  initialized from checkpoint"; then the attention layers' KV-cache scale processing
+  weight_loaders' checks), with vLLM's default loaded-weights tracking (on for an unquantized
+  model, where it exempts the linear layers; off for a quantized one: a parameter it tracks and the
+  checkpoint does not fill is vLLM's "Following weights were not initialized from checkpoint"),
+  as `vllm serve` with the packaged options loads it; then the attention layers' KV-cache scale processing
   (BaseKVCacheMethod.process_weights_after_loading: plain torch, no kernel), which vLLM runs after
   loading.
 - "loaded": all of the above passed: accepted.
@@ -99,8 +99,7 @@ class Judge:
         stage = "parse"
         try:
             err = io.StringIO()
-            full = ["--model", folder, *argv,
-                    "--model-loader-extra-config", json.dumps({"enable_weights_track": True})]
+            full = ["--model", folder, *argv]  # vLLM's defaults, as `vllm serve FOLDER ARGS` has them
             try:
                 with contextlib.redirect_stderr(err):
                     args = self.parser.parse_args(full)
