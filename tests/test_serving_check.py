@@ -144,7 +144,7 @@ def test_asked_sms_must_all_serve(exports):
 
 def test_the_result_is_versioned_json(exports):
     data = check(exports["fp8-kv"], runtimes=["vllm"], sms=["sm90"]).as_json()
-    assert data == {"schema": 1, "folder": str(exports["fp8-kv"]), "quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "defects": [],
+    assert data == {"schema": 2, "folder": str(exports["fp8-kv"]), "quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "defects": [],
                     "runtimes": {"vllm": {"accepted": True, "version": "0.33.0", "config_source": "config.json quantization_config",
                                           "reasons": [], "warnings": [], "sms": {"sm90": "serves"}}}}
 

@@ -67,7 +67,7 @@ class RuntimeCheck(BaseModel):
 
 class ServingCheck(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    schema_: Literal[1] = Field(1, alias="schema")
+    schema_: Literal[2] = Field(2, alias="schema")  # 2: `defects`, and each runtime's `version`
     folder: str
     quant_algo: Optional[str] = None  # as the runtimes that read config.json see it
     kv_cache_quant_algo: Optional[str] = None
