@@ -131,13 +131,20 @@ def _too_deep(text: str) -> bool:
     """Whether the document nests deeper than MAX_NESTING, from libyaml's event stream (its parser
     does not recurse); it stops at the first level too deep, before libyaml reads on."""
     depth = 0
-    for event in yaml.parse(text, Loader=_SAFE_LOADER):
-        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            depth += 1
-            if depth > MAX_NESTING:
-                return True
-        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            depth -= 1
+    try:
+        for event in yaml.parse(text, Loader=_SAFE_LOADER):
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_NESTING:
+                    return True
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+    except yaml.YAMLError as exc:
+        # PyYAML 6.0.4 and later stop at a nesting limit of their own (1,000 flow levels), which
+        # their scanner can reach ahead of the events: the same answer as ours, in our words
+        if "maximum nesting depth" in str(exc):
+            return True
+        raise
     return False
 
 
