@@ -1,5 +1,5 @@
 """The GPU and toolchain probe, against NVML answers recorded from real boards
-(tests/standin_nvml, facts in ../shared/reference/gpus-nvml.md) and against no NVML at all."""
+(tests/standin_nvml, each board's source in its file) and against no NVML at all."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_each_recorded_board_is_detected_with_its_name_sm_and_memory(recorded_gp
 
 
 def test_the_h100s_memory_is_the_byte_total_nvml_reports():
-    # 85520809984 bytes (modal-labs/modal-client#2797), i.e. 81559 MiB: reference/gpus-nvml.md
+    # 85520809984 bytes (modal-labs/modal-client#2797), i.e. 81559 MiB: tests/standin_nvml/gpus/H100.json's source
     recorded = json.loads((ROOT / "tests/standin_nvml/gpus/H100.json").read_text())
     assert recorded["nvmlDeviceGetMemoryInfo"]["total"] == 85520809984
 

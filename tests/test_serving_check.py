@@ -23,7 +23,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::Deprecat
                                         "ignore::FutureWarning")
 
 GROUP = 32
-# (runtime, format) -> the SMs that serve it (serving.md section 0); a note where a fallback kernel.
+# (runtime, format) -> the SMs that serve it (a fixed table for these tests, as docs/runtimes.md
+# has them for the default versions); a note where a fallback kernel.
 SERVES = {
     ("trtllm", None): ["sm80", "sm86", "sm89", "sm90", "sm100", "sm120"],
     ("vllm", None): ["sm80", "sm86", "sm89", "sm90", "sm100", "sm120"],
@@ -41,7 +42,7 @@ def table(runtime, quant, kv_cache, sm, version=None):
     serves = sm in SERVES.get((runtime, quant), [])
     note = MARLIN if serves and (runtime, quant, sm) in (("vllm", "fp8", "sm80"), ("vllm", "fp8", "sm86")) else None
     return SimpleNamespace(runtime=runtime, sm=sm, serves=serves, note=note,
-                           reason=None if serves else f"{quant} on {runtime} {sm}: not served", cite="serving.md")
+                           reason=None if serves else f"{quant} on {runtime} {sm}: not served", cite="this test's table")
 
 
 def check(folder, **kw):
@@ -297,8 +298,8 @@ def test_an_exclude_pattern_that_matches_nothing_is_named(exports, tmp_path):
 
 
 def test_diverging_configs_warn_and_each_runtime_reads_its_own(exports, tmp_path):
-    """TensorRT-LLM reads hf_quant_config.json, vLLM and SGLang the inline config (serving.md
-    sections 1-3): a group size only in the file is 'missing' for vLLM/SGLang, and a wrong one
+    """TensorRT-LLM reads hf_quant_config.json, vLLM and SGLang the inline config (the loaders'
+    sources in trtbuild/data/runtime-support.json): a group size only in the file is 'missing' for vLLM/SGLang, and a wrong one
     in the file is a shape mismatch for TensorRT-LLM alone."""
     def diverge(q, where):
         if where == "inline":
