@@ -115,11 +115,13 @@ def test_the_llm_gets_max_logprobs_of_the_k_the_metric_needs():
                                                        "skip_tokenizer_init": True, "max_logprobs": 256}
 
 
-def test_the_device_is_what_the_engine_config_says():
+def test_the_device_is_what_the_engine_config_says(monkeypatch):
     assert vllm_runner.devices("cpu", 1) == "cpu"
     assert vllm_runner.devices("cpu", 2) == "cpu"  # vLLM's CPU worker: one torch.device("cpu") for every rank
     assert vllm_runner.devices("cuda", 2) == "cuda:0, cuda:1"
-    assert vllm_runner.devices("cuda", 2, {0: 3, 1: 5}.__getitem__) == "cuda:3, cuda:5"
+    # by rank on every host, whatever CUDA_VISIBLE_DEVICES maps them to: the report is in the artifact
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert vllm_runner.devices("cuda", 2) == "cuda:0, cuda:1"
 
 
 # ---- the stand-in refuses what vLLM 0.33.0 refuses, in its words -------------------------------

@@ -55,7 +55,8 @@ STAGES: dict[str, Optional[Stage]] = {
     # A packaged hf-checkpoint as vLLM loads it (its serving/vllm_args.json); the node's host need
     # (vllm_runner.available) says why a host cannot before the needs are checked.
     # 2: the LLM made with max_logprobs (vLLM refused version 1's prompt_logprobs=256); the report's
-    # device is what vLLM's engine config says (version 1 wrote cuda:N by rank) and names scoring_options
+    # device is what vLLM's engine config says (cpu on a CPU platform, CUDA devices by rank; version 1
+    # wrote cuda:N whatever ran) and names scoring_options
     "validate:vllm": Stage("validate", 2, "trtbuild.stages.validate:validate_vllm",
                            toolchain=("vllm", "torch", "cuda"), needs=("vllm",)),
 }

@@ -29,12 +29,12 @@ vLLM 0.33.0 facts used (the PyPI wheel vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_
   ValueError, as it was in 0.26.0).
 - The device: vllm/config/device.py `DeviceConfig.device_type` (the platform's) and
   vllm/config/parallel.py `ParallelConfig.world_size`, both on `LLM.llm_engine.vllm_config`
-  (vllm/v1/engine/llm_engine.py); vllm/v1/worker/gpu_worker.py puts local rank r on
-  `cuda:{current_platform.logical_device_id_to_visible_device_id(r)}` (vllm/platforms/interface.py).
+  (vllm/v1/engine/llm_engine.py); the report names CUDA devices by rank (the physical boards,
+  after CUDA_VISIBLE_DEVICES, are the action record's `gpus`).
 vLLM 0.26.0 (vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl, the GPU host's) has every name above
 in the same files: `LLM(**kwargs)` into the EngineArgs dataclass, `max_logprobs` (default 20),
-`llm_engine.vllm_config.device_config.device_type`, `parallel_config.world_size`,
-`logical_device_id_to_visible_device_id`; its VLLMValidationError derives from ValueError.
+`llm_engine.vllm_config.device_config.device_type`, `parallel_config.world_size`; its
+VLLMValidationError derives from ValueError.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from trtbuild.errors import TrtbuildError
 from trtbuild.validate import prompt_logprobs
@@ -140,13 +140,14 @@ def llm_arguments(options: dict[str, Any], k: int) -> dict[str, Any]:
     return {**options, "skip_tokenizer_init": True, "max_logprobs": int(k)}
 
 
-def devices(device_type: str, world_size: int, visible_index: Optional[Callable[[int], int]] = None) -> str:
+def devices(device_type: str, world_size: int) -> str:
     """The device the engine ran on, as its config says: "cpu" (one process computes every rank), or
-    the CUDA devices of ranks 0..world_size-1, `cuda:{visible_index(rank)}` as vLLM's GPU worker
-    names them."""
+    the CUDA devices of ranks 0..world_size-1 by rank. By rank, not by the physical index vLLM's GPU
+    worker maps a rank to (CUDA_VISIBLE_DEVICES): the report is part of the artifact, the same on
+    every host; which boards those were goes in the action record (`gpus`, devices_used)."""
     if device_type != "cuda":
         return device_type
-    return ", ".join(f"cuda:{visible_index(rank) if visible_index else rank}" for rank in range(world_size))
+    return ", ".join(f"cuda:{rank}" for rank in range(world_size))
 
 
 def sampling(k: int) -> dict[str, Any]:
@@ -233,13 +234,8 @@ def run(folder: Path, windows: np.ndarray, ref_ids: np.ndarray, options: dict[st
     del llm
     result = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
     result["llm_arguments"] = arguments
-    if device_type == "cuda":
-        from vllm.platforms import current_platform
-
-        result["device"] = devices(device_type, world_size, current_platform.logical_device_id_to_visible_device_id)
-        result["gpus"] = devices_used(world_size)
-    else:
-        result["device"], result["gpus"] = devices(device_type, world_size), None
+    result["device"] = devices(device_type, world_size)
+    result["gpus"] = devices_used(world_size) if device_type == "cuda" else None
     return result
 
 
