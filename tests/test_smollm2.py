@@ -15,6 +15,9 @@ from safetensors.torch import load_file
 from conftest import AUTO_DEVICE, standin_toolchain_env
 from trtbuild.checkpoint.verify import verify_trtllm_checkpoint
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "realloaders"))
+import judging  # noqa: E402  (tests/realloaders: what the real-loader tests share)
+
 
 def build(env: dict, *args, until: str | None = "checkpoint") -> dict:
     stop = ["--until", until] if until else []
@@ -57,6 +60,24 @@ def test_the_demo_recipe_builds_every_checkpoint(demo):
 
     execution = LocalStore(Path(store)).get_record(targets["fp8-quantized"]["key"]).execution
     assert execution.figures["calibration_seconds"] > 0 and execution.peak_rss_mib > 100
+
+
+def test_vllm_judges_every_demo_package_as_trtbuild_check_and_its_serving_files_do(demo, tmp_path):
+    """vLLM 0.33.0's own parser, engine config and weight load (tests/realloaders/vllm_judge.py, one
+    process for all) on each packaged hf-checkpoint of the demo, bare and with its
+    serving/vllm_args.json: the same verdict as `trtbuild check` and serving/check.json, and a
+    vllm_args.json offered exactly where vLLM accepts (issue #22, part 5)."""
+    python = judging.vllm_python()
+    _, _, targets = demo
+    packaged = {n: Path(targets[n]["path"]) for n in ("base-hf", "int4-wo-hf", "fp8-hf")}
+    verdicts = judging.judge(python, judging.package_jobs(packaged), tmp_path)
+    assert judging.package_differences(packaged, verdicts) == []
+    assert judging.refused_args(packaged, verdicts) == []
+    offered = {n: judging.packaged_argv(p) is not None for n, p in packaged.items()}
+    assert offered == {n: verdicts[f"packaged {n}"]["accepted"] for n in packaged}
+    # vLLM's code ran to the end on the unquantized and FP8 (FP8 KV cache) packages, with their arguments too
+    for name in ("base-hf", "fp8-hf"):
+        assert verdicts[f"packaged {name} with its vllm_args.json"]["stage"] == "loaded"
 
 
 def test_the_demo_built_into_a_fresh_store_gives_the_same_digest_for_every_artifact(demo, tmp_path):

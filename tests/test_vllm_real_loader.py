@@ -26,13 +26,12 @@ import pytest
 from tinymodels import make_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "realloaders"))
-import make_env  # noqa: E402  (tests/realloaders: stdlib only)
+import judging  # noqa: E402  (tests/realloaders: what the real-loader tests share)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
                                         "ignore::FutureWarning")
 
 GROUP = 32
-JUDGE = Path(__file__).resolve().parent / "realloaders" / "vllm_judge.py"
 # Every format trtbuild exports as a Hugging Face checkpoint that ModelOpt 0.47 can export on a CPU
 # (nvfp4 cannot: its calibration is CUDA-only, see checkpoint/quantize.py).
 FORMATS = {"cast": (None, None), "fp8": ("fp8", None), "fp8-kv": ("fp8", "fp8"), "int4_awq": ("int4_awq", None),
@@ -42,14 +41,7 @@ FORMATS = {"cast": (None, None), "fp8": ("fp8", None), "fp8-kv": ("fp8", "fp8"),
 
 @pytest.fixture(scope="module")
 def vllm_python() -> Path:
-    python = make_env.env_python()
-    if make_env.up_to_date():
-        return python
-    why = (make_env.FAILED.read_text().strip() if make_env.FAILED.exists()
-           else f"{make_env.ENV} does not exist: run python3 tests/realloaders/make_env.py (the README's test command does)")
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI must judge with the real vLLM loader: {why}")
-    pytest.skip(why)
+    return judging.vllm_python()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -199,56 +191,22 @@ def checkpoints(tmp_path_factory, vllm_python) -> dict:
     return {"exports": exports, "damaged": damaged, "packaged": packaged, "root": root}
 
 
-def _packaged_argv(folder: Path) -> list[str] | None:
-    args = folder / "serving" / "vllm_args.json"
-    if not args.exists():
-        return None
-    return [str(a) for flag, value in json.loads(args.read_text()).items() for a in (flag, value)]
-
-
 @pytest.fixture(scope="module")
 def verdicts(checkpoints, vllm_python) -> dict:
     """name -> vLLM's verdict (the judge's JSON), all judged in one process."""
     jobs = [{"name": f"export {n}", "folder": str(p), "argv": []} for n, p in checkpoints["exports"].items()]
     jobs += [{"name": f"damaged {n}", "folder": str(p), "argv": []} for n, p in checkpoints["damaged"].items()]
-    for target, folder in checkpoints["packaged"].items():
-        jobs.append({"name": f"packaged {target}", "folder": str(folder), "argv": []})
-        argv = _packaged_argv(folder)
-        if argv is not None:
-            jobs.append({"name": f"packaged {target} with its vllm_args.json", "folder": str(folder), "argv": argv})
-    root = checkpoints["root"]
-    (root / "jobs.json").write_text(json.dumps(jobs))
-    run = subprocess.run([str(vllm_python), str(JUDGE), str(root / "jobs.json"), str(root / "verdicts.json")],
-                         capture_output=True, text=True, timeout=900, cwd=root,
-                         env={**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CONFIGURE_LOGGING": "0"})
-    assert run.returncode == 0, run.stderr[-4000:]
-    return {v["name"]: v for v in json.loads((root / "verdicts.json").read_text())}
+    jobs += judging.package_jobs(checkpoints["packaged"])
+    return judging.judge(vllm_python, jobs, checkpoints["root"])
 
 
 # ------------------------------------------------------------------------------------------------
 # The comparisons
 
 
-def trtbuild_vllm(folder: Path):
-    from trtbuild.serving_check import check_checkpoint
-
-    return check_checkpoint(folder, runtimes=["vllm"]).runtimes["vllm"]
-
-
-def _differences(pairs) -> list[str]:
-    out = []
-    for name, folder, verdict in pairs:
-        ours = trtbuild_vllm(folder)
-        if ours.accepted != verdict["accepted"]:
-            out.append(f"{name}: vLLM 0.33.0 {'accepts' if verdict['accepted'] else 'refuses'} it"
-                       f"{'' if verdict['accepted'] else ' at ' + verdict['stage'] + ': ' + verdict['message'][:300]}"
-                       f"; trtbuild check says {'accepted' if ours.accepted else 'rejected: ' + '; '.join(ours.reasons)[:300]}")
-    return out
-
-
 def test_vllm_judges_every_export_as_trtbuild_check_does(checkpoints, verdicts):
     pairs = [(f"export {n}", p, verdicts[f"export {n}"]) for n, p in checkpoints["exports"].items()]
-    assert _differences(pairs) == []
+    assert judging.differences(pairs) == []
     # and vLLM's code ran, to the end or to a refusal of its own: the cast and FP8 exports load
     assert {n: verdicts[f"export {n}"]["stage"] for n in ("cast", "fp8", "fp8-kv")} == dict.fromkeys(
         ("cast", "fp8", "fp8-kv"), "loaded")
@@ -268,7 +226,7 @@ def test_the_damaged_copies_are_the_ones_listed(checkpoints):
 @pytest.mark.parametrize("case", DAMAGED)
 def test_vllm_judges_a_damaged_copy_as_trtbuild_check_does(checkpoints, verdicts, case):
     """One test per copy, so that each disagreement is named by its own failing test."""
-    assert _differences([(f"damaged {case}", checkpoints["damaged"][case], verdicts[f"damaged {case}"])]) == []
+    assert judging.differences([(f"damaged {case}", checkpoints["damaged"][case], verdicts[f"damaged {case}"])]) == []
     # and a broken checkpoint is never reported fit: a defect of its own, or some runtime's refusal
     from trtbuild.serving_check import check_checkpoint
 
@@ -278,28 +236,13 @@ def test_vllm_judges_a_damaged_copy_as_trtbuild_check_does(checkpoints, verdicts
 
 
 def test_vllm_judges_every_packaged_checkpoint_as_trtbuild_check_and_its_check_json_do(checkpoints, verdicts):
-    pairs = [(f"packaged {t}", p, verdicts[f"packaged {t}"]) for t, p in checkpoints["packaged"].items()]
-    diffs = _differences(pairs)
-    for target, folder in checkpoints["packaged"].items():
-        recorded = json.loads((folder / "serving" / "check.json").read_text())["runtimes"].get("vllm")
-        judged = verdicts[f"packaged {target}"]["accepted"]
-        if recorded is not None and recorded["accepted"] != judged:
-            diffs.append(f"packaged {target}: serving/check.json says vLLM accepted={recorded['accepted']}, "
-                         f"vLLM 0.33.0 accepted={judged}")
-    assert diffs == []
+    assert judging.package_differences(checkpoints["packaged"], verdicts) == []
 
 
 def test_every_packaged_vllm_args_json_is_one_vllm_accepts(checkpoints, verdicts):
     """A packaged command is offered only where vLLM's own parser, engine config and loader accept
     the checkpoint with exactly those arguments (issue #22, parts 5 and 6)."""
-    refused = []
-    for target, folder in checkpoints["packaged"].items():
-        name = f"packaged {target} with its vllm_args.json"
-        if name in verdicts and not verdicts[name]["accepted"]:
-            v = verdicts[name]
-            refused.append(f"{target}: serving/vllm_args.json {_packaged_argv(folder)} is refused by vLLM 0.33.0 at "
-                           f"{v['stage']}: {v['message'][:300]}")
-    assert refused == []
+    assert judging.refused_args(checkpoints["packaged"], verdicts) == []
 
 
 def test_the_environment_is_vllm_0_33_0_over_torch_2_13_cpu(vllm_python):
