@@ -289,3 +289,19 @@ def test_ls_names_a_ref_whose_action_record_is_gone(folder_store, tmp_path, run,
     judged = json.loads(run("ls", "--store", folder_store.root, "--compatible", "--json").stdout)["published"]
     assert [(p["stage"], p["fits"], p["reasons"]) for p in judged] == [
         (None, False, ["record: the store has no action record of this artifact"])]
+
+
+def test_ls_help_describes_the_shared_store_it_lists_not_the_local_store(run):
+    """Issue #23: `ls --help` spoke of the local store ($TRTBUILD_CACHE) and of lock files, though ls
+    lists --store or the recipe's publish.store and takes no lock."""
+    from trtbuild.cli import ls
+
+    store = next(p for p in ls.params if p.name == "store_url")
+    assert " ".join(store.help.split()) == (
+        "The shared store to list: a folder or s3://bucket/prefix (AWS_ENDPOINT_URL for another S3-compatible "
+        "server; the standard AWS credentials); default: RECIPE's publish.store. ls never falls back to the "
+        "local build store ($TRTBUILD_CACHE); to list what builds there published, pass it as --store.")
+    shown = " ".join(run("ls", "--help").stdout.split())
+    assert "lock file" not in shown and "The local store is" not in shown
+    assert shown.startswith("Usage: cli ls [OPTIONS] [RECIPE] List what the shared store --store (default: "
+                            "RECIPE's publish.store) publishes")

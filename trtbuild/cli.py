@@ -528,12 +528,16 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dr
 
 @cli.command("ls")
 @click.argument("recipe", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@REMOTE_OPTION
+@click.option("--store", "store_url", metavar="URL",  # not REMOTE_OPTION: ls takes no lock and never reads the local store
+              help="The shared store to list: a folder or s3://bucket/prefix (AWS_ENDPOINT_URL for another "
+                   "S3-compatible server; the standard AWS credentials); default: RECIPE's publish.store. ls never "
+                   "falls back to the local build store ($TRTBUILD_CACHE); to list what builds there published, "
+                   "pass it as --store.")
 @click.option("--compatible", is_flag=True,
               help="Judge each target against this host's GPUs and runtimes (the rules of `pull --target auto`).")
 @click.option("--json", "as_json", is_flag=True, help="Print every published target, its validations and fit as JSON.")
 def ls(recipe: Path | None, store_url, compatible, as_json) -> None:
-    """List what --store (default: RECIPE's publish.store) publishes (its refs; with RECIPE, only
+    """List what the shared store --store (default: RECIPE's publish.store) publishes (its refs; with RECIPE, only
     that recipe's): per target its stage, size, the headline numbers of the validation whose figures
     decide (TensorRT-LLM's, else vLLM's, else torch's: KL mean, top-1 agreement, perplexity change)
     and the runner and device that measured them, its toolchain (STAND-IN when a stand-in made it)
