@@ -39,6 +39,11 @@ os.environ["AWS_EC2_METADATA_DISABLED"] = "true"  # boto3 must never probe 169.2
 SCRATCH = Path(tempfile.mkdtemp(prefix="trtbuild-tests-"))
 os.environ["TRTBUILD_CACHE"] = str(SCRATCH / "store")
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(SCRATCH / "torchinductor")
+# Hypothesis keeps its example database and caches in ./.hypothesis of the working directory (the clone)
+# unless told otherwise; set before any test runs (its pytest plugin only reads the setting later).
+from hypothesis.configuration import set_hypothesis_home_dir  # noqa: E402
+
+set_hypothesis_home_dir(SCRATCH / "hypothesis")
 
 
 def _this_host() -> tuple[tuple, "str | None"]:
@@ -80,9 +85,20 @@ REPO_CACHE = ROOT / "cache"  # the default store of a user in the repository: ho
 
 
 def repo_outputs() -> set[str]:
-    """What a command run in the repository by mistake would write: the default store ./cache and
-    lock files beside the shipped recipes."""
-    return {str(p.relative_to(ROOT)) for folder in (REPO_CACHE, RECIPES) if folder.is_dir() for p in folder.rglob("*")}
+    """What a test must not write into the clone: what a command run in the repository by mistake
+    writes (the default store ./cache, a lock beside a shipped recipe) and whatever git ignores
+    there, a folder as one entry (.hypothesis/, .pytest_cache/ and .benchmarks/ carry a .gitignore
+    of their own). Python's __pycache__/ folders do not count. Files git does not ignore, elsewhere
+    in the tree, are a developer's new sources."""
+    import subprocess
+
+    written = {str(p.relative_to(ROOT)) for folder in (REPO_CACHE, RECIPES) if folder.is_dir()
+               for p in folder.rglob("*")}
+    ignored = subprocess.run(["git", "ls-files", "--others", "--ignored", "--exclude-standard", "--directory",
+                              "--no-empty-directory", "-z"], cwd=ROOT, capture_output=True)
+    if ignored.returncode == 0:  # else not a git work tree (an unpacked sdist)
+        written |= {entry for entry in ignored.stdout.decode().split("\0") if entry and "__pycache__" not in entry}
+    return written
 
 
 _REPO_OUTPUTS_BEFORE = repo_outputs()
