@@ -70,6 +70,12 @@ def table(headers: Sequence[str], right: Sequence[bool], rows: Sequence[Sequence
     cells = [list(headers), *(list(row) for row in rows)]
     if not all(text.isascii() and as_is(text) for row in cells for text in row):
         return None
+    return _lay_out(cells, right, width)
+
+
+def _lay_out(cells: list[list[str]], right: Sequence[bool], width: int) -> Optional[list[str]]:
+    """The lines of the table whose first row is its header, at console width `width`; ASCII cells."""
+    headers = cells[0]
     columns = [[row[i] for row in cells] for i in range(len(headers))]
     widths = _column_widths(columns, width - (2 + len(headers) - 1))  # the edges and dividers
     if min(widths) < 3:  # narrower than the padding: rare enough to leave to rich
@@ -88,6 +94,18 @@ def table(headers: Sequence[str], right: Sequence[bool], rows: Sequence[Sequence
             lines.append(_rule(_HEAD_RULE, widths))
     lines.append(_rule(_BOTTOM, widths))
     return lines if all(len(line) <= width for line in lines) else None  # rich would crop it
+
+
+def unfolded_table(headers: Sequence[str], right: Sequence[bool], rows: Sequence[Sequence[str]]) -> Optional[list[str]]:
+    """`trtbuild cache ls` on a file or pipe: the table's lines at the width where no cell folds
+    (each column as wide as its widest cell), one line per row however wide, so that grep and cut
+    see whole records. The cells are text, not markup: printed as they are, so only printable ASCII
+    (one character, one column) is asked of them; None otherwise."""
+    cells = [list(headers), *(list(row) for row in rows)]
+    if not all(text.isascii() and text.isprintable() for row in cells for text in row):
+        return None
+    columns = [[row[i] for row in cells] for i in range(len(headers))]
+    return _lay_out(cells, right, sum(max(map(len, texts)) + 3 for texts in columns) + 1)  # padding and dividers
 
 
 def _rule(box: tuple, widths: list[int]) -> str:

@@ -230,17 +230,55 @@ def print_explain(explained, console) -> None:
             console.print(f"    {f.name:<28} = {value:<20} [dim]{f.origin}[/]", highlight=False, soft_wrap=True)
 
 
+RECORD_COLUMNS = ("key", "recipe", "target", "stage", "created", "size", "seconds", "toolchain", "digest")
+
+
+def _record_rows(records) -> list[list[tuple[str, str]]]:
+    """`cache ls`'s rows: each cell (markup, plain text)."""
+    rows = []
+    for r in records:
+        made_with = ", ".join(f"{name} {version}" for name, version in sorted(r.toolchain.items()) if version) or "-"
+        toolchain = _same(made_with)
+        if r.standin:  # never mistaken for an artifact of the real tools
+            standin = f"STAND-IN ({', '.join(r.standin)}): {made_with}"
+            toolchain = (f"[bold red]STAND-IN[/]{standin[len('STAND-IN'):]}", standin)
+        rows.append([*map(_same, (r.key[:12], r.recipe, r.target, r.stage, r.created, format_bytes(r.size),
+                                  f"{r.execution.seconds:.1f}")), toolchain, _same(r.digest[:12])])
+    return rows
+
+
 def print_records(records, console) -> None:
     from rich.table import Table
 
     table = Table()
-    for column in ("key", "recipe", "target", "stage", "created", "size", "seconds", "toolchain", "digest"):
+    for column in RECORD_COLUMNS:
         table.add_column(column, overflow="fold")
-    for r in records:
-        made_with = ", ".join(f"{name} {version}" for name, version in sorted(r.toolchain.items()) if version) or "-"
-        if r.standin:  # never mistaken for an artifact of the real tools
-            made_with = f"[bold red]STAND-IN[/] ({', '.join(r.standin)}): {made_with}"
-        table.add_row(r.key[:12], r.recipe, r.target, r.stage, r.created, format_bytes(r.size),
-                      f"{r.execution.seconds:.1f}", made_with, r.digest[:12])
+    for row in _record_rows(records):
+        table.add_row(*(markup for markup, _ in row))
     console.print(table)
     console.print(f"{len(records)} records", highlight=False)
+
+
+def print_records_plain(records, stream=None) -> bool:
+    """print_records on a file or pipe: one record per line (the table as wide as its widest row,
+    where rich would fold cells across lines at any fixed width), written without rich
+    (plainout.unfolded_table), or by rich on a console that wide where a cell is not ASCII; False,
+    having written nothing, on a terminal (rich's table, as wide as the terminal)."""
+    from trtbuild import plainout
+
+    stream = stream or sys.stdout
+    if not plainout.plain_stream(stream):
+        return False
+    rows = _record_rows(records)
+    plain = [[text for _, text in row] for row in rows]
+    lines = plainout.unfolded_table(RECORD_COLUMNS, [False] * len(RECORD_COLUMNS), plain)
+    if lines is None:
+        from rich.cells import cell_len
+        from rich.console import Console
+
+        width = sum(max(map(cell_len, texts)) + 3 for texts in zip(RECORD_COLUMNS, *plain)) + 1
+        print_records(records, Console(file=stream, width=width))
+        return True
+    stream.write("".join(f"{line}\n" for line in [*lines, f"{len(records)} records"]))
+    stream.flush()
+    return True
