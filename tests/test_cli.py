@@ -335,31 +335,6 @@ def test_build_table_shows_each_validations_kl_top1_and_perplexity_change():
     assert cells("fp8-tp1-sm90")[8] == "needs torch: install it with `pip install 'trtbuild[quantize]'`"  # not markup
 
 
-def _commands(group, prefix=("trtbuild",)):
-    import click
-
-    for name, command in group.commands.items():
-        if isinstance(command, click.Group):
-            yield from _commands(command, (*prefix, name))
-        else:
-            yield " ".join((*prefix, name)), command
-
-
-def test_readmes_cli_table_lists_every_command_and_option():
-    rows = {}
-    for line in (ROOT / "README.md").read_text().splitlines():
-        if line.startswith("| `trtbuild "):
-            usage = line.split("`")[1]
-            rows[" ".join(w for w in usage.split() if w[0].isalpha())] = usage
-    for name, command in _commands(cli):
-        usage = next((u for words, u in rows.items() if words.startswith(name)), None)
-        assert usage is not None, f"README's CLI table has no row for {name}"
-        for param in command.params:
-            flags = [f for f in param.opts if f.startswith("--")]
-            if flags and flags[0] != "--help":
-                assert flags[0] in usage, f"README's row for {name} lacks {flags[0]}"
-
-
 def test_plan_json_is_format_json_and_a_conflicting_format_is_one_line(ws, run):
     path = ws.recipe(minimal())
     as_json = run("plan", path, "--json")

@@ -1,0 +1,91 @@
+"""The generated reference pages: docs/cli.md (from the click commands, `python -m trtbuild.docs_cli`)
+and docs/recipe.md (from the recipe schema, `python -m trtbuild.recipe_doc`) are exactly what their
+generators print, and the generators leave out no command, option or recipe key."""
+
+from __future__ import annotations
+
+import re
+
+import click
+
+from conftest import ROOT
+
+CLI_PAGE = ROOT / "docs" / "cli.md"
+RECIPE_PAGE = ROOT / "docs" / "recipe.md"
+
+
+def _commands(group: click.Group, prefix: str = "trtbuild"):
+    yield prefix, group
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from _commands(command, f"{prefix} {name}")
+        else:
+            yield f"{prefix} {name}", command
+
+
+def _sections(text: str) -> dict[str, str]:
+    """`## HEADING` -> the text up to the next heading."""
+    parts = re.split(r"^## (.+)$", text, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def test_cli_page_is_the_generators_output():
+    """Regenerate with `python -m trtbuild.docs_cli > docs/cli.md` after changing a command's help."""
+    from trtbuild.docs_cli import render
+
+    assert CLI_PAGE.read_text() == render()
+
+
+def test_cli_page_does_not_depend_on_the_terminal(monkeypatch):
+    from trtbuild.docs_cli import render
+
+    monkeypatch.setenv("COLUMNS", "40")  # click's formatter reads the terminal's width when not told one
+    assert render() == CLI_PAGE.read_text()
+
+
+def test_cli_page_has_every_command_with_every_option():
+    from trtbuild.cli import cli
+
+    sections = _sections(CLI_PAGE.read_text())
+    for path, command in _commands(cli):
+        assert path in sections, f"docs/cli.md has no section for {path}"
+        assert f"Usage: {path} " in sections[path]
+        for param in command.params:
+            for flag in param.opts if isinstance(param, click.Option) else ():
+                assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", sections[path]), f"{path}: {flag}"
+
+
+def test_recipe_page_is_the_generators_output():
+    """Regenerate with `python -m trtbuild.recipe_doc > docs/recipe.md` after changing the schema."""
+    from trtbuild.recipe_doc import render
+
+    assert RECIPE_PAGE.read_text() == render()
+
+
+def test_recipe_page_describes_every_key_of_every_object():
+    from trtbuild.recipe import json_schema
+
+    schema = json_schema()
+    objects = [schema, *schema["$defs"].values()]
+    rows = set(re.findall(r"^\| `([\w]+)` \|", RECIPE_PAGE.read_text(), flags=re.M))
+    described = {key: prop.get("description") for obj in objects for key, prop in obj["properties"].items()}
+    assert set(described) <= rows
+    for key, description in described.items():
+        assert description, f"{key} has no description in the schema"
+    tables = RECIPE_PAGE.read_text().count("| key | type | default | meaning |")
+    assert tables == len(objects)  # one table per object of the schema, none left out
+
+
+def test_recipe_page_defaults_are_what_a_minimal_recipe_validates_to():
+    """The defaults the page states for the collection-valued keys are the ones a recipe gets."""
+    import yaml
+
+    from trtbuild.recipe import Recipe
+
+    recipe = Recipe.model_validate({"schema": 1, "name": "r", "source": {"path": "."}})
+    top = _sections(RECIPE_PAGE.read_text())["Top level"]
+    stated = {m[0]: yaml.safe_load(m[1]) for m in re.findall(r"^\| `(\w+)` \| [^\n]*? \| `([^`]*)` \| ", top, flags=re.M)}
+    assert stated["variants"] == {name: v.model_dump(exclude_none=True) for name, v in recipe.variants.items()}
+    assert stated["parallelism"] == [p.model_dump() for p in recipe.parallelism]
+    assert stated["backends"] == list(recipe.backends)
+    assert stated["gpus"] == list(recipe.gpus) and stated["exclude"] == list(recipe.exclude)
