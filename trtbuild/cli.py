@@ -7,6 +7,7 @@ torch, transformers or ModelOpt.
 from __future__ import annotations
 
 import sys
+from importlib import resources
 from pathlib import Path
 
 import click
@@ -14,11 +15,12 @@ import click
 from trtbuild import __version__
 from trtbuild.errors import InvalidInput, TrtbuildError
 
-def default_recipe() -> Path:
-    """The recipe embedded in the package: the bundled SmolLM2-135M demo (trtbuild.recipe says where)."""
-    from trtbuild.recipe import default_recipe as embedded
+DEFAULT_RECIPE = "smollm2-demo.yaml"
 
-    return embedded()
+
+def default_recipe() -> Path:
+    """The recipe embedded in the package: the bundled SmolLM2-135M demo."""
+    return Path(str(resources.files("trtbuild").joinpath("recipes", DEFAULT_RECIPE)))
 
 
 class _Group(click.Group):
@@ -149,27 +151,9 @@ STORE_OPTION = click.option("--store", "store_url", metavar="URL",
 
 
 def _load(recipe: Path | None):
-    """RECIPE, or the embedded demo when it is None. `.embedded` of what it returns says whether it
-    is the demo (also when RECIPE is a path to its file, as recipes/smollm2-demo.yaml is): its
-    identity, its lock in the store and the commands that name it follow from that one fact."""
     from trtbuild.recipe import load_recipe
 
     return load_recipe(recipe or default_recipe())
-
-
-def _command(verb: str, loaded) -> str:
-    """The command that does `verb` to this recipe: bare for the embedded demo."""
-    return f"trtbuild {verb}" if loaded.embedded else f"trtbuild {verb} {loaded.path}"
-
-
-def _recipe_store(store_url: str | None, loaded, verb: str) -> str:
-    """The shared store of push / pull / ls: --store, else the recipe's publish.store, else one line
-    (the embedded demo names none, and its file is the package's: only --store)."""
-    from trtbuild import configured_store
-
-    if loaded.embedded and not store_url:
-        raise InvalidInput(f"the embedded demo recipe: no store to {verb}: pass --store URL")
-    return configured_store.shared(store_url, configured_store.of_recipe(loaded), loaded.path, verb)
 
 
 @cli.command()
@@ -227,11 +211,13 @@ def build(recipe: Path | None, targets, until, gpu, store_url, push_after, allow
     else:
         store = open_store(store_url, create=True)  # created by the build's first write, not here
     request = BuildRequest(targets=list(targets), until=until, gpu=gpu, require_all=require_all, locked=locked,
-                           materialize=as_json, validate=not no_validate, rebuild=list(rebuild), lock_out=lock_out)
+                           materialize=as_json, embedded=recipe is None, validate=not no_validate, rebuild=list(rebuild),
+                           lock_out=lock_out)
     with ConsoleReporter() as reporter:
         outcome = run_build(loaded, store, request, reporter, remote=remote_cache.RemoteCache(remote) if remote else None)
     if push_after:
-        outcome.pushed = remote_cache.publish_build(outcome, loaded, store, remote, list(targets), allow_unvalidated)
+        outcome.pushed = remote_cache.publish_build(outcome, loaded, store, remote, list(targets), allow_unvalidated,
+                                                    embedded=recipe is None)
     if as_json:
         import json
 
@@ -273,7 +259,7 @@ def explain(recipe: Path, target: str, store_url, as_json) -> None:
     loaded = _load(recipe)
     store = open_store(store_url, missing_ok=True)  # nothing built yet: every key reads as not in the store
     graph = build_graph_for(loaded, BuildRequest())
-    lock = lockfile.read(lockfile.lock_path_for(loaded, store), older_ok=True)
+    lock = lockfile.read(lockfile.lock_path_for(loaded, store, embedded=False), older_ok=True)
     explained = run_explain(graph, target, store, lock)
     if as_json:
         import json
@@ -565,7 +551,7 @@ def ls(recipe: Path | None, store_url, compatible, as_json) -> None:
 
     loaded = _load(recipe) if recipe is not None else None
     if loaded is not None:
-        store_url = _recipe_store(store_url, loaded, "list")
+        store_url = configured_store.shared(store_url, configured_store.of_recipe(loaded), recipe, "list")
     elif not store_url:
         raise InvalidInput("ls: no store to list: pass --store URL (or a RECIPE whose `publish.store` names one)")
     store = open_store(store_url)
@@ -752,7 +738,7 @@ def report(recipe: Path | None, store_url, out_dir: Path | None) -> None:
     # without it the report goes into the store, which has to exist.
     store = open_store(store_url, missing_ok=out_dir is not None)
     plan = plan_recipe(loaded)
-    lock = lockfile.read(lockfile.lock_path_for(loaded, store), older_ok=True)
+    lock = lockfile.read(lockfile.lock_path_for(loaded, store, embedded=recipe is None), older_ok=True)
     out_dir = out_dir or store.report_dir(loaded.recipe.name)
     html, png = render_report(loaded.recipe.name, rows(plan, store, lock), out_dir)
     click.echo(f"{html}\n{png}")
