@@ -364,3 +364,39 @@ def test_the_rows_fail_a_target_any_validation_of_which_failed_and_say_which_run
     del lock.targets["fp8-hf:validate-vllm"]  # TensorRT-LLM's figures come first
     shown = {row["target"]: (row["status"], row["kld_mean"], row["measured_by"]) for row in rows(plan, store, lock)}
     assert shown["fp8-hf"] == ("built", 0.02, "tensorrt_llm 1.3.0 on cuda:0")
+
+
+def test_serves_names_the_recipes_sms_as_plan_does_with_the_builds_loader_verdict(tmp_path):
+    """Issue #23: the serves column listed every SM the build's loader check judged (sm80 ... sm120
+    for three runtimes: tall rows) where plan lists the recipe's `gpus:`. The check's verdict on the
+    recipe's SMs, in plan's words: a runtime the check refused on an SM loses it there."""
+    import json
+
+    from conftest import TINY_LLAMA
+    from trtbuild.lockfile import LockedRecipe, LockedTarget, LockFile
+    from trtbuild.plan import plan_recipe
+    from trtbuild.recipe import load_recipe
+    from trtbuild.report.collect import rows
+    from trtbuild.store.local import LocalStore
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(TINY_LLAMA))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("schema: 1\nname: r\nsource: {path: model}\ngpus: [sm89, sm90]\nbackends: [hf-checkpoint]\n"
+                      "variants: {bf16: {}, fp8: {quant: fp8}}\nlimits: {max_input_len: 64, max_seq_len: 128}\n")
+    plan = plan_recipe(load_recipe(recipe))
+    store = LocalStore(tmp_path / "store")
+    store.create()
+    every = ["sm80", "sm86", "sm89", "sm90", "sm100", "sm120"]
+    checked = {"bf16-hf": {"trtllm": every, "vllm": every, "sglang": every},
+               "fp8-hf": {"trtllm": ["sm89", "sm90", "sm100", "sm120"], "vllm": ["sm80", "sm86", "sm90", "sm120"]}}
+    lock = LockFile(recipe=LockedRecipe(name="r", digest="d"), source=None, toolchain={}, validation="run",
+                    targets={name: LockedTarget(stage="hf-checkpoint", key=f"{i:064x}", digest=f"{i:064x}", size=1,
+                                                serves=serves) for i, (name, serves) in enumerate(checked.items(), 1)})
+    shown = {row["target"]: row["serves"] for row in rows(plan, store, lock)}
+    assert shown == {"bf16-hf": "trtllm>=1.3 sm89 sm90; vllm sm89 sm90; sglang sm89 sm90",
+                     "fp8-hf": "trtllm>=1.3 sm89 sm90; vllm sm90"}
+    unbuilt = {row["target"]: row["serves"] for row in rows(plan, store, None)}  # the plan's own line
+    assert unbuilt == {t.name: t.serves_line() for t in plan.targets} == {
+        "bf16-hf": "trtllm>=1.3 sm89 sm90; vllm sm89 sm90; sglang sm89 sm90",
+        "fp8-hf": "trtllm>=1.3 sm89 sm90; vllm sm89 sm90; sglang sm89 sm90"}

@@ -3,12 +3,12 @@ the lock file know of it (size on disk, validation metrics, gates)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
-from trtbuild import serving
 from trtbuild.nodeids import trtllm_validate_id, validate_id, vllm_validate_id
 from trtbuild.lockfile import LockedTarget, LockFile
-from trtbuild.plan import Plan
+from trtbuild.plan import Plan, Target, serving_sms_of
 from trtbuild.store.local import LocalStore
 
 
@@ -24,8 +24,22 @@ def _measured_by(summary: dict, of: Optional[str] = None) -> str:
     return f"{by} (of {of})" if of else by
 
 
+def _judged(target: Target, checked: Optional[dict[str, list[str]]], sms: list[str]) -> Target:
+    """The hf-checkpoint `target` as its build's loader check judged it: that verdict on `sms`, the
+    SMs plan names (plan.serving_sms_of: the recipe's `gpus:`; the check judges every SM, the
+    checkpoint being the same for all), so that the column says what `trtbuild plan` says, in its
+    words (Target.serves_line)."""
+    if checked is None or target.serves is None:
+        return target
+    serves = {runtime: tuple(sm for sm in sms if sm in (checked.get(runtime) or ())) for runtime in target.serves}
+    notes = {runtime: {sm: note for sm, note in by_sm.items() if sm in serves.get(runtime, ())}
+             for runtime, by_sm in (target.serve_notes or {}).items()}
+    return replace(target, serves=serves, serve_notes={runtime: by_sm for runtime, by_sm in notes.items() if by_sm})
+
+
 def rows(plan: Plan, store: LocalStore, lock: Optional[LockFile]) -> list[dict]:
     locked = lock.targets if lock else {}
+    serving_sms = serving_sms_of(plan.recipe)
     out = []
     for target in plan.targets:
         variant = plan.recipe.variants[target.variant]
@@ -54,8 +68,7 @@ def rows(plan: Plan, store: LocalStore, lock: Optional[LockFile]) -> list[dict]:
         est = target.estimate
         serves = None
         if target.kind == "hf-checkpoint" and target.ok:  # the build's loader check, else the plan's table
-            serves = (serving.served_text(entry.serves) if entry is not None and entry.serves is not None
-                      else target.serves_line())
+            serves = _judged(target, entry.serves if entry is not None else None, serving_sms).serves_line()
         out.append({
             "target": target.name, "kind": target.kind, "variant": target.variant, "quant": variant.quant,
             "kv_cache": variant.kv_cache, "tp": target.tp, "pp": target.pp, "gpu": target.gpu, "status": status,
