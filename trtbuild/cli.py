@@ -7,7 +7,6 @@ torch, transformers or ModelOpt.
 from __future__ import annotations
 
 import sys
-from importlib import resources
 from pathlib import Path
 
 import click
@@ -15,12 +14,11 @@ import click
 from trtbuild import __version__
 from trtbuild.errors import InvalidInput, TrtbuildError
 
-DEFAULT_RECIPE = "smollm2-demo.yaml"
-
-
 def default_recipe() -> Path:
-    """The recipe embedded in the package: the bundled SmolLM2-135M demo."""
-    return Path(str(resources.files("trtbuild").joinpath("recipes", DEFAULT_RECIPE)))
+    """The recipe embedded in the package: the bundled SmolLM2-135M demo (trtbuild.recipe says where)."""
+    from trtbuild.recipe import default_recipe as embedded
+
+    return embedded()
 
 
 class _Group(click.Group):
@@ -151,9 +149,27 @@ STORE_OPTION = click.option("--store", "store_url", metavar="URL",
 
 
 def _load(recipe: Path | None):
+    """RECIPE, or the embedded demo when it is None. `.embedded` of what it returns says whether it
+    is the demo (also when RECIPE is a path to its file, as recipes/smollm2-demo.yaml is): its
+    identity, its lock in the store and the commands that name it follow from that one fact."""
     from trtbuild.recipe import load_recipe
 
     return load_recipe(recipe or default_recipe())
+
+
+def _command(verb: str, loaded) -> str:
+    """The command that does `verb` to this recipe: bare for the embedded demo."""
+    return f"trtbuild {verb}" if loaded.embedded else f"trtbuild {verb} {loaded.path}"
+
+
+def _recipe_store(store_url: str | None, loaded, verb: str) -> str:
+    """The shared store of push / pull / ls: --store, else the recipe's publish.store, else one line
+    (the embedded demo names none, and its file is the package's: only --store)."""
+    from trtbuild import configured_store
+
+    if loaded.embedded and not store_url:
+        raise InvalidInput(f"the embedded demo recipe: no store to {verb}: pass --store URL")
+    return configured_store.shared(store_url, configured_store.of_recipe(loaded), loaded.path, verb)
 
 
 @cli.command()
@@ -211,13 +227,11 @@ def build(recipe: Path | None, targets, until, gpu, store_url, push_after, allow
     else:
         store = open_store(store_url, create=True)  # created by the build's first write, not here
     request = BuildRequest(targets=list(targets), until=until, gpu=gpu, require_all=require_all, locked=locked,
-                           materialize=as_json, embedded=recipe is None, validate=not no_validate, rebuild=list(rebuild),
-                           lock_out=lock_out)
+                           materialize=as_json, validate=not no_validate, rebuild=list(rebuild), lock_out=lock_out)
     with ConsoleReporter() as reporter:
         outcome = run_build(loaded, store, request, reporter, remote=remote_cache.RemoteCache(remote) if remote else None)
     if push_after:
-        outcome.pushed = remote_cache.publish_build(outcome, loaded, store, remote, list(targets), allow_unvalidated,
-                                                    embedded=recipe is None)
+        outcome.pushed = remote_cache.publish_build(outcome, loaded, store, remote, list(targets), allow_unvalidated)
     if as_json:
         import json
 
@@ -259,7 +273,7 @@ def explain(recipe: Path, target: str, store_url, as_json) -> None:
     loaded = _load(recipe)
     store = open_store(store_url, missing_ok=True)  # nothing built yet: every key reads as not in the store
     graph = build_graph_for(loaded, BuildRequest())
-    lock = lockfile.read(lockfile.lock_path_for(loaded, store, embedded=False), older_ok=True)
+    lock = lockfile.read(lockfile.lock_path_for(loaded, store), older_ok=True)
     explained = run_explain(graph, target, store, lock)
     if as_json:
         import json
@@ -334,48 +348,53 @@ REMOTE_OPTION = click.option("--store", "store_url", metavar="URL",
 
 
 @cli.command()
-@click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("recipe", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--target", "targets", multiple=True, metavar="GLOB", help="Push only matching targets (default: every built one).")
-@REMOTE_OPTION
+@click.option("--store", "store_url", metavar="URL",
+              help="The shared store: a folder or s3://bucket/prefix (AWS_ENDPOINT_URL for another S3-compatible "
+                   "server; the standard AWS credentials); default: the recipe's publish.store (the embedded demo "
+                   "names none). What is pushed comes from the local store: $TRTBUILD_CACHE, else ./cache.")
 @click.option("--allow-unvalidated", is_flag=True, help="Also push targets of a build run with --no-validate.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was pushed, refused and moved as JSON.")
-def push(recipe: Path, targets, store_url, allow_unvalidated, as_json) -> None:
-    """Publish RECIPE's built targets (as its lock file names them) from the local store to --store
-    (default: the recipe's publish.store), with their validation reports: blobs the store lacks,
-    then manifests, then action records (the first writer of a key wins), then refs. Refused, one
-    line each: a target that failed a gate, one built with --no-validate (unless
-    --allow-unvalidated), one a stand-in toolchain made. A bar of bytes is drawn on stderr when it
-    is a terminal (never with --json). Exit 0 when everything chosen was pushed, 1 when a target
-    was refused, 2 on invalid input.
+def push(recipe: Path | None, targets, store_url, allow_unvalidated, as_json) -> None:
+    """Publish what the last build of RECIPE (default: the embedded demo recipe) made, from the
+    local store to --store (default: the recipe's publish.store), with their validation reports:
+    blobs the store lacks, then manifests, then action records (the first writer of a key wins),
+    then refs, and on s3:// the build's lock for deploy hosts' `trtbuild pull`. Refused, one line
+    each: a target that failed a gate, one built with --no-validate (unless --allow-unvalidated),
+    one a stand-in toolchain made. A bar of bytes is drawn on stderr when it is a terminal (never
+    with --json). Exit 0 when everything chosen was pushed, 1 when a target was refused, 2 on
+    invalid input.
     """
     from trtbuild import lockfile
     from trtbuild.estimate import format_bytes
     from trtbuild.recipe import recipe_identity
     from trtbuild.publish import plan_push
     from trtbuild.store.local import open_store
-    from trtbuild import configured_store
     from trtbuild.store.transfer import push as run_push
 
+    if recipe is not None and recipe.suffix == ".lock":  # what `pull` takes; push publishes a recipe's build
+        raise InvalidInput(f"{recipe}: a lock file; push takes the recipe it belongs to: {_recipe_of_lock(recipe)}")
     loaded = _load(recipe)
     named = "--store" if store_url else f"{recipe}: publish.store"
-    store_url = configured_store.shared(store_url, configured_store.of_recipe(loaded), recipe, "push to")
+    store_url = _recipe_store(store_url, loaded, "push to")
     local = open_store(None)
     remote = open_store(store_url, create=True)
     if getattr(remote, "root", None) == getattr(local, "root", object()):
         raise InvalidInput(f"{named} {store_url}: that is the local store; push to another one")
-    lock_path = lockfile.lock_path_for(loaded, local, embedded=False)
+    lock_path = lockfile.lock_path_for(loaded, local)
     lock = lockfile.read(lock_path)
     if lock is None:
-        raise InvalidInput(f"{lock_path}: no lock file; run `trtbuild build {recipe}` first")
+        raise InvalidInput(f"{lock_path}: no lock file; run `{_command('build', loaded)}` first")
     if lock.recipe.digest != lockfile.recipe_digest(loaded):
-        raise InvalidInput(f"{recipe} changed since {lock_path} was written; run `trtbuild build {recipe}` first")
+        raise InvalidInput(f"{loaded.path} changed since {lock_path} was written; run `{_command('build', loaded)}` first")
     chosen = plan_push(lock, lock_path, local, list(targets), allow_unvalidated)
     from trtbuild.store.transfer import Moved
 
     moved = Moved()
     if chosen.items:
         remote.create()
-        remote.claim_recipe(lock.recipe.name, recipe_identity(loaded, embedded=False))
+        remote.claim_recipe(lock.recipe.name, recipe_identity(loaded))
         from trtbuild.transferbar import bar
 
         with local.using(), remote.using(), bar("push", enabled=not as_json) as progress:
@@ -398,8 +417,23 @@ def push(recipe: Path, targets, store_url, allow_unvalidated, as_json) -> None:
     raise click.exceptions.Exit(1 if chosen.refused else 0)
 
 
+def _recipe_of_lock(lock: Path) -> str:
+    """The command that pushes the recipe a lock file belongs to: the recipe beside it, the bare
+    command for the embedded demo's (kept in the store as <name>.lock), else RECIPE."""
+    beside = lock.with_suffix(".yaml")
+    if beside.is_file():
+        return f"`trtbuild push {beside}`"
+    if lock.name == f"{_demo_name()}.lock":
+        return "`trtbuild push` (the embedded demo)"
+    return "`trtbuild push RECIPE`"
+
+
+def _demo_name() -> str:
+    return _load(None).recipe.name
+
+
 @cli.command()
-@click.argument("lock_or_recipe", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("lock_or_recipe", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--target", default="auto", show_default=True, metavar="NAME|auto",
               help="The target to pull, or auto: the one that fits this host best.")
 @click.option("--gpu", default="auto", show_default=True, metavar="auto|SM",
@@ -416,10 +450,12 @@ def push(recipe: Path, targets, store_url, allow_unvalidated, as_json) -> None:
               "(the store is not contacted unless a target's format must be read from its record).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the choice, every target's fit and the path as JSON (also when nothing fits).")
-def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dry_run, as_json) -> None:
-    """Download a target of LOCK_OR_RECIPE (a `.lock` file, or a recipe beside its lock) from --store
-    (default: the recipe's publish.store; for a lock, the one it records) into the local store,
-    verifying every blob, and print where it is. With --target auto, choose for this host: engines
+def pull(lock_or_recipe: Path | None, target, gpu, runtime, prefer, dest, store_url, dry_run, as_json) -> None:
+    """Download a target of LOCK_OR_RECIPE (a `.lock` file, or a recipe: its lock, default: the
+    embedded demo recipe) from --store (default: the recipe's publish.store; for a lock, the one it
+    records) into the local store, verifying every blob, and print where it is. A recipe whose lock
+    is not on this host (a deploy host) is pulled by the lock `trtbuild push` published in the
+    store, read on every pull, when it is of this very recipe (its digest). With --target auto, choose for this host: engines
     of its SM and exact tensorrt_llm / tensorrt, hf-checkpoints a runtime here serves on its SM,
     what fits in memory, then --prefer, then the recipe's variant order. --dry-run only chooses: it
     prints the target it would pull and downloads nothing. A bar of bytes is drawn on stderr when it
@@ -430,20 +466,18 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dr
     from trtbuild.pullselect import Host, build_hint, choose, no_fit_lines, targets_of
     from trtbuild import configured_store
 
-    variants = None
-    if lock_or_recipe.suffix == ".lock":
-        lock_path, recipe_path = lock_or_recipe, lock_or_recipe.with_suffix(".yaml")
+    variants, loaded = None, None
+    if lock_or_recipe is not None and lock_or_recipe.suffix == ".lock":
+        lock_path, push_command = lock_or_recipe, f"trtbuild push {lock_or_recipe.with_suffix('.yaml')}"
+        recipe_words = str(lock_or_recipe.with_suffix(".yaml"))
     else:
+        from trtbuild.store.local import open_store
+
         loaded = _load(lock_or_recipe)
-        store_url = configured_store.shared(store_url, configured_store.of_recipe(loaded), lock_or_recipe, "pull from")
-        lock_path, recipe_path = lockfile.lock_path_for(loaded, None, embedded=False), lock_or_recipe
+        store_url = _recipe_store(store_url, loaded, "pull from")
+        lock_path = lockfile.lock_path_for(loaded, open_store(None, missing_ok=True))  # the demo's: the local store's
+        push_command, recipe_words = _command("push", loaded), "" if loaded.embedded else str(loaded.path)
         variants = loaded.recipe.variants
-    lock = lockfile.read(lock_path)
-    if lock is None:
-        raise InvalidInput(f"{lock_path}: no lock file (pull reads the lock that `trtbuild build` wrote)")
-    if lock_or_recipe.suffix == ".lock":  # the store the lock records
-        store_url = configured_store.shared(store_url, configured_store.of_lock(lock.recipe.publish_store, lock_path),
-                                            lock_path, "pull from", lock=True)
     opened = []
 
     def remote_store():  # opened when first needed: choosing from a recipe's lock needs no request at all
@@ -452,6 +486,15 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dr
         if not opened:
             opened.append(open_store(store_url))
         return opened[0]
+
+    lock, lock_name = lockfile.read(lock_path), str(lock_path)
+    if lock is None and loaded is not None:  # a deploy host: the lock push published, if it is this recipe's
+        lock_name, lock = _published_lock(remote_store(), loaded, lock_path)
+    if lock is None:
+        raise InvalidInput(f"{lock_path}: no lock file (pull reads the lock that `trtbuild build` wrote)")
+    if loaded is None:  # a lock file: the store it records
+        store_url = configured_store.shared(store_url, configured_store.of_lock(lock.recipe.publish_store, lock_path),
+                                            lock_path, "pull from", lock=True)
 
     if not dry_run:  # a store that is not there is the first thing a pull says
         remote_store()
@@ -480,15 +523,15 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dr
 
     if target == "auto":
         if selection.chosen is None:
-            hint = build_hint(str(recipe_path), lock, host)
+            hint = build_hint(recipe_words, lock, host)
             if as_json:  # a deploy script reads every candidate's reasons; the lines still go to stderr
                 print_json()
-            raise TrtbuildError(*no_fit_lines(selection, host, str(lock_path), hint))
+            raise TrtbuildError(*no_fit_lines(selection, host, lock_name, hint))
         name = selection.chosen.target
     else:
         servable = [tid for tid, _ in targets_of(lock)]
         if target not in servable:
-            raise InvalidInput(f"--target {target}: not a target of {lock_path} ({', '.join(servable) or 'none'})")
+            raise InvalidInput(f"--target {target}: not a target of {lock_name} ({', '.join(servable) or 'none'})")
         name = target
     entry = lock.targets[name]
     chosen = next((c for c in selection.candidates if c.target == name), None)
@@ -512,7 +555,7 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dr
     record = remote.get_record(entry.key)
     if record is None and not remote.has_manifest(entry.digest):
         raise TrtbuildError(f"{name}: artifact {entry.digest} is not in store {store_url}; "
-                            f"push it first (`trtbuild push {recipe_path} --store {store_url}`)")
+                            f"push it first (`{push_command} --store {store_url}`)")
     from trtbuild.transferbar import bar
 
     with local.using():
@@ -524,6 +567,29 @@ def pull(lock_or_recipe: Path, target, gpu, runtime, prefer, dest, store_url, dr
         print_json(name, digest, str(path), chosen, moved.as_json())
     else:
         click.echo(str(path))
+
+
+def _published_lock(remote, loaded, lock_path: Path):
+    """(where, lock): the lock push last published for `loaded` in `remote`, read now (never kept),
+    when it is of this recipe; else one line. `lock_path`: where this host would keep its own."""
+    from trtbuild import lockfile
+    from trtbuild.recipe import recipe_identity
+    from trtbuild.store.transfer import published_lock
+
+    found = published_lock(remote, loaded.recipe.name)
+    if found is None:  # a folder store: push publishes no lock there
+        raise InvalidInput(f"{lock_path}: no lock file (pull reads the lock that `trtbuild build` wrote, or the one "
+                           f"`trtbuild push` published to an s3:// store; {remote.location} is a folder)")
+    where, raw = found
+    if raw is None:
+        raise InvalidInput(f"{lock_path}: no lock file, and {remote.location} has none published ({where}): run "
+                           f"`{_command('build', loaded)}` and `{_command('push', loaded)}` first")
+    lock = lockfile.parse(raw, where)
+    mine = lockfile.recipe_digest(loaded)
+    if lock.recipe.digest != mine:
+        raise InvalidInput(f"{where}: the lock push published is of recipe {lock.recipe.digest}; this recipe "
+                           f"({recipe_identity(loaded)}) is {mine}: push it again from a build of this recipe")
+    return where, lock
 
 
 @cli.command("ls")
@@ -545,13 +611,12 @@ def ls(recipe: Path | None, store_url, compatible, as_json) -> None:
     --compatible adds whether it fits this host and, when not, why. Exit 0; 2 for a missing store
     or bad input.
     """
-    from trtbuild import configured_store
     from trtbuild import published as listing
     from trtbuild.store.local import open_store
 
     loaded = _load(recipe) if recipe is not None else None
     if loaded is not None:
-        store_url = configured_store.shared(store_url, configured_store.of_recipe(loaded), recipe, "list")
+        store_url = _recipe_store(store_url, loaded, "list")
     elif not store_url:
         raise InvalidInput("ls: no store to list: pass --store URL (or a RECIPE whose `publish.store` names one)")
     store = open_store(store_url)
@@ -738,10 +803,50 @@ def report(recipe: Path | None, store_url, out_dir: Path | None) -> None:
     # without it the report goes into the store, which has to exist.
     store = open_store(store_url, missing_ok=out_dir is not None)
     plan = plan_recipe(loaded)
-    lock = lockfile.read(lockfile.lock_path_for(loaded, store, embedded=recipe is None), older_ok=True)
+    lock = lockfile.read(lockfile.lock_path_for(loaded, store), older_ok=True)
     out_dir = out_dir or store.report_dir(loaded.recipe.name)
     html, png = render_report(loaded.recipe.name, rows(plan, store, lock), out_dir)
     click.echo(f"{html}\n{png}")
+
+
+@cli.command("path")
+@click.argument("names", nargs=-1, metavar="[RECIPE] TARGET")
+@STORE_OPTION
+def path_of(names: tuple[str, ...], store_url) -> None:
+    """Print the folder of TARGET's artifact as RECIPE's lock names it (default: the embedded demo
+    recipe): the local store's read-only checkout, made if it is not there yet, for `trtbuild check`
+    and the runtimes. Exit 0; 1 when TARGET is not built (or its artifact is not whole in the
+    store); 2 when it is not a target of RECIPE.
+    """
+    if len(names) not in (1, 2):
+        raise click.UsageError(f"expected [RECIPE] TARGET, got {len(names)} argument(s)")
+    from trtbuild import lockfile
+    from trtbuild.plan import plan_recipe
+    from trtbuild.store.local import open_store
+
+    recipe = Path(names[0]) if len(names) == 2 else None
+    target = names[-1]
+    loaded = _load(recipe)
+    planned = [t.name for t in plan_recipe(loaded).targets]
+    if target not in planned:
+        raise InvalidInput(f"{target}: not a target of {loaded.recipe.name} ({', '.join(planned)})")
+    build = "trtbuild build" + (f" {recipe}" if recipe is not None else "") + f" --target {target}"
+    store = open_store(store_url, missing_ok=True)
+    lock_path = lockfile.lock_path_for(loaded, store)
+    lock = lockfile.read(lock_path, older_ok=True)
+    entry = lock.targets.get(target) if lock is not None else None
+    if entry is None:
+        raise TrtbuildError(f"{target}: not built (not in {lock_path}); run `{build}`")
+    if lock.recipe.digest != lockfile.recipe_digest(loaded):  # the lock names what an older recipe made
+        raise TrtbuildError(f"{target}: {loaded.path} changed since {lock_path} was written; run `{build}`")
+    problem = store.artifact_problem(entry.digest)
+    if problem:
+        raise TrtbuildError(f"{target}: artifact {entry.digest} is not whole in store {store.location} ({problem}); "
+                            f"run `{build}`")
+    from trtbuild.store.checkout import materialize
+
+    with store.using():
+        click.echo(str(materialize(store, entry.digest)))
 
 
 @cli.command()

@@ -110,10 +110,10 @@ def recipe_digest(loaded: LoadedRecipe) -> str:
     return bytes_sha256(canonical_json(loaded.recipe.model_dump(mode="json", by_alias=True)))
 
 
-def lock_path_for(loaded: LoadedRecipe, store: Optional["Store"], embedded: bool) -> Path:
+def lock_path_for(loaded: LoadedRecipe, store: "Store") -> Path:
     """Beside the recipe (`recipes/x.yaml` -> `recipes/x.lock`); the embedded default recipe has no
-    folder of its own, so its lock lives in the store."""
-    if embedded:
+    folder of its own (a link to its file is still it), so its lock lives in the store."""
+    if loaded.embedded:
         return store.embedded_lock_path(loaded.recipe.name)
     return loaded.path.with_suffix(".lock")
 
@@ -152,12 +152,20 @@ def read(path: Path, older_ok: bool = False) -> Optional[LockFile]:
     """The lock at `path`, or None when there is none (or, with `older_ok`, one of an older schema,
     which a build simply rewrites). Anything else that is not a lock trtbuild wrote: one line."""
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return parse(raw, path, older_ok)
+
+
+def parse(raw: bytes, path: "Path | str", older_ok: bool = False) -> Optional[LockFile]:
+    """A lock file's bytes, as read() reads them; `path` names where they came from (a file, or a
+    store's object URL) in the one line that refuses them."""
+    try:
+        text = raw.decode()
         if _too_deep(text):
             raise InvalidInput(f"{path}: not a trtbuild lock file (nested deeper than {MAX_NESTING} levels)")
         data = yaml.load(text, Loader=_SAFE_LOADER)
-    except FileNotFoundError:
-        return None
     except yaml.YAMLError as exc:
         raise InvalidInput(f"{path}: not a trtbuild lock file ({' '.join(str(exc).split())})") from None
     except UnicodeDecodeError as exc:

@@ -24,7 +24,6 @@ class BuildRequest:
     require_all: bool = False
     locked: bool = False
     materialize: bool = False
-    embedded: bool = False  # the recipe is the package's default
     validate: bool = True  # False: --no-validate (the lock file says so)
     rebuild: list[str] = field(default_factory=list)  # globs: build these anew even when the store has them
     lock_out: Optional[Path] = None  # --lock-out: this run's targets only, written there (RECIPE.lock untouched)
@@ -79,7 +78,7 @@ def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, report
     """`remote` (remote_cache.RemoteCache): looked up when the local store misses a key."""
     if request.until is not None and request.until not in graphs.STAGE_ORDER:
         raise InvalidInput(f"--until {request.until}: not a stage ({', '.join(graphs.STAGE_ORDER)})")
-    lock_path = lockfile.lock_path_for(loaded, store, request.embedded)
+    lock_path = lockfile.lock_path_for(loaded, store)
     locked = lockfile.check_locked(lock_path, loaded) if request.locked else None
     graph = build_graph_for(loaded, request, registry, store.state)
     expected = (locked.source if locked else None) or {}
@@ -87,7 +86,7 @@ def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, report
     options = RunOptions(until=request.until, require_all=request.require_all, materialize=request.materialize,
                          expected_source=expected.get("digest"), lock_name=str(lock_path),
                          locked_source=previous.source if previous else None,
-                         recipe_identity=recipe_identity(loaded, request.embedded),
+                         recipe_identity=recipe_identity(loaded),
                          rebuild=frozenset(_rebuilt(graph, request.rebuild)),
                          host_sms=frozenset(g.sm for g in hardware.detect_gpus()) if request.gpu == "auto" else None,
                          remote=remote)

@@ -245,17 +245,19 @@ def no_fit_lines(selection: Selection, host: Host, lock_name: str, build_command
 
 
 def build_hint(recipe: str, lock: LockFile, host: Host) -> str:
-    """The `trtbuild build` command that would make a target for this host."""
+    """The `trtbuild build` command that would make a target for this host ("" for `recipe`: the
+    embedded demo, built by the bare command)."""
+    recipe = f" {recipe}" if recipe else ""
     if not host.gpus and host.gpu_filter:
-        return (f"to make one: run `trtbuild build {recipe} --gpu auto` on a host with an {host.gpu_filter} GPU "
+        return (f"to make one: run `trtbuild build{recipe} --gpu auto` on a host with an {host.gpu_filter} GPU "
                 "and tensorrt_llm")
     if not host.gpus:
         return (f"to make one: on a host with an NVIDIA GPU and tensorrt_llm, run "
-                f"`trtbuild build {recipe} --gpu auto` (engines are built on the GPU they run on)")
+                f"`trtbuild build{recipe} --gpu auto` (engines are built on the GPU they run on)")
     sms = sorted({g.sm for g in host.gpus}, key=hardware.sm_number)
     engine_sms = {t.platform.sm for _, t in targets_of(lock) if t.platform is not None}
     missing = [sm for sm in sms if sm not in engine_sms]
-    command = f"`trtbuild build {recipe} --gpu auto`"
+    command = f"`trtbuild build{recipe} --gpu auto`"
     if missing and len(missing) == len(sms):
         return f"to make one: add {'/'.join(missing)} to the recipe's `gpus:`, then run {command} on this host"
     return f"to make one: run {command} on this host"

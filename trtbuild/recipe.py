@@ -6,6 +6,7 @@ import difflib
 import re
 import types
 import typing
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -343,6 +344,14 @@ class Recipe(_Strict):
         return [hardware.resolve_gpu(g) for g in self.gpus]
 
 
+DEFAULT_RECIPE = "smollm2-demo.yaml"
+
+
+def default_recipe() -> Path:
+    """The recipe embedded in the package: the bundled SmolLM2-135M demo."""
+    return Path(str(resources.files("trtbuild").joinpath("recipes", DEFAULT_RECIPE)))
+
+
 class LoadedRecipe(typing.NamedTuple):
     recipe: Recipe
     path: Path  # as the user named it
@@ -352,6 +361,16 @@ class LoadedRecipe(typing.NamedTuple):
     def base_dir(self) -> Path:
         """Relative paths in a recipe are relative to the recipe file (symlinks resolved)."""
         return self.path.resolve().parent
+
+    @property
+    def embedded(self) -> bool:
+        """Whether this is the package's default recipe, however it was named: a path that is its file
+        (the repository's recipes/smollm2-demo.yaml is a link to it) is the embedded recipe, with one
+        identity and one lock (in the store), not a second claimant of its name."""
+        try:
+            return self.path.samefile(default_recipe())
+        except OSError:  # the package's file is not there (a zip import): only its own path would be
+            return False
 
     def resolve_path(self, value: str) -> Path:
         p = Path(value).expanduser()
@@ -503,11 +522,12 @@ def json_schema() -> dict:
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
 
 
-def recipe_identity(loaded: LoadedRecipe, embedded: bool) -> str:
+def recipe_identity(loaded: LoadedRecipe) -> str:
     """What makes a recipe the same recipe on every host: its path inside its git work tree (CI
-    checkouts differ only above it), else its absolute path; the package's default is `embedded:`."""
-    if embedded:
-        return f"embedded:{loaded.path.name}"
+    checkouts differ only above it), else its absolute path; the package's default (by any path
+    that is its file) is `embedded:`."""
+    if loaded.embedded:
+        return f"embedded:{DEFAULT_RECIPE}"
     path = loaded.path.resolve()
     for folder in path.parents:
         if (folder / ".git").exists():

@@ -106,8 +106,7 @@ def require_remote(url: Optional[str], push_asked: bool) -> None:
                            "`publish.store`)")
 
 
-def publish_build(outcome, loaded, local: Store, remote: Store, patterns: list[str], allow_unvalidated: bool,
-                  embedded: bool) -> dict:
+def publish_build(outcome, loaded, local: Store, remote: Store, patterns: list[str], allow_unvalidated: bool) -> dict:
     """`build --push`: publish what the build's lock names (the refusals of `trtbuild push`)."""
     from trtbuild import lockfile
     from trtbuild.publish import PushPlan
@@ -119,6 +118,6 @@ def publish_build(outcome, loaded, local: Store, remote: Store, patterns: list[s
         plan, moved = PushPlan(), Moved()
     else:
         plan = plan_build_push(outcome.graph, lock, outcome.lock_path, local, patterns, allow_unvalidated)
-        moved = push_build(remote, local, plan, lock.recipe.name, recipe_identity(loaded, embedded),
+        moved = push_build(remote, local, plan, lock.recipe.name, recipe_identity(loaded),
                            outcome.lock_path.read_bytes())
     return {"store": remote.location, "pushed": plan.targets, "refused": plan.refused, "moved": moved.as_json()}

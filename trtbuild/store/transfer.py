@@ -106,6 +106,16 @@ def kept_lock_object(recipe: str, data: bytes) -> str:
     return f"locks/{recipe}/{bytes_sha256(data)}.lock"
 
 
+def published_lock(remote: Store, recipe: str) -> Optional[tuple[str, Optional[bytes]]]:
+    """Where push publishes the recipe's newest lock in `remote` (the object's URL) and its bytes
+    (None when there is none yet); None for a store without objects (a folder: push publishes no
+    lock there). Read from the store on every call, never kept: the next push replaces it."""
+    if not lease.supported(remote):
+        return None
+    rel = lock_object(recipe)
+    return remote.describe_object(rel), remote.read_object(rel)
+
+
 def push(local: Store, remote: Store, items: list[PushItem], lock: Optional[tuple[str, bytes]] = None,
          progress: Optional[ByteProgress] = None) -> Moved:
     """Publish each item's artifact, then its record, then its ref; returns what moved. A record
