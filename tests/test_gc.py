@@ -130,3 +130,25 @@ def test_gc_keeps_the_logs_of_the_records_it_keeps(tmp_path):
     gc(store)
     blobs = store / "cas" / "sha256"
     assert [h for h in logs if not (blobs / h[:2] / h).is_file()] == []
+
+
+def test_a_fresh_build_leaves_no_manifest_that_nothing_names(tmp_path):
+    """Issue #23: a fresh build of the demo left 3 manifests no record, ref or lock names (what
+    `cache gc --dry-run` would remove at once): each hf-checkpoint's serving/ overlay, stored as an
+    artifact of its own before being merged with its export into the hf-checkpoint."""
+    model = tmp_path / "model"
+    shutil.copytree(TINY_HF, model)
+    for path in model.iterdir():
+        path.chmod(0o644)
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text("schema: 1\nname: tiny\nsource: {path: model}\ngpus: [sm90]\nbackends: [hf-checkpoint]\n"
+                      "variants: {bf16: {}}\nlimits: {max_input_len: 128, max_seq_len: 256}\n")
+    store = tmp_path / "store"
+    built = json.loads(trtbuild("build", recipe, "--target", "bf16-hf", "--no-validate", "--json", store=store).stdout)
+    assert {t["name"]: t["status"] for t in built["targets"]} == {
+        "source": "built", "bf16-hf-export": "built", "bf16-hf": "built"}
+    named = set(records(store))
+    stored = {path.name.removesuffix(".json") for path in (store / "manifests").iterdir()}
+    assert len(named) == 3 and stored == named
+    dry = json.loads(trtbuild("cache", "gc", "--dry-run", "--json", store=store).stdout)
+    assert (dry["records"], dry["manifests"], dry["blobs"]) == ([], 0, 0)

@@ -191,6 +191,8 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
     runtime = {**keyed.runtime, "platform": keyed.fields["platform"], "toolchain": keyed.fields["toolchain"],
                "input_digests": keyed.fields["inputs"]}
     timing = None
+    # an overlay stage's files go in as blobs only: its artifact is _overlay's merged manifest
+    ingest = store.ingest_files if stage.overlay else store.ingest
     try:
         timing = _timing_cache(keyed, store, work) if stage.timing_cache else None
         if timing:
@@ -210,7 +212,7 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
             measured = json.loads((work / "execution.json").read_text())
             peak_rss_mib, figures = measured["peak_rss_mib"], measured["figures"]
             summary = _summary(out, inputs[stage.overlay] if stage.overlay else None)
-            manifest = store.ingest(out, progress=reporter.advance)
+            manifest = ingest(out, progress=reporter.advance)
         else:
             ctx = StageContext(out=out, inputs=inputs, params=node.param_values(), runtime=runtime, state=store.state)
             try:
@@ -222,10 +224,10 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
             figures = ctx.figures
             summary = _summary(out, inputs[stage.overlay] if stage.overlay else None)
             if ctx.adopted is not None:
-                manifest = store.ingest(ctx.adopted["folder"], progress=reporter.advance, include=ctx.adopted["include"],
-                                        links_within=ctx.adopted["links_within"], link=ctx.adopted["link"])
+                manifest = ingest(ctx.adopted["folder"], progress=reporter.advance, include=ctx.adopted["include"],
+                                  links_within=ctx.adopted["links_within"], link=ctx.adopted["link"])
             else:
-                manifest = store.ingest(out, progress=reporter.advance)
+                manifest = ingest(out, progress=reporter.advance)
         if stage.overlay:
             manifest = _overlay(store, keyed.fields["inputs"][stage.overlay], manifest)
         if timing:
@@ -255,7 +257,8 @@ def _summary(out: Path, overlaid: Optional[Path] = None) -> dict:
 
 def _overlay(store: LocalStore, base_digest: str, written: Manifest) -> Manifest:
     """An overlay stage's artifact: its input's manifest (read from the store, never re-hashed: its
-    blobs are already there) plus the files the stage wrote, which may add files but replace none."""
+    blobs are already there) plus the files the stage wrote (`written`, blobs stored, manifest not),
+    which may add files but replace none."""
     base = store.get_manifest(base_digest)
     clash = sorted({e.path for e in base.entries} & {e.path for e in written.entries})
     if clash:

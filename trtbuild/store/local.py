@@ -422,6 +422,16 @@ class LocalStore(Store):
         takes them (they are gone from `folder` afterwards); files of a download cache (`link`) are
         hard-linked and stay; anything else, such as a user's model folder, is copied, hashing
         while copying."""
+        manifest = self.ingest_files(folder, progress, include, links_within, link)
+        self.put_manifest(manifest)
+        return manifest
+
+    def ingest_files(self, folder: Path, progress: Progress = None, include=None, links_within: Optional[Path] = None,
+                     link: bool = False) -> Manifest:
+        """ingest without storing the manifest: the blobs of `folder`'s files, and the manifest that
+        names them, for a caller that stores another manifest holding these entries (an overlay
+        stage's artifact: its input's files plus these), so that no manifest is left that nothing
+        names (one `cache gc` would remove at once)."""
         self._writing()
         folder = Path(os.path.abspath(folder))
         owned = not link and folder.is_relative_to(self.root / "tmp")
@@ -429,7 +439,6 @@ class LocalStore(Store):
                                            links_within=links_within)
         for entry in manifest.entries:
             self.put_blob(sources[entry.path], entry.sha256, owned=owned, link=link)
-        self.put_manifest(manifest)
         return manifest
 
     def put_manifest(self, manifest: Manifest) -> str:
