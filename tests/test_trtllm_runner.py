@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -119,7 +120,7 @@ def test_available_reports_the_reason_here():
     reason = available()
     assert reason is not None
     assert reason.startswith("needs tensorrt_llm 1.2.x and an NVIDIA GPU (this machine: no tensorrt_llm")
-    assert available("hf").startswith("needs tensorrt_llm (PyTorch backend, 1.0 or later) and an NVIDIA GPU "
+    assert available("hf").startswith("needs tensorrt_llm (PyTorch backend, 1.3 or later) and an NVIDIA GPU "
                                       "(this machine: no tensorrt_llm")
 
 
@@ -136,13 +137,35 @@ def test_available_checks_version_and_gpu(monkeypatch):
         assert available() is None
     monkeypatch.setattr(runner, "_trtllm_version", lambda: "1.20.0")
     assert "tensorrt_llm 1.20.0" in available()
-    assert available("hf") is None  # hf-checkpoints run on the PyTorch backend of any 1.x
+    assert available("hf") is None  # hf-checkpoints run on the PyTorch backend from 1.3 on
     # engines need the recipe's pinned line (toolchain.tensorrt_llm), which names itself in the reason
     assert available("engine", "1.20") is None
     assert available("engine", "1.3") == ("needs tensorrt_llm 1.3.x and an NVIDIA GPU "
                                           "(this machine: tensorrt_llm 1.20.0)")
     monkeypatch.setattr(runner, "_trtllm_version", lambda: "0.21.0")
     assert "tensorrt_llm 0.21.0" in available("hf")
+    # issue #23: "1.0 or later" where the runtime table (and README) serve hf-checkpoints from 1.3
+    for version in ("1.0.0", "1.2.1"):
+        monkeypatch.setattr(runner, "_trtllm_version", lambda v=version: v)
+        assert available("hf") == ("needs tensorrt_llm (PyTorch backend, 1.3 or later) and an NVIDIA GPU "
+                                   f"(this machine: tensorrt_llm {version})")
+    for version in ("1.3.0rc2", "1.3.1", "2.0.0"):
+        monkeypatch.setattr(runner, "_trtllm_version", lambda v=version: v)
+        assert available("hf") is None
+
+
+def test_the_pytorch_backends_first_version_is_the_runtime_tables():
+    """One fact in one place: the version validate-trtllm asks for, the one `pull` asks for, and
+    the runtime table's trtllm row (its label `trtllm>=1.3`)."""
+    import json
+
+    from trtbuild import pullselect, serving
+
+    table = json.loads((Path(serving.__file__).parent / "data" / "runtime-support.json").read_text())
+    assert (table["runtimes"]["trtllm"]["versions"], table["runtimes"]["trtllm"]["label"]) == (["1.3"], "trtllm>=1.3")
+    assert serving.oldest_version("trtllm") == "1.3"
+    assert str(pullselect.TRTLLM_PYTORCH_MIN) == "1.3"
+    assert "(PyTorch backend, 1.3 or later)" in runner.NEEDS["hf"]
 
 
 @needs_no_trtllm

@@ -190,5 +190,5 @@ def test_an_engine_runs_on_as_many_gpus_as_its_mapping_has_ranks(standin, models
 
 @needs_no_gpu_with_trtllm
 def test_without_tensorrt_llm_the_runner_refuses():
-    with pytest.raises(TrtbuildError, match=r"needs tensorrt_llm \(PyTorch backend, 1.0 or later\)"):
+    with pytest.raises(TrtbuildError, match=r"needs tensorrt_llm \(PyTorch backend, 1.3 or later\)"):
         trtllm_runner.run("folder", np.zeros((1, 4), np.int32), np.zeros((1, 3, 2), np.int32), "hf")

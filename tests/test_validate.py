@@ -122,7 +122,7 @@ def test_what_tensorrt_llm_must_validate_is_skipped_here_with_the_reason(built):
         assert check["reason"].startswith("needs tensorrt_llm 1.2.x and an NVIDIA GPU (this machine: no tensorrt_llm")
         hf = targets[f"{variant}-hf:validate-trtllm"]
         assert hf["stage"] == "validate" and hf["status"] == "skipped"
-        assert hf["reason"].startswith("needs tensorrt_llm (PyTorch backend, 1.0 or later) and an NVIDIA GPU")
+        assert hf["reason"].startswith("needs tensorrt_llm (PyTorch backend, 1.3 or later) and an NVIDIA GPU")
         assert "metrics" not in hf and "metrics" not in check  # nothing pretends to have measured them
 
 

@@ -37,7 +37,8 @@ RUNTIMES = ("trtllm-engine", *serving.RUNTIMES)  # --runtime's choices besides a
 PREFER = ("throughput", "latency")
 SERVABLE_STAGES = ("engine", "hf-checkpoint")
 
-TRTLLM_PYTORCH_MIN = Version("1.3")  # hf-checkpoints are served by the PyTorch backend of the 1.3 line
+# hf-checkpoints are served by the PyTorch backend from the runtime table's first version (1.3) on
+TRTLLM_PYTORCH_MIN = Version(serving.oldest_version("trtllm"))
 
 
 @dataclass(frozen=True)

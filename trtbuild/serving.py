@@ -73,6 +73,19 @@ def covered_version(runtime: str, version: str) -> Optional[str]:
     return None
 
 
+def oldest_version(runtime: str) -> str:
+    """The oldest version the table covers: "1.3" for trtllm (its label, trtllm>=1.3). What asks
+    for TensorRT-LLM's PyTorch backend (validate-trtllm, `pull`) asks for this one."""
+    return min(RUNTIME_INFO[runtime].versions, key=lambda v: _release(v) or ())
+
+
+def at_least_oldest(runtime: str, version: str) -> bool:
+    """Whether `version` is the table's oldest (oldest_version) or a later one: "1.3" takes
+    1.3.0rc2, 1.3.1 and 2.0; False for a version that does not parse."""
+    release, oldest = _release(version), _release(oldest_version(runtime))
+    return release is not None and oldest is not None and release[:len(oldest)] >= oldest
+
+
 def outside_table(runtime: str, version: str) -> str:
     """The one line for a version the table does not cover."""
     r = RUNTIME_INFO[runtime]

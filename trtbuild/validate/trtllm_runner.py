@@ -76,17 +76,18 @@ tensorrt_llm/version.py):
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from trtbuild import serving
 from trtbuild.errors import TrtbuildError
 from trtbuild.modelconfig import read_json_object
 from trtbuild.validate import prompt_logprobs
 
 NEEDS = {"engine": "needs tensorrt_llm 1.2.x and an NVIDIA GPU",  # the TensorRT engine backend ends with 1.2
-         "hf": "needs tensorrt_llm (PyTorch backend, 1.0 or later) and an NVIDIA GPU"}
+         # the runtime table's first version of the PyTorch backend that serves hf-checkpoints (its trtllm row)
+         "hf": f"needs tensorrt_llm (PyTorch backend, {serving.oldest_version('trtllm')} or later) and an NVIDIA GPU"}
 PATHS = ("prompt_logprobs", "context_logits")
 BATCH_WINDOWS = 8  # windows per generate() call: bounds the context logits held at once
 
@@ -137,14 +138,13 @@ def engine_world_size(folder: Path) -> int:
 def _version_fits(version: str, backend: str, series: str) -> bool:
     if backend == "engine":  # the recipe's engine toolchain, e.g. 1.2 for toolchain.tensorrt_llm 1.2.1
         return version == series or version.startswith(series + ".") or version.startswith(series + "rc")
-    major = re.match(r"^(\d+)\.", version)
-    return major is not None and int(major.group(1)) >= 1
+    return serving.at_least_oldest("trtllm", version)
 
 
 def available(backend: str = "engine", series: str = "1.2") -> Optional[str]:
     """None when this host can run `backend` ("engine": tensorrt_llm of the engines' `series`, 1.2
-    by default; "hf": the PyTorch backend of tensorrt_llm 1.0 or later) on a visible GPU, else the
-    reason."""
+    by default; "hf": the PyTorch backend of tensorrt_llm, of the runtime table's oldest version or
+    a later one) on a visible GPU, else the reason."""
     problems = []
     version = _trtllm_version()
     if version is None:
