@@ -451,6 +451,8 @@ def test_an_overlay_stages_artifact_is_its_inputs_files_plus_what_it_wrote(store
     assert ((out / "text.txt").read_text(), (out / "extra/note.txt").read_text()) == ("ALPHA", "hi")
     assert results["b"].summary == {"chars": 5}  # the input's report (the stage wrote no serving/report.json)
     assert verify(store) == []
+    # the files it wrote went in as blobs only: no manifest of extra/ alone that nothing names (issue #23)
+    assert set(store.manifest_digests()) == {results[n].digest for n in "wab"}
 
 
 def test_an_overlay_stage_may_not_replace_a_file_of_its_input(store, tmp_path):
