@@ -89,3 +89,26 @@ def test_recipe_page_defaults_are_what_a_minimal_recipe_validates_to():
     assert stated["parallelism"] == [p.model_dump() for p in recipe.parallelism]
     assert stated["backends"] == list(recipe.backends)
     assert stated["gpus"] == list(recipe.gpus) and stated["exclude"] == list(recipe.exclude)
+
+
+def _anchors(text: str) -> set[str]:
+    """GitHub's anchors of a page's headings: lowercase, punctuation but - and _ dropped, spaces -> -."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", text, flags=re.S), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_every_link_of_the_readme_and_the_docs_resolves():
+    """A page the README or a docs page links to exists, and so does the heading an anchor names."""
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        prose = re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", page.read_text(), flags=re.S))  # code is no link
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+            if re.match(r"[a-z]+:", target):
+                continue  # a URL
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append(f"{page.name}: {target}")
+            elif anchor and anchor not in _anchors(linked.read_text()):
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert broken == []
