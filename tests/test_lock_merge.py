@@ -280,3 +280,15 @@ def test_a_job_pushes_and_publishes_only_its_slice(tmp_path, bucket):
     job_lock = (tmp_path / "out" / "tp2.lock").read_bytes()
     name = f"ci/locks/tiny/{hashlib.sha256(job_lock).hexdigest()}.lock"
     assert bucket.client().get_object(Bucket="artifacts", Key=name)["Body"].read() == job_lock
+
+
+def test_a_recipe_given_for_a_lock_is_one_line_naming_what_merge_takes(tmp_path, jobs):
+    """`lock merge RECIPE`: the advice is what lock merge takes, not a rebuild with --locked."""
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(TINY)
+    out = tmp_path / "out.lock"
+    result = merge(jobs[0], recipe, "-o", out)
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == (f"lock merge: {recipe} is a recipe, not a lock file; lock merge takes the lock files "
+                             "`trtbuild build --lock-out PATH` writes (one per CI job)\n")
+    assert not out.exists()

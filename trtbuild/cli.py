@@ -189,7 +189,13 @@ def _recipe_store(store_url: str | None, loaded, verb: str) -> str:
                    "what `trtbuild push` refuses.")
 @click.option("--allow-unvalidated", is_flag=True, help="With --push: also publish targets of a --no-validate build.")
 @click.option("--require-all", is_flag=True, help="Targets this host cannot build (or impossible ones) fail instead of being skipped.")
-@click.option("--locked", is_flag=True, help="Refuse to run if the recipe or its source no longer match the lock file.")
+@click.option("--locked", is_flag=True,
+              help="Stop (exit 2, one line naming the lock file, the node and both digests) wherever this build would "
+                   "change RECIPE.lock, which is left byte for byte as it was: another recipe or source digest, "
+                   "validation mode, key or artifact for a node than the lock records, a node it lacks or one the "
+                   "recipe no longer has. Nothing is built under a key the lock does not record; an artifact built "
+                   "under its key whose bytes differ stays in the store (content-addressed, named by no ref). With "
+                   "--lock-out only the recipe and source are checked (against RECIPE.lock).")
 @click.option("--no-validate", "no_validate", is_flag=True,
               help="Skip accuracy validation (for people who know what they are doing; the lock file records it).")
 @click.option("--rebuild", "rebuild", multiple=True, metavar="GLOB",

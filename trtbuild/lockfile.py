@@ -25,6 +25,11 @@ if TYPE_CHECKING:  # the recipe's models are not needed to read or choose from a
 LOCK_SCHEMA = 4  # 2: typed, every artifact with its size, toolchain per stage id; 3: a validation's runner and device;
 # 4: each entry's inputs (what it was made from), so that no entry outlives the artifacts it describes
 HEADER = "# Written by `trtbuild build`: commit it; `trtbuild build --locked` checks against it. Do not edit.\n"
+LOCKED_ADVICE = "rebuild without --locked and commit the new lock"
+
+
+class LockMismatch(InvalidInput):
+    """`--locked`: the build would change the lock (which is left as it was)."""
 
 
 class LockedRecipe(BaseModel):
@@ -198,23 +203,30 @@ def digests(path: Path) -> set[str]:
 
 
 def check_locked(path: Path, loaded: LoadedRecipe) -> LockFile:
-    """For `--locked`: the lock must exist and match the recipe; returns it."""
+    """For `--locked`: the lock must exist and record the recipe's digest; returns it. Which side
+    differs is not known (the recipe, or the lock edited): the line names both digests."""
     lock = read(path)
     if lock is None:
         raise InvalidInput(f"--locked: {path}: no lock file; run `trtbuild build` without --locked to write it")
-    if lock.recipe.digest != recipe_digest(loaded):
-        raise InvalidInput(f"--locked: {loaded.path} changed since {path} was written; rebuild without --locked and commit the new lock")
+    digest = recipe_digest(loaded)
+    if lock.recipe.digest != digest:
+        raise LockMismatch(f"--locked: {path} records recipe digest {lock.recipe.digest}; the recipe {loaded.path} "
+                           f"is {digest}; {LOCKED_ADVICE}")
     return lock
 
 
 def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: list, toolchains: dict[str, dict],
           validated: bool = True, partial_of: Optional[Path] = None,
-          made_from: Optional[Mapping[str, Iterable[str]]] = None) -> LockFile:
+          made_from: Optional[Mapping[str, Iterable[str]]] = None, known: Optional[set[str]] = None,
+          pinned: Optional["Pinned"] = None) -> LockFile:
     """Write the lock, keeping entries of targets this run did not touch when the recipe is unchanged
     and what they were made from is still what the lock names (`carried`). `made_from`: node id ->
     the ids of the nodes it was made from (the graph's inputs), recorded as each entry's `inputs`.
     With `partial_of` (`build --lock-out`: a CI job's slice): only this run's targets and toolchains,
-    the source from the lock at `partial_of` when this run resolved none (what `lock merge` takes)."""
+    the source from the lock at `partial_of` when this run resolved none (what `lock merge` takes).
+    `known`: every node id of the recipe's graph; a previous entry of another id (a hand edit, a
+    trtbuild whose graph changed) is not carried. `pinned` (`--locked`): the lock must come out as
+    it was (Pinned.unchanged), else LockMismatch and nothing is written."""
     digest = recipe_digest(loaded)
     base = partial_of or path
     previous = read(base, older_ok=True) if base.exists() else None
@@ -241,16 +253,25 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
     if previous and previous.recipe.digest == digest:
         source = source or previous.source
         if partial_of is None:
-            targets.update(carried(previous.targets, fresh))
+            kept = {tid: e for tid, e in previous.targets.items() if known is None or tid in known or tid in fresh}
+            targets.update(carried(kept, fresh))
             toolchains = {**previous.toolchain, **toolchains}
     targets.update(fresh)
     recipe = LockedRecipe(name=loaded.recipe.name, digest=digest, publish_store=loaded.recipe.publish.store)
     lock = LockFile(recipe=recipe, source=source, toolchain=toolchains,
-                    targets=targets, validation="run" if validated else "skipped (--no-validate)")
+                    targets=targets, validation=_validation(validated))
+    if pinned is not None:
+        pinned.unchanged(lock)
     data = render(lock)
-    if _read_bytes(path) != data:  # the same lock again (a no-op build): no rewrite, no fsync
+    # the same lock again (a no-op build): no rewrite, no fsync; nor for the same content under
+    # another header (the lock `lock merge` wrote, as CI commits it)
+    if _read_bytes(path) != data and not (partial_of is None and previous == lock):
         atomic_write(path, data)
     return lock
+
+
+def _validation(validated: bool) -> str:
+    return "run" if validated else "skipped (--no-validate)"
 
 
 def carried(previous: dict[str, LockedTarget], fresh: dict[str, LockedTarget]) -> dict[str, LockedTarget]:
@@ -298,3 +319,94 @@ def render(lock: LockFile, header: str = HEADER) -> bytes:
             if entry[name] is None:
                 del entry[name]
     return (header + yaml.safe_dump(data, sort_keys=True, default_flow_style=False)).encode()
+
+
+class Pinned:
+    """`build --locked`: the lock must come out of the build as it went in. Checked as early as
+    each fact is known, so that the build stops before spending time on what the lock does not
+    record: the plan (before anything runs), the source's digest once resolved, each node's key
+    (before its stage runs), its artifact (once found or built), and last the whole lock (before
+    it is written). An artifact built before the refusal stays in the store (content-addressed,
+    named by no ref and no lock). With `--lock-out` (`targets` False: a CI job's slice, RECIPE.lock
+    never written) only the recipe (check_locked) and the source are compared."""
+
+    def __init__(self, path: Path, lock: LockFile, targets: bool = True):
+        self.path, self.lock, self.targets = path, lock, targets
+
+    def source(self, digest: str) -> None:
+        pinned = (self.lock.source or {}).get("digest")
+        if pinned and digest != pinned:
+            raise LockMismatch(f"--locked: the source resolves to {digest[:16]}..., but {self.path} pins "
+                               f"{pinned[:16]}...; rebuild without --locked")
+
+    def planned(self, node_ids: set[str], validated: bool) -> None:
+        """Before anything runs: the validation mode, and every entry a node of the recipe's graph."""
+        if not self.targets:
+            return
+        if self.lock.validation != _validation(validated):
+            raise LockMismatch(f"--locked: {self.path} records validation {self.lock.validation!r}; this build's is "
+                               f"{_validation(validated)!r}; {LOCKED_ADVICE}")
+        for tid, entry in sorted(self.lock.targets.items()):
+            if tid not in node_ids:
+                raise LockMismatch(f"--locked: {self.path} records {tid} as {entry.digest}; the recipe has no such "
+                                   f"node; {LOCKED_ADVICE}")
+
+    def before_building(self, node_id: str, key: str) -> None:
+        """A node the store has not: its stage may run only under the key the lock records (then
+        `done` compares the bytes it made)."""
+        if not self.targets:
+            return
+        entry = self.lock.targets.get(node_id)
+        if entry is None or entry.key != key:
+            raise LockMismatch(f"--locked: {self._recorded(node_id, entry, key)}; this build's key {key} is not in "
+                               f"the store (--locked builds only what the lock records); {LOCKED_ADVICE}")
+
+    def done(self, node_id: str, key: str, digest: str, how: str) -> None:
+        """A node's artifact, `how` this build got it (found, pulled, built): the lock's, under its key."""
+        entry = self.lock.targets.get(node_id)
+        if not self.targets or entry is not None and (entry.key, entry.digest) == (key, digest):
+            return
+        if entry is not None and entry.key == key:
+            theirs = f"{how} {digest} under the same key {key}"
+        else:
+            theirs = f"{how} {digest} (key {key})"
+        raise LockMismatch(f"--locked: {self._recorded(node_id, entry, key)}; this build {theirs}; {LOCKED_ADVICE}")
+
+    def _recorded(self, node_id: str, entry: Optional[LockedTarget], key: str) -> str:
+        if entry is None:
+            return f"{self.path} has no {node_id}"
+        if entry.key == key:
+            return f"{self.path} records {node_id} as {entry.digest}"
+        return f"{self.path} records {node_id} as {entry.digest} (key {entry.key})"
+
+    def unchanged(self, lock: LockFile) -> None:
+        """The lock this build would write: the first field it would change, both values named."""
+        where = first_difference(self.lock, lock) if self.targets else None
+        if where is not None:
+            field, old, new = where
+            raise LockMismatch(f"--locked: {self.path} records {field} as {old}; this build's is {new}; {LOCKED_ADVICE}")
+
+
+def first_difference(old: LockFile, new: LockFile) -> Optional[tuple[str, str, str]]:
+    """(the first field, in the lock's sorted order, whose value differs; the old value; the new),
+    values as compact JSON (absent: `none`); None when the two locks are one."""
+    a, b = _flat(old.model_dump(mode="json", by_alias=True)), _flat(new.model_dump(mode="json", by_alias=True))
+    for name in sorted(a.keys() | b.keys()):
+        if a.get(name) != b.get(name):
+            return name, _shown(a.get(name)), _shown(b.get(name))
+    return None
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    """`targets.base-tp1.size` -> 431870; a mapping's leaves, a list is one value."""
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for name, value in data.items():
+        if value is not None:
+            out.update(_flat(value, f"{prefix}.{name}" if prefix else str(name)))
+    return out
+
+
+def _shown(value: Any) -> str:
+    return "none" if value is None else value if isinstance(value, str) else canonical_json(value).decode()

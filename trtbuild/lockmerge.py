@@ -13,19 +13,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
+
 from trtbuild import lockfile
 from trtbuild.errors import InvalidInput
 from trtbuild.lockfile import LockedTarget, LockFile
 from trtbuild.store.hash import atomic_write
 
 HEADER = "# Written by `trtbuild lock merge`: commit it; `trtbuild build --locked` checks against it. Do not edit.\n"
+TAKES = "lock merge takes the lock files `trtbuild build --lock-out PATH` writes (one per CI job)"
 
 
 def merge(paths: list[Path]) -> LockFile:
     """One lock holding every input's targets; InvalidInput (one line) when two inputs disagree."""
     locks: list[tuple[Path, LockFile]] = []
     for path in sorted(paths, key=str):  # path order: the same inputs name the same culprits in any order
-        lock = lockfile.read(path)
+        lock = _read(path)
         if lock is None:
             raise InvalidInput(f"lock merge: {path}: no such lock file")
         locks.append((path, lock))
@@ -62,6 +65,29 @@ def write_merged(paths: list[Path], out: Path) -> LockFile:
     except OSError as exc:
         raise InvalidInput(f"lock merge: cannot write {out}: {exc.strerror or exc}") from None
     return merged
+
+
+def _read(path: Path) -> Optional[LockFile]:
+    """A job's lock; a recipe given in its place (`lock merge RECIPE`) is named as one, with what
+    lock merge takes, instead of a lock reader's advice about rebuilding."""
+    try:
+        return lockfile.read(path)
+    except InvalidInput:
+        if _is_recipe(path):
+            raise InvalidInput(f"lock merge: {path} is a recipe, not a lock file; {TAKES}") from None
+        raise
+
+
+def _is_recipe(path: Path) -> bool:
+    """A YAML mapping with a recipe's `name:` and no `targets:` (a lock has `recipe:` and `targets:`)."""
+    try:
+        text = path.read_text()
+        if lockfile._too_deep(text):
+            return False
+        data = yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError):  # (UnicodeDecodeError is a ValueError)
+        return False
+    return isinstance(data, dict) and "name" in data and "targets" not in data
 
 
 def _same_build(first_path: Path, first: LockFile, path: Path, lock: LockFile) -> None:

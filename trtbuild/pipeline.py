@@ -81,10 +81,14 @@ def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, report
     lock_path = lockfile.lock_path_for(loaded, store)
     locked = lockfile.check_locked(lock_path, loaded) if request.locked else None
     graph = build_graph_for(loaded, request, registry, store.state)
-    expected = (locked.source if locked else None) or {}
+    known = _recipe_nodes(loaded, request, graph, registry, store.state)
+    # --locked: the run stops where the lock would change (with --lock-out: the recipe and source only)
+    pinned = lockfile.Pinned(lock_path, locked, targets=request.lock_out is None) if locked else None
+    if pinned:
+        pinned.planned(known, request.validate)
     previous = lockfile.read(lock_path, older_ok=True)
     options = RunOptions(until=request.until, require_all=request.require_all, materialize=request.materialize,
-                         expected_source=expected.get("digest"), lock_name=str(lock_path),
+                         pinned=pinned,
                          locked_source=previous.source if previous else None,
                          recipe_identity=recipe_identity(loaded),
                          rebuild=frozenset(_rebuilt(graph, request.rebuild)),
@@ -102,9 +106,18 @@ def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, report
     if any(r.digest for r in results):
         lockfile.write(written, loaded, source, results, _toolchains(graph, results), validated=request.validate,
                        partial_of=lock_path if request.lock_out else None,
-                       made_from={node.id: list(node.inputs.values()) for node in graph.nodes})
+                       made_from={node.id: list(node.inputs.values()) for node in graph.nodes}, known=known,
+                       pinned=pinned)
         store.register_lockfile(written)
     return BuildOutcome(loaded.recipe.name, results, written, graph)
+
+
+def _recipe_nodes(loaded: LoadedRecipe, request: BuildRequest, graph: graphs.Graph, registry, state) -> set[str]:
+    """Every node id a build of the recipe has (all targets, every SM, validations): a lock entry
+    of another id describes nothing this recipe builds. `graph` when the request is the whole."""
+    if not request.targets and request.gpu in ("all", "auto") and request.validate:
+        return {n.id for n in graph.nodes}
+    return {n.id for n in build_graph_for(loaded, BuildRequest(), registry, state).nodes}
 
 
 def _rebuilt(graph: graphs.Graph, patterns: list[str]) -> set[str]:

@@ -90,8 +90,7 @@ class RunOptions:
     materialize: bool = False  # give every built or cached artifact a read-only `path`
     recipe_name: Optional[str] = None
     recipe_identity: Optional[str] = None  # claims refs/<recipe>/ for this recipe (see LocalStore.claim_recipe)
-    expected_source: Optional[str] = None  # --locked: the source digest the lock file pins
-    lock_name: Optional[str] = None
+    pinned: Optional[object] = None  # --locked: lockfile.Pinned, which stops the run where the lock would change
     locked_source: Optional[dict] = None  # the lock file's source entry (offline hub builds use it)
     rebuild: frozenset[str] = frozenset()  # --rebuild: node ids built anew even when the store has them
     host_sms: Optional[frozenset[str]] = None  # --gpu auto: this host's SMs; nodes for others are another host's job
@@ -113,10 +112,6 @@ class StageFailed(TrtbuildError):
     def __init__(self, message: str, tail: Optional[list[str]] = None):
         super().__init__(message)
         self.tail = tail or []  # the last lines of the stage's log, for the build's output
-
-
-class LockMismatch(InvalidInput):
-    pass
 
 
 class Silent:
@@ -355,9 +350,8 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
         keyed = nodekeys.key_node(node, input_digests, store, options.locked_source,
                                   reporter.started(node, "resolving").advance if node.kind == "source" else None)
         if keyed.resolution is not None:
-            if options.expected_source and keyed.resolution.digest != options.expected_source:
-                raise LockMismatch(f"--locked: the source resolves to {keyed.resolution.digest[:16]}..., but "
-                                   f"{options.lock_name} pins {options.expected_source[:16]}...; rebuild without --locked")
+            if options.pinned:
+                options.pinned.source(keyed.resolution.digest)
             resolutions[node.id] = keyed.resolution
         result.key = keyed.key
         rebuild = node.id in options.rebuild
@@ -375,6 +369,8 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
                 result.reason = (f"the stored artifact is damaged ({found.problem}) and {problem.reason}" if found.problem
                                  else problem.reason)
                 return result
+            if options.pinned:  # --locked: no stage runs under a key the lock does not record
+                options.pinned.before_building(node.id, keyed.key)
             with store.key_lock(keyed.key):
                 found = nodekeys.lookup(store, keyed.key)  # another process may have built it while we waited
                 if rebuild or not found.hit:
@@ -395,6 +391,9 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
             result.status = CACHED
         result.origin = "built" if result.status == BUILT else "remote" if result.pulled else "local"
         result.digest, result.size = found.record.digest, found.record.size
+        if options.pinned:  # --locked: the artifact must be the lock's (refs have not moved yet)
+            how = {"built": "built", "remote": "pulled"}.get(result.origin, "found")
+            options.pinned.done(node.id, keyed.key, result.digest, how)
         result.summary = found.record.summary
         result.standin = found.record.standin
         result.platform = _platform_facts(node, found.record)
