@@ -334,7 +334,7 @@ def test_refs_move_only_once_every_validation_of_the_node_passed(store, tmp_path
     graph.nodes[1].kind, graph.nodes[1].serves = "validate", "ckpt"
     ckpt, validation = run_graph(graph, store).results
     assert ckpt.status == "built" and validation.status == "failed"
-    assert ckpt.ref == "ref not moved: ckpt:validate failed"
+    assert ckpt.ref == "ckpt:validate failed"
     assert store.read_ref("g", "ckpt") is None and store.read_ref("g", "ckpt:validate") is None
     graph.nodes[1].stage, graph.nodes[1].params = UPPER_INPROCESS, {}
     graph.nodes[1].inputs = {"src": "ckpt"}
@@ -377,7 +377,7 @@ def test_a_runtime_validation_this_host_cannot_run_leaves_the_decision_to_torchs
 def test_with_require_all_a_runtime_validation_this_host_cannot_run_holds_the_ref_back(store):
     results = run_graph(validated(vllm_here=False), store, RunOptions(require_all=True)).by_id()
     assert results["ckpt:validate-vllm"].status == "failed"
-    assert (results["ckpt"].ref, results["ckpt"].decided_by) == ("ref not moved: ckpt:validate-vllm failed", [])
+    assert (results["ckpt"].ref, results["ckpt"].decided_by) == ("ckpt:validate-vllm failed", [])
     assert refs_of(store) == {}
 
 
@@ -386,7 +386,7 @@ def test_a_runtime_validation_that_ran_and_failed_holds_the_ref_back_though_torc
     assert results["ckpt:validate"].status == "built"
     assert results["ckpt:validate-vllm"].status == "failed"
     assert results["ckpt:validate-vllm"].reason.startswith("failed its gates: kld_mean 0.5 (limit 0.1); report: ")
-    assert (results["ckpt"].ref, results["ckpt"].decided_by) == ("ref not moved: ckpt:validate-vllm failed", [])
+    assert (results["ckpt"].ref, results["ckpt"].decided_by) == ("ckpt:validate-vllm failed its gates", [])
     assert refs_of(store) == {}  # nor the validations': they move with their target
 
 
@@ -403,12 +403,12 @@ def test_when_the_runtime_validation_ran_its_figures_decide_first(store):
 def test_a_node_no_validation_of_which_ran_keeps_its_old_ref(store):
     results = run_graph(validated(vllm_here=False, torch_here=False), store).by_id()
     assert results["ckpt"].status == "built" and results["ckpt:validate"].status == "skipped"
-    assert results["ckpt"].ref == "ref not moved: ckpt:validate was skipped"
+    assert results["ckpt"].ref == "ckpt:validate was skipped"
     graph = validated(vllm_here=False)  # an engine's case: its only validation is the runtime's
     graph.nodes.pop(1)
     graph.nodes[1].after = []
     results = run_graph(graph, store).by_id()
-    assert results["ckpt"].ref == "ref not moved: ckpt:validate-vllm was skipped"
+    assert results["ckpt"].ref == "ckpt:validate-vllm was skipped"
     assert refs_of(store) == {}
 
 

@@ -390,11 +390,11 @@ def test_a_runtime_validation_that_fails_its_gates_holds_the_ref_back_though_tor
     node = targets["fp8-hf:validate-vllm"]
     assert node["status"] == "failed" and node["reason"].startswith("failed its gates: kld_mean ")
     assert targets["fp8-hf:validate"]["status"] == "cached" and targets["fp8-hf:validate"]["gates"]
-    assert (targets["fp8-hf"]["ref"], targets["fp8-hf"]["decided_by"]) == ("ref not moved: fp8-hf:validate-vllm failed", [])
+    assert (targets["fp8-hf"]["ref"], targets["fp8-hf"]["decided_by"]) == ("fp8-hf:validate-vllm failed its gates", [])
     human = trtbuild(env, copy, "build", "recipe.yaml")
     assert human.returncode == 1
     row = next(line for line in human.stdout.splitlines() if line.strip("│ ").split(" ")[:1] == ["fp8-hf"])
-    assert row.rstrip("│ ").endswith("│ ref not moved: fp8-hf:validate-vllm failed")  # the table's notes
+    assert row.rstrip("│ ").endswith("│ held back: fp8-hf:validate-vllm failed its gates")  # the table's notes
 
 
 def test_a_format_the_serving_table_rules_out_is_not_loaded(recorded_gpu, installed_packages):

@@ -538,6 +538,11 @@ def pull(lock_or_recipe: Path | None, target, gpu, runtime, prefer, dest, store_
         servable = [tid for tid, _ in targets_of(lock)]
         if target not in servable:
             raise InvalidInput(f"--target {target}: not a target of {lock_name} ({', '.join(servable) or 'none'})")
+        from trtbuild.publication import lock_verdict
+
+        held = lock_verdict(lock, target)
+        if held:  # what the store publishes is one rule (trtbuild/publication.py): never pulled
+            raise TrtbuildError(f"--target {target}: held back: {held}; not published, so not pulled")
         name = target
     entry = lock.targets[name]
     chosen = next((c for c in selection.candidates if c.target == name), None)
@@ -813,6 +818,46 @@ def report(recipe: Path | None, store_url, out_dir: Path | None) -> None:
     out_dir = out_dir or store.report_dir(loaded.recipe.name)
     html, png = render_report(loaded.recipe.name, rows(plan, store, lock), out_dir)
     click.echo(f"{html}\n{png}")
+
+
+@cli.command("path")
+@click.argument("names", nargs=-1, metavar="[RECIPE] TARGET")
+@STORE_OPTION
+def path_of(names: tuple[str, ...], store_url) -> None:
+    """Print the folder of TARGET's artifact as RECIPE's lock names it (default: the embedded demo
+    recipe): the local store's read-only checkout, made if it is not there yet, for `trtbuild check`
+    and the runtimes. Exit 0; 1 when TARGET is not built (or its artifact is not whole in the
+    store); 2 when it is not a target of RECIPE.
+    """
+    if len(names) not in (1, 2):
+        raise click.UsageError(f"expected [RECIPE] TARGET, got {len(names)} argument(s)")
+    from trtbuild import lockfile
+    from trtbuild.plan import plan_recipe
+    from trtbuild.store.local import open_store
+
+    recipe = Path(names[0]) if len(names) == 2 else None
+    target = names[-1]
+    loaded = _load(recipe)
+    planned = [t.name for t in plan_recipe(loaded).targets]
+    if target not in planned:
+        raise InvalidInput(f"{target}: not a target of {loaded.recipe.name} ({', '.join(planned)})")
+    build = "trtbuild build" + (f" {recipe}" if recipe is not None else "") + f" --target {target}"
+    store = open_store(store_url, missing_ok=True)
+    lock_path = lockfile.lock_path_for(loaded, store)
+    lock = lockfile.read(lock_path, older_ok=True)
+    entry = lock.targets.get(target) if lock is not None else None
+    if entry is None:
+        raise TrtbuildError(f"{target}: not built (not in {lock_path}); run `{build}`")
+    if lock.recipe.digest != lockfile.recipe_digest(loaded):  # the lock names what an older recipe made
+        raise TrtbuildError(f"{target}: {loaded.path} changed since {lock_path} was written; run `{build}`")
+    problem = store.artifact_problem(entry.digest)
+    if problem:
+        raise TrtbuildError(f"{target}: artifact {entry.digest} is not whole in store {store.location} ({problem}); "
+                            f"run `{build}`")
+    from trtbuild.store.checkout import materialize
+
+    with store.using():
+        click.echo(str(materialize(store, entry.digest)))
 
 
 @cli.command()

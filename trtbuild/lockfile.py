@@ -82,6 +82,9 @@ class LockedTarget(BaseModel):
     serves: Optional[dict[str, list[str]]] = Field(
         None, description="An hf-checkpoint: runtime (trtllm, vllm, sglang) -> the SMs it serves it on, by the loader "
         "check the build ran (serving/check.json); a runtime whose loader rejects it is absent.")
+    held_back: Optional[str] = Field(
+        None, description="A target the build held back from publishing (no ref, never pushed or pulled): why, "
+        "by the rule of trtbuild/publication.py; absent when it may be published.")
 
 
 class LockFile(BaseModel):
@@ -248,6 +251,8 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
                 entry.platform = LockedPlatform.model_validate(platform)
             if r.stage == "hf-checkpoint" and isinstance(r.summary.get("serving"), dict):
                 entry.serves = r.summary["serving"].get("serves")
+            if r.stage in TARGET_STAGES and ":" not in r.id:  # the build's publication verdict (publication.py)
+                entry.held_back = getattr(r, "ref", None)
             fresh[r.id] = entry
     targets: dict[str, LockedTarget] = {}
     if previous and previous.recipe.digest == digest:
@@ -315,7 +320,7 @@ def render(lock: LockFile, header: str = HEADER) -> bytes:
     if data["recipe"]["publish_store"] is None:  # a recipe without publish.store: its lock as before
         del data["recipe"]["publish_store"]
     for entry in data["targets"].values():  # only validations carry numbers, engines a platform, hf-checkpoints serves
-        for name in ("metrics", "gates_passed", "runner", "device", "inputs", "platform", "serves"):
+        for name in ("metrics", "gates_passed", "runner", "device", "inputs", "platform", "serves", "held_back"):
             if entry[name] is None:
                 del entry[name]
     return (header + yaml.safe_dump(data, sort_keys=True, default_flow_style=False)).encode()

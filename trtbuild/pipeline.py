@@ -88,7 +88,7 @@ def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, report
         pinned.planned(known, request.validate)
     previous = lockfile.read(lock_path, older_ok=True)
     options = RunOptions(until=request.until, require_all=request.require_all, materialize=request.materialize,
-                         pinned=pinned,
+                         validated=request.validate, pinned=pinned,
                          locked_source=previous.source if previous else None,
                          recipe_identity=recipe_identity(loaded),
                          rebuild=frozenset(_rebuilt(graph, request.rebuild)),

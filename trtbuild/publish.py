@@ -1,9 +1,10 @@
 """`trtbuild push`: which of a recipe's built targets may be published, with what deploy hosts
 need (their validation reports), and why the others may not.
 
-A target is refused, one line each, when a validation of it failed a gate, when the build skipped
-validation (`--no-validate`, recorded in the lock) unless --allow-unvalidated, when a stand-in
-toolchain made it or its validation, and when the local store no longer has it whole.
+A target is refused, one line each, when the one rule of what a store publishes
+(trtbuild/publication.py) holds it back, as the build said (a validation failed or did not run,
+`--no-validate` unless --allow-unvalidated, a stand-in made it), and when the local store no
+longer has it whole or a stand-in made one of its validations.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trtbuild import publication
 from trtbuild.errors import InvalidInput
-from trtbuild.nodeids import trtllm_validate_id, validate_id, vllm_validate_id
 from trtbuild.lockfile import LockFile, targets_of
 from trtbuild.store.base import Store
 from trtbuild.store.transfer import PushItem
 
-UNVALIDATED = "skipped (--no-validate)"
+UNVALIDATED = publication.UNVALIDATED
 
 
 @dataclass
@@ -28,14 +29,7 @@ class PushPlan:
     refused: list[str] = field(default_factory=list)  # one line per refused target
 
 
-def validations(lock: LockFile, target_id: str) -> list[str]:
-    """The lock's validations of a target: its own, and for an engine its checkpoint's."""
-    ids = [validate_id(target_id), trtllm_validate_id(target_id), vllm_validate_id(target_id)]
-    target = lock.targets[target_id]
-    if target.stage == "engine" and target.platform is not None:
-        checkpoint = target_id.removesuffix(f"-{target.platform.sm}")
-        ids.append(validate_id(checkpoint))
-    return [v for v in ids if v in lock.targets]
+validations = publication.lock_validations  # (its callers' name for it)
 
 
 def select(lock: LockFile, patterns: list[str], lock_path: Path) -> list[str]:
@@ -54,20 +48,12 @@ def select(lock: LockFile, patterns: list[str], lock_path: Path) -> list[str]:
 def plan_push(lock: LockFile, lock_path: Path, local: Store, patterns: list[str], allow_unvalidated: bool) -> PushPlan:
     out = PushPlan()
     for target_id in select(lock, patterns, lock_path):
-        checks = validations(lock, target_id)
-        failed = [v for v in checks if lock.targets[v].gates_passed is False]
-        if failed:
-            out.refused.append(f"{target_id}: failed its gates ({', '.join(failed)} in {lock_path}); not pushed")
+        why = publication.lock_verdict(lock, target_id, allow_unvalidated)
+        if why:  # the build's words (its lock's `held_back`), or the rule on what the lock shows
+            unless = " without --allow-unvalidated" if why in publication.OVERRIDABLE else ""
+            out.refused.append(f"{target_id}: held back: {why}; not pushed{unless}")
             continue
-        if not allow_unvalidated:
-            if lock.validation == UNVALIDATED:
-                out.refused.append(f"{target_id}: built with --no-validate ({lock_path}: validation: {UNVALIDATED}); "
-                                   "not pushed without --allow-unvalidated")
-                continue
-            if not checks:
-                out.refused.append(f"{target_id}: {lock_path} records no validation of it; "
-                                   "not pushed without --allow-unvalidated")
-                continue
+        checks = validations(lock, target_id)
         items, problem = [], None
         for node_id in [target_id, *checks]:
             problem = _unpushable(lock, lock_path, local, node_id)

@@ -123,7 +123,7 @@ def platform_of(record: ActionRecord) -> Optional[LockedPlatform]:
 def _validation_ids(target: str, record: Optional[ActionRecord]) -> list[str]:
     """A target's validations in the order their figures decide (runner.DECIDING_ORDER): its own
     first, the serving runtime's before torch's (TensorRT-LLM's, vLLM's, then torch's; an engine's
-    own is TensorRT-LLM's); an engine's also its checkpoint's, last (as publish.validations)."""
+    own is TensorRT-LLM's); an engine's also its checkpoint's, last (as publication.lock_validations)."""
     ids = [trtllm_validate_id(target), vllm_validate_id(target), validate_id(target)]
     platform = platform_of(record) if record is not None and record.stage.startswith("engine") else None
     if platform is not None:
@@ -185,7 +185,8 @@ def judge(published: list[Published], host: Host, variant_order: Optional[list[s
             formats[item.target] = ((params.get("quant"), params.get("kv_cache")) if isinstance(params, dict) else None)
         lock = LockFile(recipe=LockedRecipe(name=name, digest=""), source=None, toolchain={}, targets=targets,
                         validation="run")
-        selection = choose(lock, host, formats=lambda tid, _, known=formats: known[tid], variant_order=variant_order)
+        selection = choose(lock, host, formats=lambda tid, _, known=formats: known[tid], variant_order=variant_order,
+                           published_only=False)  # a ref is what the store publishes
         found = {c.target: c for c in selection.candidates}
         for item in items:
             cand = found.get(item.target)

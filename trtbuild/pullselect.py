@@ -25,7 +25,7 @@ from typing import Callable, Optional
 
 from packaging.version import InvalidVersion, Version
 
-from trtbuild import hardware, serving
+from trtbuild import hardware, publication, serving
 from trtbuild import serving as serving_table  # _hf_candidate's local `serving` is a list of SMs
 from trtbuild.engine_check import EngineFacts, HostFacts, differences
 from trtbuild.estimate import format_bytes
@@ -201,14 +201,19 @@ def _engine_candidate(cand: Candidate, target: LockedTarget, host: Host) -> None
 
 def choose(lock: LockFile, host: Host, runtime: str = "auto", prefer: str = "throughput",
            formats: Optional[Callable[[str, LockedTarget], Optional[tuple[Optional[str], Optional[str]]]]] = None,
-           variant_order: Optional[list[str]] = None) -> Selection:
+           variant_order: Optional[list[str]] = None, published_only: bool = True) -> Selection:
     """Every target of `lock` judged against `host`, and the one to pull (None when nothing fits).
-    `formats(id, target)`: an hf-checkpoint's (quant, kv_cache); `variant_order`: the recipe's."""
+    `formats(id, target)`: an hf-checkpoint's (quant, kv_cache); `variant_order`: the recipe's;
+    `published_only`: a target the rule of what a store publishes holds back never fits (False for
+    a lock made of a store's refs, which are what it publishes)."""
     runtimes = RUNTIMES if runtime == "auto" else (runtime,)
     candidates = []
     for target_id, target in targets_of(lock):
         cand = Candidate(target_id, target.stage, variant=variant_of(target_id))
-        if target.stage == "checkpoint":
+        why = publication.lock_verdict(lock, target_id) if published_only else None
+        if why:  # never published: the build's words (trtbuild/publication.py)
+            cand.reasons.append(f"held back: {why}")
+        elif target.stage == "checkpoint":
             cand.reasons.append("a TensorRT-LLM checkpoint: no runtime serves it as it is (the engines built from it do)")
         elif target.stage == "engine":
             if "trtllm-engine" not in runtimes:

@@ -124,7 +124,7 @@ def _escape(text: str) -> str:
 def _ref_note(result) -> str:
     """Whose figures moved a validated node's ref (the runtime's first), or why it did not move."""
     if result.ref:
-        return result.ref
+        return f"held back: {result.ref}"
     if not result.decided_by:
         return ""
     return "published: gates passed on " + ", ".join(f"{d['runner']} ({d['device']})" for d in result.decided_by)
@@ -155,6 +155,7 @@ def _build_report(outcome) -> tuple[list[list[tuple[str, str]]], list[tuple[str,
         text = (f" toolchain made {', '.join(standins)}: test artifacts, not real engines or TensorRT-LLM results; "
                 "they can never be published.")
         lines.append((f"[bold red]STAND-IN[/]{text}", f"STAND-IN{text}", True))
+    lines.extend((*_same(line), True) for line in folder_lines(outcome.results))
     counts = Counter(r.status for r in outcome.results)
     summary = ", ".join(f"{n} {status}" for status, n in counts.items())
     pulled = [r.pulled["store"] for r in outcome.results if r.pulled]
@@ -165,6 +166,21 @@ def _build_report(outcome) -> tuple[list[list[tuple[str, str]]], list[tuple[str,
     if counts.get("built", 0) == 0 and counts.get("failed", 0) == 0 and counts.get("cached", 0):
         lines.append((*_same("Nothing was built: every buildable artifact was already in the store."), False))
     return rows, lines
+
+
+def folder_lines(results) -> list[str]:
+    """Where each target the build made or found is (its read-only checkout, for `trtbuild check`
+    and the runtimes), and why one is held back from publishing (publication.held_back)."""
+    from trtbuild.lockfile import TARGET_STAGES
+
+    done = [r for r in results if r.done and r.path and r.stage in TARGET_STAGES and ":" not in r.id]
+    if not done:
+        return []
+    width = max(len(r.id) for r in done)
+    lines = ["folders (read-only; `trtbuild check FOLDER` checks one):"]
+    for r in done:
+        lines.append(f"  {r.id.ljust(width)}  {r.path}" + (f"  (held back: {r.ref})" if r.ref else ""))
+    return lines
 
 
 def _same(text: str) -> tuple[str, str]:

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from trtbuild import nodekeys, timingcache
+from trtbuild import nodekeys, publication, timingcache
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.graph import STAGE_ORDER, Blocker, Graph, Node
+from trtbuild.lockfile import TARGET_STAGES
 from trtbuild.records import ActionRecord, Digest, Execution
 from trtbuild.stages.base import OVERLAY_SUMMARY, SUMMARY_FILES, StageContext
 from trtbuild.stages.source import Resolved
@@ -57,7 +58,7 @@ class NodeResult:
     reason: Optional[str] = None
     path: Optional[str] = None
     summary: dict = field(default_factory=dict)
-    ref: Optional[str] = None  # why the node's ref did not move, when it is done but not validated
+    ref: Optional[str] = None  # a done target held back from publishing: why (publication.held_back)
     decided_by: list[dict] = field(default_factory=list)  # the validations whose figures moved its ref, deciding first
     blocker: Optional[Blocker] = None  # a node this host could not run: why (Blocker.HOST: no GPU or runtime here)
     log_tail: list[str] = field(default_factory=list)  # a failed stage's last log lines
@@ -87,7 +88,8 @@ class NodeResult:
 class RunOptions:
     until: Optional[str] = None
     require_all: bool = False
-    materialize: bool = False  # give every built or cached artifact a read-only `path`
+    materialize: bool = False  # give every built or cached artifact a read-only `path` (targets always get one)
+    validated: bool = True  # False: --no-validate (publication.held_back holds every target back)
     recipe_name: Optional[str] = None
     recipe_identity: Optional[str] = None  # claims refs/<recipe>/ for this recipe (see LocalStore.claim_recipe)
     pinned: Optional[object] = None  # --locked: lockfile.Pinned, which stops the run where the lock would change
@@ -307,7 +309,7 @@ def run_graph(graph: Graph, store: LocalStore, options: Optional[RunOptions] = N
             result = _run_node(graph, node, store, options, results, resolutions, reporter, pool)
             results[node.id] = result
             reporter.finished(result)
-        _move_refs(graph, store, results)
+        _move_refs(graph, store, results, options.validated)
     return RunResult([results[n.id] for n in graph.nodes], resolutions)
 
 
@@ -398,7 +400,8 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
         result.standin = found.record.standin
         result.platform = _platform_facts(node, found.record)
         failed_gates = gates.failed_gates(result.summary)
-        if options.materialize or failed_gates:  # checked out once, for the path and the report's place
+        target = node.kind in TARGET_STAGES and node.serves is None  # a plain build prints where each target is
+        if options.materialize or target or failed_gates:  # checked out once (then a stat), for the path
             result.path = str(materialize(store, result.digest))
         if failed_gates:  # the report stays in the store for inspection; the target fails
             result.status, result.reason = FAILED, f"failed its gates: {', '.join(failed_gates)}; report: {result.path}/report.md"
@@ -437,30 +440,50 @@ def _runner(node: Node) -> Optional[str]:
     return param.value if param else None
 
 
-def _ref_verdict(graph: Graph, node: Node, results: dict[str, NodeResult]) -> tuple[Optional[str], list[Node], list[Node]]:
-    """Whether a done node's ref may move: (why not, or None; the validations that decided, deciding
-    first; the runtime validations this host could not run). Every validation that ran must have
-    passed. A runtime validation (TensorRT-LLM's, vLLM's) skipped because this host lacks the runtime
-    or a GPU holds the ref back only when no torch validation ran and passed: then torch's figures
-    decide alone. Any other validation not done holds it back, and so does a node none of whose
-    validations ran."""
-    validations = graph.validations_of(node.id)
-    failed = [v for v in validations if results[v.id].status == FAILED]
-    if failed:
-        return f"ref not moved: {failed[0].id} failed", [], []
-    ran = [v for v in validations if results[v.id].done]
-    elsewhere = [v for v in validations if results[v.id].status == SKIPPED and results[v.id].blocker == Blocker.HOST
-                 and _runner(v) in DECIDING_ORDER[:-1]]
-    if not any(_runner(v) == "torch" for v in ran):
-        elsewhere = []
-    pending = [v for v in validations if not results[v.id].done and v not in elsewhere]
-    if pending:
-        return f"ref not moved: {pending[0].id} was {results[pending[0].id].status}", [], []
+def _checks(graph: Graph, node: Node, results: dict[str, NodeResult]) -> tuple[list[publication.Check], list[Node], list[Node]]:
+    """The node's validations as publication.held_back judges them (an engine's with its
+    checkpoint's); the validations whose figures decide (ran and passed), deciding
+    first; and the runtime validations this host could not run. A runtime validation (TensorRT-LLM's,
+    vLLM's) skipped because this host lacks the runtime or a GPU is excused (ELSEWHERE) only when a
+    torch validation ran and passed: then torch's figures decide alone."""
     ranks = {runner: n for n, runner in enumerate(DECIDING_ORDER)}
-    return None, sorted(ran, key=lambda v: ranks.get(_runner(v), len(ranks))), elsewhere
+    own = sorted(graph.validations_of(node.id), key=lambda v: ranks.get(_runner(v), len(ranks)))
+    validations = graph.validations_of(node.id)  # in graph order: torch's first, whose absence the others wait on
+    if node.kind == "engine" and "checkpoint" in node.inputs:  # its checkpoint's figures judge it too (after its own)
+        validations += graph.validations_of(node.inputs["checkpoint"])
+    ran = [v for v in own if results[v.id].done]
+    torch_passed = any(_runner(v) == "torch" and results[v.id].done for v in own)
+    elsewhere = [v for v in own if results[v.id].status == SKIPPED and results[v.id].blocker == Blocker.HOST
+                 and _runner(v) in DECIDING_ORDER[:-1]] if torch_passed else []
+    checks = []
+    for v in validations:
+        done = results[v.id]
+        if done.status == FAILED:
+            state, detail = publication.FAILED, "its gates" if done.digest else ""
+        elif done.done:
+            state, detail = publication.PASSED, ""
+        elif v in elsewhere:
+            state, detail = publication.ELSEWHERE, ""
+        else:
+            state, detail = publication.NOT_RUN, str(done.status)
+        checks.append(publication.Check(v.id, state, detail, tuple(done.standin)))
+    return checks, ran, elsewhere
 
 
-def _move_refs(graph: Graph, store: LocalStore, results: dict[str, NodeResult]) -> None:
+def _ref_verdict(graph: Graph, node: Node, results: dict[str, NodeResult],
+                 validated: bool = True) -> tuple[Optional[str], list[Node], list[Node]]:
+    """Whether a done node's ref may move: (why not, or None; the validations that decided, deciding
+    first; the runtime validations this host could not run). A target's is publication.held_back's
+    verdict (so is any node with validations); a node that is neither (the source, a calibration set,
+    ...) always moves."""
+    checks, ran, elsewhere = _checks(graph, node, results)
+    if node.serves is not None or (node.kind not in TARGET_STAGES and not checks):  # no target, nothing judges it
+        return None, ran, elsewhere
+    why = publication.held_back(validated, checks, results[node.id].standin)
+    return (why, [], []) if why else (None, ran, elsewhere)
+
+
+def _move_refs(graph: Graph, store: LocalStore, results: dict[str, NodeResult], validated: bool = True) -> None:
     """Point each done node's ref at its artifact when `_ref_verdict` allows it: a ref never names an
     artifact that has not passed what the recipe asks and this host could measure. A validation's
     ref moves with the ref of the node it serves, so that the validations a store holds beside a
@@ -471,7 +494,7 @@ def _move_refs(graph: Graph, store: LocalStore, results: dict[str, NodeResult]) 
         result = results[node.id]
         if not result.done or (node.kind == "validate" and node.serves in served):
             continue
-        why, decided, elsewhere = _ref_verdict(graph, node, results)
+        why, decided, elsewhere = _ref_verdict(graph, node, results, validated)
         if why:
             result.ref = why
             continue
