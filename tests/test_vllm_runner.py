@@ -352,11 +352,11 @@ def test_build_runs_validate_vllm_through_the_standin_and_marks_it(workspace, tm
             **({"quantization": "modelopt"} if variant == "fp8" else {}), "kv_cache_dtype": "auto",
             "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "max_model_len": 128, "max_num_seqs": 4,
             "max_num_batched_tokens": 256, "gpu_memory_utilization": 0.9, "dtype": "bfloat16"}
-        # vLLM's figures ran and passed: they decide first (the stand-in's version names it), then torch's
-        assert targets[f"{variant}-hf"]["ref"] is None
-        assert targets[f"{variant}-hf"]["decided_by"] == [
-            {"validation": f"{variant}-hf:validate-vllm", "runner": "vllm 0.33.0+standin", "device": "cpu"},
-            {"validation": f"{variant}-hf:validate", "runner": "torch", "device": "cpu"}]
+        # vLLM's figures ran and passed, but a stand-in's figures never publish: the ref is held back,
+        # saying why (trtbuild.publication)
+        assert targets[f"{variant}-hf"]["ref"] == (f"its validation {variant}-hf:validate-vllm was made by a "
+                                                   "stand-in toolchain (vllm)")
+        assert targets[f"{variant}-hf"]["decided_by"] == []  # nothing decides what is not published
     lock = yaml.safe_load((workspace / "recipe.lock").read_text())
     assert lock["toolchain"]["validate:vllm"]["vllm"] == "0.33.0+standin"
     assert lock["targets"]["fp8-hf:validate-vllm"]["gates_passed"] is True
@@ -366,16 +366,15 @@ def test_build_runs_validate_vllm_through_the_standin_and_marks_it(workspace, tm
     assert {k: v for k, v in lock["targets"]["fp8-hf:validate"].items() if k in ("runner", "device")} == {
         "runner": "torch", "device": "cpu"}
     assert "runner" not in lock["targets"]["fp8-hf"]
-    validations, measured_by = listed(env, workspace)
-    assert [(v["id"], v["runner"]) for v in validations["fp8-hf"]] == [
-        ("fp8-hf:validate-vllm", "vllm 0.33.0+standin"), ("fp8-hf:validate", "torch")]
-    assert measured_by["fp8-hf"] == "vllm 0.33.0+standin on cpu"
+    # held back, so the store publishes neither checkpoint (tests/test_ls.py shows MEASURED BY for vLLM's figures)
+    listing = json.loads(trtbuild(env, workspace, "ls", "--store", str(workspace / "store"), "--json").stdout)
+    assert [p["target"] for p in listing["published"]] == []
     # nothing a stand-in made passes for real: the checkpoint it validated is never pushed
     pushed = trtbuild(env, workspace, "push", "recipe.yaml", "--store", str(tmp_path / "published"),
                       "--target", "fp8-hf")
     assert (pushed.returncode, pushed.stderr) == (
-        1, "fp8-hf: its validation fp8-hf:validate-vllm: made by a stand-in toolchain (vllm); "
-           "stand-ins are never pushed\n")
+        1, "fp8-hf: held back: its validation fp8-hf:validate-vllm was made by a stand-in toolchain (vllm); "
+           "not pushed\n")
 
 
 def test_a_runtime_validation_that_fails_its_gates_holds_the_ref_back_though_torch_passed(workspace, tmp_path):
@@ -393,8 +392,11 @@ def test_a_runtime_validation_that_fails_its_gates_holds_the_ref_back_though_tor
     assert (targets["fp8-hf"]["ref"], targets["fp8-hf"]["decided_by"]) == ("fp8-hf:validate-vllm failed its gates", [])
     human = trtbuild(env, copy, "build", "recipe.yaml")
     assert human.returncode == 1
+    # the table's notes say it (wrapped in the column), and so does the folder list below the table
     row = next(line for line in human.stdout.splitlines() if line.strip("│ ").split(" ")[:1] == ["fp8-hf"])
-    assert row.rstrip("│ ").endswith("│ held back: fp8-hf:validate-vllm failed its gates")  # the table's notes
+    assert row.rstrip("│ ").endswith("│ held back: fp8-hf:validate-vllm failed its")
+    folder = next(line for line in human.stdout.splitlines() if line.startswith("  fp8-hf "))
+    assert folder.endswith(f"{targets['fp8-hf']['path']}  (held back: fp8-hf:validate-vllm failed its gates)")
 
 
 def test_a_format_the_serving_table_rules_out_is_not_loaded(recorded_gpu, installed_packages):
