@@ -366,9 +366,6 @@ def test_build_runs_validate_vllm_through_the_standin_and_marks_it(workspace, tm
     assert {k: v for k, v in lock["targets"]["fp8-hf:validate"].items() if k in ("runner", "device")} == {
         "runner": "torch", "device": "cpu"}
     assert "runner" not in lock["targets"]["fp8-hf"]
-    # held back, so the store publishes neither checkpoint (tests/test_ls.py shows MEASURED BY for vLLM's figures)
-    listing = json.loads(trtbuild(env, workspace, "ls", "--store", str(workspace / "store"), "--json").stdout)
-    assert [p["target"] for p in listing["published"]] == []
     # nothing a stand-in made passes for real: the checkpoint it validated is never pushed
     pushed = trtbuild(env, workspace, "push", "recipe.yaml", "--store", str(tmp_path / "published"),
                       "--target", "fp8-hf")
