@@ -246,3 +246,20 @@ def test_with_lock_out_the_recipe_and_source_are_checked_against_the_committed_l
     assert line.startswith(f"--locked: tiny.lock records recipe digest {'d' * 64}; the recipe tiny.yaml is "), line
     assert (project / "tiny.lock").read_bytes() == edited
     assert not (project / "out" / "job.lock").exists()
+
+
+def test_a_build_that_validates_nothing_keeps_the_verdict_the_lock_records_for_the_same_artifact(project):
+    """The lock records why a target is held back (publication.held_back). A build that ran none of a
+    target's validations (`--until checkpoint`) and found the same artifact keeps the recorded
+    verdict: its validations are carried in the lock, so the verdict is what it was; it neither
+    rewrites the lock nor is refused by --locked."""
+    full = trtbuild(project, "build", "tiny.yaml", "--target", "base-tp1")
+    assert full.returncode == 0, full.stderr
+    lock = yaml.safe_load((project / "tiny.lock").read_text())
+    assert (lock["targets"]["base-tp1"].get("held_back"), lock["targets"]["base-tp1:validate"]["gates_passed"]) == (
+        None, True)
+    before = (project / "tiny.lock").read_bytes()
+    assert build(project, "--locked").returncode == 0
+    plain = build(project)
+    assert plain.returncode == 0, plain.stderr
+    assert (project / "tiny.lock").read_bytes() == before

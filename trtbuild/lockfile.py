@@ -258,6 +258,7 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
     if previous and previous.recipe.digest == digest:
         source = source or previous.source
         if partial_of is None:
+            _keep_verdicts(previous, fresh)
             kept = {tid: e for tid, e in previous.targets.items() if known is None or tid in known or tid in fresh}
             targets.update(carried(kept, fresh))
             toolchains = {**previous.toolchain, **toolchains}
@@ -273,6 +274,21 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
     if _read_bytes(path) != data and not (partial_of is None and previous == lock):
         atomic_write(path, data)
     return lock
+
+
+def _keep_verdicts(previous: LockFile, fresh: dict[str, LockedTarget]) -> None:
+    """A target this run found as the same artifact without running any of its validations (`--until
+    checkpoint`, `--target` of another node) keeps the publication verdict the lock records: the
+    validations it was judged by are carried with it (`carried`), so the verdict is still theirs.
+    Recording "X was skipped" instead would rewrite the lock (and refuse `--locked`) for a build
+    that changed nothing."""
+    from trtbuild.publication import validation_ids
+
+    for tid, entry in fresh.items():
+        before = previous.targets.get(tid)
+        if (entry.stage in TARGET_STAGES and ":" not in tid and before is not None and before.digest == entry.digest
+                and not any(v in fresh for v in validation_ids(tid, entry))):
+            entry.held_back = before.held_back
 
 
 def _validation(validated: bool) -> str:

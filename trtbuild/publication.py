@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence
 
 if TYPE_CHECKING:
-    from trtbuild.lockfile import LockFile
+    from trtbuild.lockfile import LockedTarget, LockFile
 
 UNVALIDATED = "skipped (--no-validate)"  # a lock's `validation:` after `build --no-validate`
 
@@ -63,15 +63,19 @@ def held_back(validated: bool, checks: Sequence[Check], standin: Sequence[str] =
     return None
 
 
-def lock_validations(lock: "LockFile", target_id: str) -> list[str]:
-    """The lock's validations of a target: its own, and for an engine its checkpoint's."""
+def validation_ids(target_id: str, target: "LockedTarget") -> list[str]:
+    """The ids a target's validations have in a lock: its own, and for an engine its checkpoint's."""
     from trtbuild.nodeids import trtllm_validate_id, validate_id, vllm_validate_id
 
     ids = [validate_id(target_id), trtllm_validate_id(target_id), vllm_validate_id(target_id)]
-    target = lock.targets[target_id]
     if target.stage == "engine" and target.platform is not None:
         ids.append(validate_id(target_id.removesuffix(f"-{target.platform.sm}")))
-    return [v for v in ids if v in lock.targets]
+    return ids
+
+
+def lock_validations(lock: "LockFile", target_id: str) -> list[str]:
+    """The lock's validations of a target: its own, and for an engine its checkpoint's."""
+    return [v for v in validation_ids(target_id, lock.targets[target_id]) if v in lock.targets]
 
 
 def lock_verdict(lock: "LockFile", target_id: str, allow_unvalidated: bool = False) -> Optional[str]:
