@@ -226,3 +226,23 @@ def test_pull_on_a_deploy_host_of_a_store_without_the_recipes_lock_is_one_line(d
     assert (result.exit_code, result.stdout) == (2, "")
     assert result.stderr == (f"{deploy.embedded_lock_path(DEMO)}: no lock file, and {bucket} has none published "
                              f"({bucket}/locks/{DEMO}.lock): run `trtbuild build` and `trtbuild push` first\n")
+
+
+def test_push_and_pull_of_the_demo_without_a_store_are_one_line_asking_for_store(demo, run):
+    """The demo names no publish.store, and its file is the package's: only --store can name one."""
+    for command in (["push"], ["pull", "--dry-run"]):
+        result = run(*command)
+        verb = "push to" if command[0] == "push" else "pull from"
+        assert (result.exit_code, result.stdout, result.stderr) == (
+            2, "", f"the embedded demo recipe: no store to {verb}: pass --store URL\n")
+
+
+def test_pull_of_the_demo_from_a_folder_store_without_its_lock_here_is_one_line(demo, run, monkeypatch):
+    demo.validated()
+    assert run("push", "--store", demo.remote).exit_code == 0
+    deploy = deploy_host(demo, monkeypatch)
+    result = run("pull", "--store", demo.remote, "--target", "base-tp1", "--dry-run")
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == (f"{deploy.embedded_lock_path(DEMO)}: no lock file (pull reads the lock that `trtbuild "
+                             f"build` wrote, or the one `trtbuild push` published to an s3:// store; {demo.remote} is "
+                             "a folder)\n")
