@@ -20,3 +20,9 @@ class InvalidInput(TrtbuildError):
     """The user's input (a recipe, a config file, a command-line value) is wrong: exit code 2."""
 
     exit_code = 2
+
+
+class Unreachable(TrtbuildError):
+    """A service the command needs (the Hugging Face Hub) cannot be reached: exit code 1, as for any
+    failure that is not the input's fault (trtbuild/s3.py words an unreachable S3 service the same).
+    A build stops at once, before anything is stored: every target needs what it could not reach."""

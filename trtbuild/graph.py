@@ -268,6 +268,7 @@ class GraphBuilder:
                         "trust_remote_code": source.trust_remote_code}
         if source.kind == "hf":
             node.runtime["revision"] = source.revision or "main"
+            node.runtime["where"] = self.loaded.where(("source", "hf"))  # named by a hub it cannot reach
         if source.kind == "path":
             node.runtime["folder"] = str(self.loaded.resolve_path(source.path))
         self._add(node)

@@ -133,7 +133,7 @@ def find_model_config(loaded: LoadedRecipe, state=None) -> tuple[ModelSpec, str]
         from trtbuild import hub
 
         revision = source.revision or "main"
-        found = hub.config_json(source.hf, revision)
+        found = hub.config_json(source.hf, revision, loaded.where(("source", "hf")))
         if found is not None:
             return load_config(found), f"config.json of {source.hf}@{revision} ({found})"
         raise InvalidInput(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from trtbuild.errors import InvalidInput
-from trtbuild.hub import hub_error, offline
+from trtbuild.hub import hub_error, offline, quiet
 from trtbuild.keys import canonical_json
 from trtbuild.modelconfig import read_json_object
 from trtbuild.stages.base import StageContext
@@ -26,13 +26,14 @@ from trtbuild.stages.source.common import Resolved, SourceContext
 SHA256, GIT = "sha256:", "git-sha1:"
 
 
-def _listing_from_hub(repo: str, revision: str) -> tuple[str, dict[str, str], dict[str, int]]:
+def _listing_from_hub(repo: str, revision: str, where: Optional[str]) -> tuple[str, dict[str, str], dict[str, int]]:
     from huggingface_hub import HfApi
 
     try:
-        info = HfApi().model_info(repo, revision=revision, files_metadata=True)
+        with quiet():
+            info = HfApi().model_info(repo, revision=revision, files_metadata=True)
     except Exception as exc:  # every hub error becomes one line naming the repository
-        raise hub_error(repo, revision, exc) from None
+        raise hub_error(repo, revision, exc, where) from None
     hashes, sizes = {}, {}
     for sibling in info.siblings or []:
         if sibling.lfs is not None:
@@ -73,7 +74,7 @@ def resolve(ctx: SourceContext) -> Resolved:
         commit, hashes, sizes = locked["commit"], dict(locked["files"]), dict(locked.get("sizes") or {})
         origin = "the lock file (a pinned commit)" if pinned else "the lock file (offline)"
     elif not offline():
-        commit, hashes, sizes = _listing_from_hub(repo, revision)
+        commit, hashes, sizes = _listing_from_hub(repo, revision, ctx.runtime.get("where"))
         origin = f"hub metadata of {repo}@{revision}"
     else:
         origin = "the Hugging Face cache (offline)"
@@ -106,9 +107,10 @@ def download(ctx: StageContext) -> None:
 
     repo, commit, files = ctx.runtime["repo"], ctx.runtime["commit"], ctx.runtime["files"]
     try:
-        snapshot = Path(snapshot_download(repo, revision=commit, allow_patterns=list(files)))
+        with quiet():
+            snapshot = Path(snapshot_download(repo, revision=commit, allow_patterns=list(files)))
     except Exception as exc:
-        raise hub_error(repo, commit, exc) from None
+        raise hub_error(repo, commit, exc, ctx.runtime.get("where")) from None
     for name, expected in files.items():
         path = snapshot / name
         if not path.is_file():
