@@ -94,6 +94,9 @@ def test_progress_lines_of_a_shared_stage_reach_the_reporter(store, tmp_path):
         def finished(self, result):
             pass
 
+        def notice(self, line):
+            pass
+
     shared_counting = type(COUNTING)(COUNTING.name, COUNTING.version, COUNTING.entry, shares_worker=True)
     result, = run_graph(Graph("g", [node("c", shared_counting, steps=3)]), store, reporter=Reporter()).results
     assert result.status == "built"

@@ -885,12 +885,20 @@ def main() -> None:
     another thread still works, the ordinary exit (which waits for it) is taken instead."""
     import gc
 
+    from trtbuild import interrupt
+
     gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
+    interrupt.install()  # Ctrl-C: exit 130 with one line (not click's "Aborted!", exit 1)
     try:
         cli(prog_name="trtbuild")
         code = 0
     except SystemExit as exc:
         code = exc.code
+    except interrupt.Interrupted:
+        code = None
+    if interrupt.requested():  # also when its exception was dropped and the command still ended
+        print(interrupt.LINE, file=sys.stderr)
+        code = interrupt.EXIT
     _exit_without_teardown(code)
 
 

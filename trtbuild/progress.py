@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Optional
 
-from trtbuild import plainout
+from trtbuild import interrupt, plainout
 from trtbuild.estimate import format_bytes
 
 if TYPE_CHECKING:
@@ -62,6 +62,7 @@ class ConsoleReporter:
             self.task = None
 
     def started(self, node, what: str) -> "ConsoleReporter":
+        interrupt.check()  # between nodes: a Ctrl-C whose exception Python dropped (trtbuild/interrupt.py)
         self._drop()
         self.node_id, self.bytes = node.id, 0
         if self.progress is not None:
@@ -78,6 +79,17 @@ class ConsoleReporter:
         """A counted step inside a stage: calibration batches, AWQ search."""
         if self.task is not None:
             self.progress.update(self.task, completed=done, total=total, detail=f"{done}/{total} {label}")
+
+    def notice(self, line: str) -> None:
+        """A line besides the results (a damaged artifact rebuilt, a wait for another build's lock,
+        a new store), where the results go: stderr, above the bars."""
+        if self._plain and plainout.line_as_is(line):
+            sys.stderr.write(f"{line}\n")
+            sys.stderr.flush()
+            return
+        from rich.markup import escape
+
+        self.console.print(escape(line), highlight=False, soft_wrap=True)
 
     def finished(self, result) -> None:
         self._drop()

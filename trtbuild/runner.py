@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from trtbuild import nodekeys, publication, timingcache
-from trtbuild.errors import InvalidInput, TrtbuildError
+from trtbuild.errors import InvalidInput, TrtbuildError, Unreachable
 from trtbuild.graph import STAGE_ORDER, Blocker, Graph, Node
 from trtbuild.lockfile import TARGET_STAGES
 from trtbuild.records import ActionRecord, Digest, Execution
@@ -131,6 +131,9 @@ class Silent:
     def finished(self, result: NodeResult) -> None:
         pass
 
+    def notice(self, line: str) -> None:
+        """A line the run says besides its results: a damaged artifact rebuilt, a wait for a lock."""
+
 
 # ---- running one stage ---------------------------------------------------------------------------
 
@@ -178,18 +181,22 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
     node, key = keyed.node, keyed.key
     stage = node.stage
     work = store.tmpdir(f"{node.kind}-{key[:12]}")
-    out = work / "out"
-    out.mkdir()
-    (work / "logs").mkdir()
-    log = work / "logs" / f"{stage.name}.log"
-    started = time.monotonic()
-    peak_rss_mib, figures = None, {}
-    # the stage may read (never change) what its key names: the platform, toolchain and input digests
-    runtime = {**keyed.runtime, "platform": keyed.fields["platform"], "toolchain": keyed.fields["toolchain"],
-               "input_digests": keyed.fields["inputs"]}
-    timing = None
-    # an overlay stage's files go in as blobs only: its artifact is _overlay's merged manifest
-    ingest = store.ingest_files if stage.overlay else store.ingest
+    try:  # Ctrl-C before the stage's own try below: the folder goes all the same
+        out = work / "out"
+        out.mkdir()
+        (work / "logs").mkdir()
+        log = work / "logs" / f"{stage.name}.log"
+        started = time.monotonic()
+        peak_rss_mib, figures = None, {}
+        # the stage may read (never change) what its key names: the platform, toolchain and input digests
+        runtime = {**keyed.runtime, "platform": keyed.fields["platform"], "toolchain": keyed.fields["toolchain"],
+                   "input_digests": keyed.fields["inputs"]}
+        timing = None
+        # an overlay stage's files go in as blobs only: its artifact is _overlay's merged manifest
+        ingest = store.ingest_files if stage.overlay else store.ingest
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     try:
         timing = _timing_cache(keyed, store, work) if stage.timing_cache else None
         if timing:
@@ -302,13 +309,15 @@ def run_graph(graph: Graph, store: LocalStore, options: Optional[RunOptions] = N
     reporter = reporter or Silent()
     results: dict[str, NodeResult] = {}
     resolutions: dict[str, Resolved] = {}
-    with store.using(), WorkerPool() as pool:
-        if options.recipe_identity:
-            store.claim_recipe(graph.recipe, options.recipe_identity)
+    with store.using(say=reporter.notice), WorkerPool() as pool:
+        if options.recipe_identity:  # refused before anything runs; claimed once refs move
+            store.check_claim(graph.recipe, options.recipe_identity)
         for node in graph.nodes:
             result = _run_node(graph, node, store, options, results, resolutions, reporter, pool)
             results[node.id] = result
             reporter.finished(result)
+        if options.recipe_identity and any(r.done for r in results.values()):
+            store.claim_recipe(graph.recipe, options.recipe_identity)
         _move_refs(graph, store, results, options.validated)
     return RunResult([results[n.id] for n in graph.nodes], resolutions)
 
@@ -373,8 +382,11 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
                 return result
             if options.pinned:  # --locked: no stage runs under a key the lock does not record
                 options.pinned.before_building(node.id, keyed.key)
-            with store.key_lock(keyed.key):
+            with store.key_lock(keyed.key, waiter=node.id, say=reporter.notice):
                 found = nodekeys.lookup(store, keyed.key)  # another process may have built it while we waited
+                if found.problem:  # never silent: a damaged store is something to look into
+                    reporter.notice(f"{node.id}: rebuilding {found.record.digest[:12]}: the stored artifact is "
+                                    f"damaged ({found.problem})")
                 if rebuild or not found.hit:
                     reporter.started(node, "rebuilding" if found.problem or rebuild else "building")
                     input_paths = {role: materialize(store, results[dep].digest) for role, dep in node.inputs.items()}
@@ -405,7 +417,7 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
             result.path = str(materialize(store, result.digest))
         if failed_gates:  # the report stays in the store for inspection; the target fails
             result.status, result.reason = FAILED, f"failed its gates: {', '.join(failed_gates)}; report: {result.path}/report.md"
-    except InvalidInput:  # a source that is not there, a lock that does not match: stop the run
+    except (InvalidInput, Unreachable):  # a source that is not there, a hub not reached, a lock that does not match: stop the run
         raise
     except StageFailed as exc:
         result.status, result.reason, result.log_tail = FAILED, str(exc), exc.tail

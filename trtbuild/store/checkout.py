@@ -5,6 +5,7 @@ stat cache: a blob the store wrote and protected, unchanged since, is trusted wi
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path, PurePosixPath
 
 from trtbuild.errors import InvalidInput
@@ -54,12 +55,16 @@ def materialize(store: Store, digest: str) -> Path:
         if final.exists():  # not made by this code (renames are atomic): rebuild it
             store.remove_checkout(digest)
         work = store.tmpdir(f"checkout-{digest[:12]}")
-        work.chmod(0o755)
-        for entry in manifest.entries:
-            dest = work / entry.path
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            store.place_blob(entry.sha256, dest, entry.executable)
-        os.rename(work, final)
+        try:
+            work.chmod(0o755)
+            for entry in manifest.entries:
+                dest = work / entry.path
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                store.place_blob(entry.sha256, dest, entry.executable)
+            os.rename(work, final)
+        except BaseException:  # a full disk, Ctrl-C: no half-made checkout left in tmp/
+            shutil.rmtree(work, ignore_errors=True)
+            raise
     return final
 
 

@@ -17,9 +17,10 @@ import json
 import os
 import shutil
 import tempfile
+import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Iterator, Optional
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Optional
 
 from pydantic import ValidationError
 
@@ -52,6 +53,60 @@ def _file_lock(path: Path) -> "FileLock":
     return FileLock(str(path))
 
 
+Say = Callable[[str], None]  # where a store's one-line notices go (a build's progress lines)
+
+
+def _to_stderr(line: str) -> None:
+    """A notice of a command without a progress reporter (push, pull): a line on stderr, looked up
+    when written, so that a live progress bar (rich redirects stderr) prints it above itself."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def lock_holder(path: Path) -> Optional[str]:
+    """Who holds the flock on `path`, from the kernel's table (/proc/locks, Linux): "pid N (its
+    command line)", or None when that cannot be told. Nothing is written to say who holds a lock:
+    a stale note could only mislead, the kernel's table cannot."""
+    try:
+        st = os.stat(path)
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = []  # "1: FLOCK  ADVISORY  WRITE 4711 fe:00:2157153 0 EOF"; "1: -> FLOCK ..." is a waiter
+    for fields in (line.split() for line in table.splitlines()):
+        # an overlay file system names its upper layer's device: the inode alone, after an exact match
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(st.st_ino):
+            pids.insert(0 if fields[5] == device else len(pids), fields[4])
+    if not pids:
+        return None
+    try:
+        command = " ".join(Path(f"/proc/{pids[0]}/cmdline").read_bytes().decode(errors="replace").split("\0")).strip()
+    except OSError:
+        command = ""
+    if len(command) > 80:
+        command = command[:77] + "..."
+    return f"pid {pids[0]} ({command})" if command else f"pid {pids[0]}"
+
+
+@contextlib.contextmanager
+def _waiting(lock: "FileLock", what: str, say: Optional[Say]) -> Iterator[None]:
+    """Hold `lock`; when another process holds it, say so (naming the holder when the kernel tells)
+    before waiting for it."""
+    from filelock import Timeout
+
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        holder = lock_holder(Path(lock.lock_file))
+        (say or _to_stderr)(f"{what}: waiting for {lock.lock_file}" + (f", held by {holder}" if holder else ""))
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def open_store(url: Optional[str] = None, create: bool = False, missing_ok: bool = False) -> Store:
     """--store URL, else $TRTBUILD_CACHE, else ./cache: a folder (LocalStore) or `s3://bucket/prefix`
     (S3Store). Opening creates nothing. `create`: the store may not exist yet; its first write (a
@@ -77,6 +132,7 @@ class LocalStore(Store):
         if self.root.exists() and not self.root.is_dir():
             raise InvalidInput(f"store {self.root}: not a folder")
         self._state: Optional[StatCache] = None
+        self._announce: Optional[Callable[[], None]] = None  # "new store at ...", said when it first stores
 
     def __repr__(self) -> str:
         return f"LocalStore({self.root})"
@@ -116,6 +172,14 @@ class LocalStore(Store):
     def _writing(self) -> None:
         if not self.exists():
             self.create()
+
+    def _storing(self) -> None:
+        """The first write that stores something (a blob, a manifest, a failure's logs): what makes
+        a store that using() created stay, and so the moment to say it is new."""
+        self._writing()
+        if self._announce is not None:
+            announce, self._announce = self._announce, None
+            announce()
 
     # ---- paths -----------------------------------------------------------------------------------
     def blob_path(self, digest: str) -> Path:
@@ -158,7 +222,7 @@ class LocalStore(Store):
 
     def keep_failure(self, key: str, logs: Path) -> Path:
         """failed/<key>/logs holds the latest failure of a key until `cache gc` sees the key built."""
-        self._writing()
+        self._storing()
         dest = self.root / "failed" / key
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir(parents=True, exist_ok=True)
@@ -187,41 +251,53 @@ class LocalStore(Store):
         return self.root / "reports" / recipe
 
     # ---- locks -----------------------------------------------------------------------------------
-    def key_lock(self, key: str) -> FileLock:
-        """Held while a key is built: a second process wanting the same key waits, then hits."""
+    def key_lock(self, key: str, waiter: str = "", say: Optional[Say] = None) -> contextlib.AbstractContextManager:
+        """Held while a key is built: a second process wanting the same key waits, then hits. A wait
+        is said in one line (to `say`, else stderr), which begins with `waiter` (the node's id)."""
         self._writing()
-        return _file_lock(self.root / "locks" / f"{key}.lock")
+        return _waiting(_file_lock(self.root / "locks" / f"{key}.lock"), waiter or f"key {key[:16]}...", say)
 
     def checkout_lock(self, digest: str) -> FileLock:
         self._writing()
         return _file_lock(self.root / "locks" / f"checkout-{digest}.lock")
 
     @contextlib.contextmanager
-    def using(self, exclusive: bool = False, wait: bool = True) -> Iterator[None]:
+    def using(self, exclusive: bool = False, wait: bool = True, say: Optional[Say] = None) -> Iterator[None]:
         """Builds hold the store shared, and create it: a build creates its store when it first
         writes, not before its recipe was checked. `cache gc` holds it exclusive, so it never
         deletes bytes a running build has written but not yet recorded; exclusive use needs a store
         that exists (gc and repair never create one). A store this call created is removed again
-        when the work is refused on its input (InvalidInput) before storing anything: a source
-        refused at build time writes nothing."""
+        when the work ends in an error (a source refused at build time, a hub that cannot be
+        reached, Ctrl-C) before storing anything: then nothing was written.
+
+        `say` (else stderr) gets the store's one-line notices: a wait for the store held exclusive,
+        and "new store at PATH" when this call made the store's folder (a mistyped --store starts
+        an empty store), said when it first stores something (_storing), so a run that ends
+        without storing anything (and leaves no store) does not say it."""
         made = None
+        new_folder = not exclusive and not self.root.exists()
         if exclusive:
             self.require()
         elif not self.exists():
             made = self._missing_layout()
-        handle = self._lock_store(exclusive, wait)
+        handle = self._lock_store(exclusive, wait, say or _to_stderr)
+        if new_folder:
+            self._announce = lambda: (say or _to_stderr)(f"new store at {self.root}")
         try:
             yield
-        except InvalidInput:
+        except BaseException:
             if made is not None:
                 self._discard_if_empty(handle, made)
             raise
         finally:
+            self._announce = None
             handle.close()  # closing the last descriptor releases the flock
 
-    def _lock_store(self, exclusive: bool, wait: bool):
+    def _lock_store(self, exclusive: bool, wait: bool, say: Say):
         """locks/store.lock, flocked. A store removed (by _discard_if_empty) between opening the
-        file and locking it leaves a lock on a file no one else will open: then again, on the new one."""
+        file and locking it leaves a lock on a file no one else will open: then again, on the new one.
+        A wait (a build while `cache gc` runs) is said first, once."""
+        said = False
         while True:
             if not exclusive:
                 self._writing()
@@ -232,11 +308,18 @@ class LocalStore(Store):
                 if exclusive:
                     self.require()
                 continue
+            mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
             try:
-                fcntl.flock(handle, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB))
+                fcntl.flock(handle, mode | fcntl.LOCK_NB)
             except BlockingIOError:
-                handle.close()
-                raise TrtbuildError(f"store {self.root} is in use by a running build; try again when it ends") from None
+                if not wait:
+                    handle.close()
+                    raise TrtbuildError(f"store {self.root} is in use by a running build; try again when it ends") from None
+                if not said:
+                    holder = lock_holder(path)
+                    say(f"store {self.root}: waiting for {path}" + (f", held by {holder}" if holder else ""))
+                    said = True
+                fcntl.flock(handle, mode)
             try:
                 if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
                     return handle
@@ -315,7 +398,7 @@ class LocalStore(Store):
         copied and re-verified. The blob is protected (0444) before its stat cache entry is
         written, so the entry holds the ctime of the protected file and later reads trust it
         without re-hashing (dvc-data's protect() then state.save())."""
-        self._writing()
+        self._storing()
         blob = self.blob_path(digest)
         if blob.exists():
             if self.state.sha256(blob) == digest:
@@ -445,7 +528,7 @@ class LocalStore(Store):
         digest = manifest.digest
         path = self.manifest_path(digest)
         if not path.exists():
-            self._writing()
+            self._storing()
             missing = [e.path for e in manifest.entries if not self.has_blob(e.sha256)]
             if missing:
                 raise CorruptStore(f"manifest {digest} names blobs the store lacks: {', '.join(missing[:3])}")
@@ -610,6 +693,15 @@ class LocalStore(Store):
                 continue
             yield path.parent.name, path.name, ref
 
+    def check_claim(self, name: str, identity: str) -> None:
+        """Refuse (InvalidInput) a recipe whose name another recipe claimed; write nothing. A build
+        checks before it runs anything and claims (claim_recipe) only when it moves refs, so a
+        build that stores nothing leaves no claim behind."""
+        path = self.root / "refs" / name / ".recipe.json"
+        claim = self._read_claim(path, name)
+        if claim is not None and claim.identity != identity:
+            self._refuse_claim(name, identity, claim, path)
+
     def claim_recipe(self, name: str, identity: str) -> None:
         """Refs under refs/<name>/ belong to one recipe: the first to build under that name. Another
         recipe with the same `name:` is refused, so it cannot move the first one's refs. A claim is
@@ -624,8 +716,11 @@ class LocalStore(Store):
                     atomic_write(path, canonical_json(dump(RecipeClaim(name=name, identity=identity))) + b"\n")
                     return
         if claim.identity != identity:
-            raise InvalidInput(f"recipe {identity}: name {name!r} already belongs to {claim.identity} in store "
-                               f"{self.root}; give this recipe another `name:` (or remove {path} to hand the name over)")
+            self._refuse_claim(name, identity, claim, path)
+
+    def _refuse_claim(self, name: str, identity: str, claim: RecipeClaim, path: Path) -> None:
+        raise InvalidInput(f"recipe {identity}: name {name!r} already belongs to {claim.identity} in store "
+                           f"{self.root}; give this recipe another `name:` (or remove {path} to hand the name over)")
 
     @staticmethod
     def _read_claim(path: Path, name: str) -> Optional[RecipeClaim]:
