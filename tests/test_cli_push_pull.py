@@ -91,7 +91,7 @@ def test_push_help_names_an_optional_recipe_and_no_lock_file_argument(run):
 def test_push_without_a_recipe_publishes_the_demo_from_its_lock_in_the_local_store(demo, run):
     demo.validated()
     result = run("push", "--store", demo.remote)
-    assert (result.exit_code, result.stderr) == (0, "")
+    assert (result.exit_code, result.stderr) == (0, f"new store at {demo.remote}\n")  # a folder that was not there
     assert result.stdout.splitlines()[0] == "pushed base-tp1"
     remote = LocalStore(demo.remote)
     assert remote.read_ref(DEMO, "base-tp1").digest == demo.targets["base-tp1"].digest
@@ -108,11 +108,27 @@ def test_push_of_the_demo_through_a_link_to_its_file_is_the_same_recipe_in_the_s
     assert not link.with_suffix(".lock").exists()
 
 
+def test_a_push_refused_by_another_recipes_claim_sends_nothing(demo, run):
+    """The name is checked before anything is sent (store.check_claim) and claimed only once the
+    artifacts are there (transfer.push): a refused push leaves the store as it found it."""
+    demo.validated()
+    remote = LocalStore(demo.remote)
+    remote.create()
+    remote.claim_recipe(DEMO, "recipes/another.yaml")
+    before = sorted(p.relative_to(demo.remote).as_posix() for p in demo.remote.rglob("*"))
+    result = run("push", "--store", demo.remote)
+    claim = demo.remote / "refs" / DEMO / ".recipe.json"
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        2, "", f"recipe {EMBEDDED}: name {DEMO!r} already belongs to recipes/another.yaml in store {demo.remote}; "
+               f"give this recipe another `name:` (or remove {claim} to hand the name over)\n")
+    assert sorted(p.relative_to(demo.remote).as_posix() for p in demo.remote.rglob("*")) == before
+
+
 def test_push_of_the_demo_through_a_link_before_the_embedded_name_is_claimed(demo, run):
     demo.validated()
     link = link_to_the_demo(demo.tmp / "checkout" / "recipes")
     first = run("push", link, "--store", demo.remote)  # the lock is the one in the store, not beside the link
-    assert (first.exit_code, first.stderr) == (0, "")
+    assert (first.exit_code, first.stderr) == (0, f"new store at {demo.remote}\n")
     assert run("push", "--store", demo.remote).exit_code == 0
 
 
@@ -186,7 +202,7 @@ def test_pull_on_a_deploy_host_reads_the_lock_push_published(demo, run, bucket, 
     dest = demo.tmp / "served"
     result = run("pull", "--store", bucket, "--target", "base-tp1", "--dest", dest)
     assert (result.exit_code, result.stdout) == (0, f"{dest}\n")
-    assert result.stderr in ("", f"new store at {deploy.root}\n")  # the fresh local store, once said (item 6)
+    assert result.stderr == f"new store at {deploy.root}\n"  # the fresh local store, said once (item 6)
     assert {p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()} == \
         three_files("base-tp1")
     assert deploy.get_record(demo.targets["base-tp1"].key).digest == demo.targets["base-tp1"].digest

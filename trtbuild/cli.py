@@ -399,13 +399,12 @@ def push(recipe: Path | None, targets, store_url, allow_unvalidated, as_json) ->
 
     moved = Moved()
     if chosen.items:
-        remote.create()
-        remote.claim_recipe(lock.recipe.name, recipe_identity(loaded))
         from trtbuild.transferbar import bar
 
+        remote.check_claim(lock.recipe.name, recipe_identity(loaded))  # refused before anything is written
         with local.using(), remote.using(), bar("push", enabled=not as_json) as progress:
             moved = run_push(local, remote, chosen.items, lock=(lock.recipe.name, lock_path.read_bytes()),
-                             progress=progress)
+                             progress=progress, claim=(lock.recipe.name, recipe_identity(loaded)))
     if as_json:
         import json
 

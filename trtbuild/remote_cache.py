@@ -94,10 +94,10 @@ def push_build(remote: Store, local: Store, plan: PushPlan, recipe: str, identit
 
     if not plan.items:
         return Moved()
-    remote.create()
-    remote.claim_recipe(recipe, identity)
+    remote.check_claim(recipe, identity)  # refused before anything is written
     with local.using(), remote.using():
-        return push(local, remote, plan.items, lock=(recipe, lock_bytes) if lock_bytes is not None else None)
+        return push(local, remote, plan.items, lock=(recipe, lock_bytes) if lock_bytes is not None else None,
+                    claim=(recipe, identity))
 
 
 def require_remote(url: Optional[str], push_asked: bool) -> None:

@@ -211,6 +211,11 @@ class Store(abc.ABC):
         """Refs under a recipe name belong to one recipe identity; another is refused (InvalidInput)."""
 
     @abc.abstractmethod
+    def check_claim(self, name: str, identity: str) -> None:
+        """claim_recipe's refusal, writing nothing: checked before a command writes anything, the
+        claim itself made only just before its first ref, so a command stopped earlier leaves none."""
+
+    @abc.abstractmethod
     def describe_ref(self, recipe: str, target: str) -> str: ...
 
     # ---- lock files that pin artifacts (gc roots) --------------------------------------------------

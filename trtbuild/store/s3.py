@@ -992,6 +992,12 @@ class S3Store(Store):
                 continue
             yield parts[1], parts[2], ref
 
+    def check_claim(self, name: str, identity: str) -> None:
+        object_key = self.key(f"refs/{name}/.recipe.json")
+        found = self._get(object_key)
+        if found is not None:
+            self._judge_claim(found[0], object_key, name, identity)
+
     def claim_recipe(self, name: str, identity: str) -> None:
         object_key = self.key(f"refs/{name}/.recipe.json")
         for attempt in range(CONFLICT_RETRIES):
@@ -1002,17 +1008,20 @@ class S3Store(Store):
                     return
                 self._backoff(attempt)
                 continue
-            try:
-                claim = RecipeClaim.model_validate_json(found[0])
-            except ValidationError:
-                raise CorruptStore(f"{self.url_of(object_key)} is malformed; remove it to let a recipe claim "
-                                   f"the name {name!r}") from None
-            if claim.identity != identity:
-                raise InvalidInput(f"recipe {identity}: name {name!r} already belongs to {claim.identity} in store "
-                                   f"{self.url}; give this recipe another `name:` (or remove "
-                                   f"{self.url_of(object_key)} to hand the name over)")
+            self._judge_claim(found[0], object_key, name, identity)
             return
         raise TrtbuildError(f"{self.url_of(object_key)}: kept changing during {CONFLICT_RETRIES} attempts to write it")
+
+    def _judge_claim(self, data: bytes, object_key: str, name: str, identity: str) -> None:
+        try:
+            claim = RecipeClaim.model_validate_json(data)
+        except ValidationError:
+            raise CorruptStore(f"{self.url_of(object_key)} is malformed; remove it to let a recipe claim "
+                               f"the name {name!r}") from None
+        if claim.identity != identity:
+            raise InvalidInput(f"recipe {identity}: name {name!r} already belongs to {claim.identity} in store "
+                               f"{self.url}; give this recipe another `name:` (or remove "
+                               f"{self.url_of(object_key)} to hand the name over)")
 
     # ---- small objects of other layers (leases/, locks/): store/lease.py, push's lock files ------
     def read_object(self, rel: str) -> Optional[bytes]:

@@ -117,17 +117,20 @@ def published_lock(remote: Store, recipe: str) -> Optional[tuple[str, Optional[b
 
 
 def push(local: Store, remote: Store, items: list[PushItem], lock: Optional[tuple[str, bytes]] = None,
-         progress: Optional[ByteProgress] = None) -> Moved:
+         progress: Optional[ByteProgress] = None, claim: Optional[tuple[str, str]] = None) -> Moved:
     """Publish each item's artifact, then its record, then its ref; returns what moved. A record
     the remote already holds for the key with another artifact stays there (first writer wins); the
     divergence is reported, and the ref still names the artifact pushed, whose bytes are there.
     `lock` (recipe name, the lock file's bytes) is published last, on a store with objects (S3).
     All of it under a push lease (store/lease.py), so a remote `cache gc` never runs meanwhile.
-    `progress` hears the bytes of the blobs to send (expect) and of each one sent (advance)."""
+    `progress` hears the bytes of the blobs to send (expect) and of each one sent (advance).
+    `claim` (recipe name, recipe identity): made only once the artifacts are there, before the first
+    record and ref, so a push stopped earlier leaves no claim (the caller checks it, with
+    remote.check_claim, before it opens the store for writing)."""
     remote.create()
     with lease.hold(remote, "push", blocked_by="gc",
                     refusal="cache gc is removing objects; push again when it ends") as held:
-        moved = _push_items(local, remote, items, held, progress)
+        moved = _push_items(local, remote, items, held, progress, claim)
         if lock is not None and lease.supported(remote):
             recipe, data = lock
             remote.write_object(kept_lock_object(recipe, data), data)  # the history first: gc's pins never lapse
@@ -135,7 +138,8 @@ def push(local: Store, remote: Store, items: list[PushItem], lock: Optional[tupl
     return moved
 
 
-def _push_items(local: Store, remote: Store, items: list[PushItem], held, progress=None) -> Moved:
+def _push_items(local: Store, remote: Store, items: list[PushItem], held, progress=None,
+                claim: Optional[tuple[str, str]] = None) -> Moved:
     """Artifacts first (blobs, then manifest, one artifact after another: each transfer uses the
     whole store's concurrency), then every record and its ref; the small requests of different
     items go out together (`_each`), each item's record still before its ref."""
@@ -153,6 +157,9 @@ def _push_items(local: Store, remote: Store, items: list[PushItem], held, progre
             moved.skipped_blobs += len({e.sha256 for e in manifest.entries})
         if held is not None:
             held.renew()  # a long push keeps its lease
+
+    if claim is not None and any(item.ref is not None for item in items):
+        remote.claim_recipe(*claim)
 
     def publish(item: PushItem) -> ActionRecord:
         stored = remote.put_record(item.record)
