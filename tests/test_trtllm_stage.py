@@ -1,6 +1,7 @@
 """The TensorRT-LLM validation stage end to end through a stand-in tensorrt_llm (tests/standin_trtllm:
-LLM API objects computed with transformers on the CPU, version 1.2.0+standin): the windows and
-reference reach the LLM API as token ids, its outputs come back aligned, KL divergence, top-1 and
+LLM API objects computed with transformers on the CPU, version 1.2.0+standin; installed as
+1.3.0+standin for Hugging Face checkpoints, which TensorRT-LLM serves on its PyTorch backend from
+1.3 on): the windows and reference reach the LLM API as token ids, its outputs come back aligned, KL divergence, top-1 and
 perplexity match the torch runner's on the same model, and the report names the stand-in as its
 toolchain. On this machine without it, the stage's nodes are skipped with the reason."""
 
@@ -30,7 +31,25 @@ STANDIN = Path(__file__).resolve().parent / "standin_trtllm"
 @pytest.fixture
 def standin(monkeypatch):
     """tensorrt_llm 1.2.0+standin importable, and a GPU reported visible, for this test only."""
-    monkeypatch.syspath_prepend(str(STANDIN))
+    yield from _standin_on_path(monkeypatch, STANDIN)
+
+
+@pytest.fixture
+def standin_pytorch(monkeypatch, tmp_path):
+    """The same stand-in installed as tensorrt_llm 1.3.0+standin: Hugging Face checkpoints are
+    served (and validated) on TensorRT-LLM's PyTorch backend from 1.3 on (the runtime table's
+    trtllm row), so a 1.2 install is refused for them (tests/test_trtllm_runner.py)."""
+    site = tmp_path / "site-1.3"
+    (site / "tensorrt_llm-1.3.0+standin.dist-info").mkdir(parents=True)
+    metadata = (STANDIN / "tensorrt_llm-1.2.0+standin.dist-info" / "METADATA").read_text()
+    (site / "tensorrt_llm-1.3.0+standin.dist-info" / "METADATA").write_text(
+        metadata.replace("Version: 1.2.0+standin", "Version: 1.3.0+standin"))
+    (site / "tensorrt_llm").symlink_to(STANDIN / "tensorrt_llm")
+    yield from _standin_on_path(monkeypatch, site)
+
+
+def _standin_on_path(monkeypatch, site: Path):
+    monkeypatch.syspath_prepend(str(site))
     importlib.invalidate_caches()
     monkeypatch.setattr(trtllm_runner, "_gpu_visible", lambda: True)
     toolchain.package_version.cache_clear()
@@ -64,7 +83,7 @@ def engine_dir(folder: Path, hf: Path, gather: bool, vocab_pad: int = 2) -> Path
     return engine
 
 
-def test_hf_backend_agrees_with_the_torch_runner(standin, models):
+def test_hf_backend_agrees_with_the_torch_runner(standin_pytorch, models):
     _, source, _, windows, ref, _ = models
     for path in ("context_logits", "prompt_logprobs"):
         candidate = trtllm_runner.run(source, windows, ref["topk_ids"], "hf", path=path)
@@ -109,7 +128,7 @@ def test_prompt_logprobs_kl_is_a_lower_bound_of_the_exact_one(standin, models):
     assert (bound <= exact + 1e-4).all() and (bound > 0).all()
 
 
-def test_the_stage_writes_a_report_that_names_its_toolchain(standin, models, tmp_path):
+def test_the_stage_writes_a_report_that_names_its_toolchain(standin_pytorch, models, tmp_path):
     from trtbuild.stages.validate import REFERENCE_NPZ, WINDOWS, validate_trtllm
 
     _, source, _, windows, ref, _ = models
@@ -124,17 +143,17 @@ def test_the_stage_writes_a_report_that_names_its_toolchain(standin, models, tmp
                        params={"gates": gates, "runner": "tensorrt_llm", "backend": "hf"}, runtime={"target": "base-hf"})
     validate_trtllm(ctx)
     report = json.loads((out / "report.json").read_text())
-    assert report["runner"] == "tensorrt_llm 1.2.0+standin" and report["backend"] == "hf"
+    assert report["runner"] == "tensorrt_llm 1.3.0+standin" and report["backend"] == "hf"
     assert report["metrics"]["kld_mean"] < 1e-6 and all(g["passed"] for g in report["gates"].values())
     assert report["tests"]["top1_agreement"]["n"] <= report["metrics"]["tokens"]
-    assert "tensorrt_llm 1.2.0+standin runner" in (out / "report.md").read_text()
+    assert "tensorrt_llm 1.3.0+standin runner" in (out / "report.md").read_text()
 
 
 H200 = hardware.DetectedGpu(0, "NVIDIA H200", "sm90", 150_000_000_000)
 L40S = hardware.DetectedGpu(1, "NVIDIA L40S", "sm89", 48_000_000_000)
 
 
-def test_the_report_names_the_gpu_tensorrt_llm_ran_on(standin, models, tmp_path, monkeypatch):
+def test_the_report_names_the_gpu_tensorrt_llm_ran_on(standin_pytorch, models, tmp_path, monkeypatch):
     """Not a hard-coded "cuda": the devices TensorRT-LLM ran on, and the GPUs the probe names (issue 10)."""
     from trtbuild.stages.validate import REFERENCE_NPZ, WINDOWS, validate_trtllm
 
@@ -154,7 +173,7 @@ def test_the_report_names_the_gpu_tensorrt_llm_ran_on(standin, models, tmp_path,
     # the stand-in computed on the CPU, and the report says so (a real run names its CUDA devices by
     # rank, and the action record which products they were: test_devices_used_...)
     assert json.loads((out / "report.json").read_text())["device"] == "cpu"
-    assert "tensorrt_llm 1.2.0+standin runner on cpu." in (out / "report.md").read_text()
+    assert "tensorrt_llm 1.3.0+standin runner on cpu." in (out / "report.md").read_text()
     assert ctx.figures["gpus"] is None
 
 
