@@ -67,7 +67,9 @@ def test_a_malformed_archive_is_one_line_and_leaves_nothing(tmp_path):
     env = {**os.environ, "TRTBUILD_CACHE": str(tmp_path / "store")}
     result = build(recipe_for(tmp_path, str(bad), CASES[0][1]), env)
     assert result.returncode == 2 and result.stdout == ""
-    [line] = result.stderr.strip().splitlines()
+    # the store is new, and keeps the failed stage's log: it says so, then the one line of the error
+    new_store, line = result.stderr.strip().splitlines()
+    assert new_store == f"new store at {tmp_path / 'store'}"
     assert line.startswith(f"{bad}: malformed .nemo archive (")
     log = Path(line.rsplit("(log: ", 1)[1].rstrip(")"))  # the stage's log is kept, as for any failure
     assert log.is_dir() and any(p.read_text().strip() for p in log.iterdir())
