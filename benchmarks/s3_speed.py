@@ -136,8 +136,8 @@ def write_lock(path: Path, recipe: Path, targets: dict[str, LockedTarget]) -> No
 
 
 def big_lock(path: Path, recipe: Path) -> str:
-    """A lock of 200 targets: 10 variants x tp 1/2/4/8, each a checkpoint and engines for sm80,
-    sm89, sm90 and sm100. Returns the target one H100 with TRTLLM/TRT must choose."""
+    """A lock of 200 targets: 10 variants x tp 1/2/4/8, each a checkpoint (with a passed validation)
+    and engines for sm80, sm89, sm90 and sm100. Returns the target one H100 with TRTLLM/TRT must choose."""
     variants = ["base", "base-fp8kv", "fp8", "fp8-fp8kv", "int8-sq", "int4-awq", "w4a8-awq", "int8-wo", "int4-wo",
                 "nvfp4-fp8kv"]
     targets, n = {}, 0
@@ -146,13 +146,17 @@ def big_lock(path: Path, recipe: Path) -> str:
             n += 1
             targets[f"{variant}-tp{tp}"] = LockedTarget(stage="checkpoint", key=f"{n:064x}", digest=f"{n + 10**6:064x}",
                                                         size=tp << 30)
+            # its validation passed: what publishes the checkpoint and its engines (trtbuild.publication)
+            targets[f"{variant}-tp{tp}:validate"] = LockedTarget(stage="validate", key=f"{n + 2 * 10**6:064x}",
+                                                                 digest=f"{n + 3 * 10**6:064x}", size=1024,
+                                                                 gates_passed=True)
             for sm in ("sm80", "sm89", "sm90", "sm100"):
                 n += 1
                 targets[f"{variant}-tp{tp}-{sm}"] = LockedTarget(
                     stage="engine", key=f"{n:064x}", digest=f"{n + 10**6:064x}", size=tp << 30,
                     platform=LockedPlatform(sm=sm, tp=tp, pp=1, world_size=tp, tensorrt_llm=TRTLLM, tensorrt=TRT,
                                             engine_bytes_per_rank=1 << 30, standin=False))
-    assert len(targets) == 200
+    assert len([t for t in targets if ":" not in t]) == 200
     write_lock(path, recipe, targets)
     # one GPU (throughput), then without the recipe the lock's order: its names sorted, as it is written
     return min(f"{variant}-tp1-sm90" for variant in variants)
