@@ -113,10 +113,11 @@ def files(folder: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """A store holding the tiny model's checkpoint (target base-tp1) and the recipe's lock."""
+    """A store holding the tiny model's checkpoint (target base-tp1), validated (torch's validation
+    passes its gates, so pull takes it: trtbuild.publication) and the recipe's lock."""
     root = tmp_path_factory.mktemp("built")
     recipe = project(root)
-    result = trtbuild("build", recipe, "--until", "checkpoint", store=root / "store")
+    result = trtbuild("build", recipe, "--until", "validate", store=root / "store")
     assert result.returncode == 0, result.stderr
     return root / "store", recipe.with_suffix(".lock")
 
@@ -145,8 +146,8 @@ def test_a_source_ingested_into_a_full_store_says_so_in_one_line_and_leaves_a_st
     recipe = project(tmp_path / "project")
     store = full_disk / "store"
     result = trtbuild("build", recipe, "--until", "source", "--json", store=store)
-    assert (result.returncode, result.stderr, result.stdout) == (
-        1, f"{blob_of(store, 'model.safetensors')}: no space left on device\n", "")
+    assert (result.returncode, result.stderr, result.stdout) == (  # the small files were stored: the store stays
+        1, f"new store at {store}\n{blob_of(store, 'model.safetensors')}: no space left on device\n", "")
     assert files(store / "tmp") == []  # the copy that did not fit is gone, as is the stage's folder
     assert not Path(blob_of(store, "model.safetensors")).exists()  # no truncated weights under cas/
     assert verified(store) == f"store {store}: every blob, manifest, record and ref checks out\n"
@@ -155,10 +156,16 @@ def test_a_source_ingested_into_a_full_store_says_so_in_one_line_and_leaves_a_st
 
 
 def test_blobs_pulled_into_a_full_store_say_so_in_one_line_and_leave_a_store_that_verifies(built, full_disk):
+    from trtbuild.store.local import LocalStore
+
     remote, lock = built
     store = full_disk / "store"
     result = trtbuild("pull", lock, "--target", "base-tp1", "--store", remote, store=store)
     assert (result.returncode, result.stderr, result.stdout) == (1, f"{store}: no space left on device\n", "")
+    assert os.listdir(full_disk) == ["filler"]  # the store this pull made stored nothing: it is gone, unannounced
+    LocalStore(store).create()  # a store that was there stays, and still verifies
+    again = trtbuild("pull", lock, "--target", "base-tp1", "--store", remote, store=store)
+    assert (again.returncode, again.stderr, again.stdout) == (1, f"{store}: no space left on device\n", "")
     assert files(store / "tmp") == [] and store.joinpath("checkouts").is_dir() and files(store / "checkouts") == []
     verified(store)
 
@@ -168,8 +175,8 @@ def test_dest_on_a_full_disk_is_one_line_and_nothing_half_written(built, tmp_pat
     remote, lock = built
     dest = full_disk / "serve"
     result = trtbuild("pull", lock, "--target", "base-tp1", "--store", remote, "--dest", dest, store=tmp_path / "local")
-    assert (result.returncode, result.stderr, result.stdout) == (
-        1, f"--dest {dest}: cannot write it (No space left on device)\n", "")
+    assert (result.returncode, result.stderr, result.stdout) == (  # the local store got base-tp1 before --dest failed
+        1, f"new store at {tmp_path / 'local'}\n--dest {dest}: cannot write it (No space left on device)\n", "")
     assert os.listdir(full_disk) == ["filler"]  # no dest, no .serve.partial-* folder
     verified(tmp_path / "local")
 
@@ -180,8 +187,8 @@ def test_dest_on_a_read_only_file_system_is_one_line_and_nothing_written(built, 
     folder = read_only(tmp_path / "ro")
     dest = folder / below
     result = trtbuild("pull", lock, "--target", "base-tp1", "--store", remote, "--dest", dest, store=tmp_path / "local")
-    assert (result.returncode, result.stderr, result.stdout) == (
-        2, f"--dest {dest}: cannot write it (Read-only file system)\n", "")
+    assert (result.returncode, result.stderr, result.stdout) == (  # the local store got base-tp1 before --dest failed
+        2, f"new store at {tmp_path / 'local'}\n--dest {dest}: cannot write it (Read-only file system)\n", "")
     assert os.listdir(folder) == []
     verified(tmp_path / "local")
 
@@ -198,7 +205,8 @@ def test_a_lock_file_in_a_read_only_folder_is_one_line_naming_it(tmp_path, read_
             ("base-tp1-sm90:twin", "engine"), ("base-tp1-sm90:validate", "validate"), ("base-tp1-sm90", "engine"))))]
     # the stages' lines (on stderr beside --json's stdout), then the one line of the failure
     assert (result.returncode, re.sub(r", \d+\.\ds\)", ", Ns)", result.stderr), result.stdout) == (
-        2, "".join(f"{line}\n" for line in progress) + f"{recipe.with_suffix('.lock')}: read-only file system\n", "")
+        2, f"new store at {store}\n" + "".join(f"{line}\n" for line in progress)
+        + f"{recipe.with_suffix('.lock')}: read-only file system\n", "")
     assert sorted(os.listdir(recipe.parent)) == ["model", "tiny.yaml"]  # no temporary lock left behind
     verified(store)
 
