@@ -283,12 +283,14 @@ def test_pull_json_when_nothing_fits_lists_every_candidate_and_exits_1(project, 
     recorded_gpu("L40S")
     installed_packages(tensorrt_llm=TRTLLM, tensorrt=TRT)
     monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "deploy-store"))
+    # the lock is the fixture's last build's, a --no-validate one: base-tp1 is held back (trtbuild.publication),
+    # which is its reason (a published checkpoint's reason is test_transfer's nothing-fits tests')
     result = run("pull", project.lock, "--store", project.shared, "--json")
     assert result.exit_code == 1
     assert result.stderr == (
         f"no target of {project.lock} fits this host (1x NVIDIA L40S (sm89, 45.0 GiB), tensorrt_llm {TRTLLM}, "
         f"tensorrt {TRT}, no vllm, no sglang):\n"
-        "  base-tp1: a TensorRT-LLM checkpoint: no runtime serves it as it is (the engines built from it do)\n"
+        "  base-tp1: held back: built with --no-validate\n"
         f"to make one: add sm89 to the recipe's `gpus:`, then run `trtbuild build {project.recipe} --gpu auto` on "
         "this host\n")
     out = json.loads(result.stdout)
@@ -296,6 +298,5 @@ def test_pull_json_when_nothing_fits_lists_every_candidate_and_exits_1(project, 
     assert {k: out[k] for k in ("target", "digest", "path", "runtime", "moved")} == dict.fromkeys(
         ("target", "digest", "path", "runtime", "moved"))
     assert out["candidates"] == [{"target": "base-tp1", "stage": "checkpoint", "fits": False, "runtime": None,
-                                  "world_size": None, "variant": "base", "reasons": [
-                                      "a TensorRT-LLM checkpoint: no runtime serves it as it is (the engines built "
-                                      "from it do)"]}]
+                                  "world_size": None, "variant": "base",
+                                  "reasons": ["held back: built with --no-validate"]}]

@@ -288,7 +288,8 @@ def test_push_publishes_validated_targets_and_refuses_failed_gates_and_stand_ins
     project.write_lock()
     result = run("push", project.recipe, "--store", project.remote)
     assert result.exit_code == 1
-    assert result.stderr == (  # in the lock's order
+    assert result.stderr == (  # the folder it made for base-tp1, then the refusals in the lock's order
+        f"new store at {project.remote}\n"
         "base-tp1-sm90: made by a stand-in toolchain (tensorrt, tensorrt_llm); stand-ins are never pushed\n"
         "fp8-tp1: held back: fp8-tp1:validate failed its gates; not pushed\n")
     # 8000 + 17000 bytes of rank files, 19 + 28 of configs, 12 of the notes both share (sent once)
@@ -309,7 +310,7 @@ def test_push_refuses_a_no_validate_build_unless_allow_unvalidated(project, run)
     assert refused.stderr == "base-tp1: held back: built with --no-validate; not pushed without --allow-unvalidated\n"
     assert not project.remote.exists()
     allowed = run("push", project.recipe, "--store", project.remote, "--allow-unvalidated")
-    assert (allowed.exit_code, allowed.stderr) == (0, "")
+    assert (allowed.exit_code, allowed.stderr) == (0, f"new store at {project.remote}\n")
     assert LocalStore(project.remote).read_ref("tiny", "base-tp1").digest == project.targets["base-tp1"].digest
 
 
@@ -341,7 +342,7 @@ def test_pull_auto_on_a_recorded_h100_materializes_the_sm90_engine_into_dest(pro
     monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "deploy-store"))  # a deploy host: a fresh local store
     dest = tmp_path / "serve" / "engine"
     result = run("pull", project.lock_path, "--store", project.remote, "--dest", dest)
-    assert (result.exit_code, result.stdout, result.stderr) == (0, f"{dest}\n", "")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, f"{dest}\n", f"new store at {tmp_path / 'deploy-store'}\n")
     assert {p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()} == three_files("base-tp1-sm90")
     deploy = LocalStore(tmp_path / "deploy-store")
     assert deploy.get_record(project.targets["base-tp1-sm90"].key).digest == project.targets["base-tp1-sm90"].digest
@@ -425,7 +426,7 @@ def test_pull_of_a_tampered_blob_fails_and_leaves_no_dest(project, run, tmp_path
     actual = hashlib.sha256(blob.read_bytes()).hexdigest()
     assert (result.exit_code, result.stdout) == (1, "")
     assert result.stderr == f"blob {blob} is corrupt: its content hashes to {actual}; nothing was pulled\n"
-    assert not dest.exists() and not os.listdir(tmp_path / "deploy-store" / "manifests")
+    assert not dest.exists() and not (tmp_path / "deploy-store").exists()  # the store it made stored nothing: gone
 
 
 def test_pull_auto_reads_an_hf_checkpoints_format_from_the_stores_record_and_prints_json(
@@ -442,7 +443,7 @@ def test_pull_auto_reads_an_hf_checkpoints_format_from_the_stores_record_and_pri
     installed_packages(vllm="0.33.0")
     monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "deploy-store"))
     result = run("pull", project.lock_path, "--store", project.remote, "--json")
-    assert (result.exit_code, result.stderr) == (0, "")
+    assert (result.exit_code, result.stderr) == (0, f"new store at {tmp_path / 'deploy-store'}\n")
     out = json.loads(result.stdout)
     digest = project.targets["fp8-hf"].digest
     assert (out["target"], out["runtime"], out["digest"]) == ("fp8-hf", "vllm", digest)
@@ -579,7 +580,7 @@ def test_push_and_pull_through_s3_verify_every_blob_and_move_nothing_twice(proje
     monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "deploy-store"))
     dest = tmp_path / "serve" / "engine"
     pulled = run("pull", project.lock_path, "--store", url, "--dest", dest)
-    assert (pulled.exit_code, pulled.stdout, pulled.stderr) == (0, f"{dest}\n", "")
+    assert (pulled.exit_code, pulled.stdout, pulled.stderr) == (0, f"{dest}\n", f"new store at {tmp_path / 'deploy-store'}\n")
     assert {p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()} == three_files("base-tp1-sm90")
 
     entry = next(e for e in LocalStore(tmp_path / "local").get_manifest(project.targets["base-tp1-sm90"].digest).entries
@@ -593,7 +594,7 @@ def test_push_and_pull_through_s3_verify_every_blob_and_move_nothing_twice(proje
     blob = f"{url}/cas/sha256/{entry.sha256[:2]}/{entry.sha256}"
     actual = hashlib.sha256(b'{"tag": "tampered!!!!!!"}').hexdigest()
     assert refused.stderr == f"blob {blob} is corrupt: its sha256 is {actual}; run `trtbuild cache verify --store {url}`\n"
-    assert not other.exists()
+    assert not other.exists() and not (tmp_path / "second-deploy-store").exists()  # it stored nothing: gone
     verify = run("cache", "verify", "--store", url)  # what that message asks for, on the bucket
     assert verify.exit_code == 1
     assert verify.stderr.splitlines()[0] == f"{blob}: corrupt blob (content hashes to {actual})"

@@ -85,14 +85,15 @@ def test_pull_and_push_give_the_cli_bar_the_bytes_and_json_turns_it_off(project,
     monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "deploy"))
     dest = tmp_path / "model"
     pulled = run("pull", project.lock_path, "--store", bucket, "--target", "base-tp1", "--dest", dest)
-    assert (pulled.exit_code, pulled.stdout, pulled.stderr) == (0, f"{dest}\n", "")
+    assert (pulled.exit_code, pulled.stdout, pulled.stderr) == (0, f"{dest}\n", f"new store at {tmp_path / 'deploy'}\n")
     [(label, enabled, heard)] = opened
     assert (label, enabled, heard.expected, sum(heard.advanced)) == ("pull base-tp1", True, [record.size], record.size)
 
     opened.clear()
     monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "deploy2"))
     as_json = run("pull", project.lock_path, "--store", bucket, "--target", "base-tp1", "--json")
-    assert as_json.exit_code == 0 and json.loads(as_json.stdout)["moved"]["bytes"] == record.size
+    assert (as_json.exit_code, as_json.stderr) == (0, f"new store at {tmp_path / 'deploy2'}\n")
+    assert json.loads(as_json.stdout)["moved"]["bytes"] == record.size
     assert [(label, enabled) for label, enabled, _ in opened] == [("pull base-tp1", False)]
 
 
@@ -121,4 +122,4 @@ def test_cli_pull_without_a_terminal_prints_only_the_path(project, run, bucket, 
     monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "deploy"))
     dest = tmp_path / "model"
     pulled = run("pull", project.lock_path, "--store", bucket, "--target", "base-tp1", "--dest", dest)
-    assert (pulled.exit_code, pulled.stdout, pulled.stderr) == (0, f"{dest}\n", "")
+    assert (pulled.exit_code, pulled.stdout, pulled.stderr) == (0, f"{dest}\n", f"new store at {tmp_path / 'deploy'}\n")
