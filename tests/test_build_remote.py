@@ -80,7 +80,7 @@ def host(tmp_path, name, monkeypatch) -> Host:
 def built_on_a(tmp_path, monkeypatch, run):
     a = host(tmp_path, "a", monkeypatch)
     result = a.build(run, *FAST, "--store", URL, "--push", "--allow-unvalidated")
-    assert (result.exit_code, messages(result)) == (0, "")
+    assert (result.exit_code, messages(result)) == (0, f"new store at {a.store.root}\n")
     return a, json.loads(result.stdout)
 
 
@@ -99,8 +99,8 @@ def test_host_b_pulls_every_node_host_a_pushed_and_builds_nothing(s3env, tmp_pat
     assert S3Store(URL).read_object("locks/tiny.lock") == a.recipe.with_suffix(".lock").read_bytes()
 
     b = host(tmp_path, "b", monkeypatch)
-    result = b.build(run, *FAST, "--store", URL)
-    assert (result.exit_code, messages(result)) == (0, "")
+    result = b.build(run, *FAST, "--store", URL)  # b's local store is new: pulled nodes are stored in it
+    assert (result.exit_code, messages(result)) == (0, f"new store at {b.store.root}\n")
     targets = by_name(result)
     done_b = {n: t for n, t in targets.items() if t["digest"]}
     assert set(done_b) == set(done_a) and not any(t["status"] == "built" for t in targets.values())
@@ -138,7 +138,7 @@ def test_a_blob_damaged_in_the_bucket_is_not_served_the_node_is_built_here(s3env
 
     c = host(tmp_path, "c", monkeypatch)
     result = c.build(run, *FAST, "--store", URL)
-    assert (result.exit_code, messages(result)) == (0, "")
+    assert (result.exit_code, messages(result)) == (0, f"new store at {c.store.root}\n")
     targets = by_name(result)
     assert (targets["source"]["status"], targets["source"]["origin"]) == ("cached", "remote")
     rebuilt = targets["bf16-tp1"]
@@ -154,7 +154,8 @@ def test_push_refuses_an_unvalidated_build_and_a_stand_in_like_trtbuild_push(s3e
     a = host(tmp_path, "a", monkeypatch)
     refused = a.build(run, *FAST, "--store", URL, "--push")
     assert refused.exit_code == 1
-    assert messages(refused) == "bf16-tp1: held back: built with --no-validate; not pushed without --allow-unvalidated\n"
+    assert messages(refused) == f"new store at {a.store.root}\n" \
+        "bf16-tp1: held back: built with --no-validate; not pushed without --allow-unvalidated\n"
     assert json.loads(refused.stdout)["push"]["moved"]["blobs"] == 0
     assert s3env.client().list_objects_v2(Bucket="artifacts").get("KeyCount") == 0  # not even its source
 
@@ -190,7 +191,7 @@ def test_a_malformed_record_in_the_bucket_is_a_miss_the_node_is_built_here(s3env
     s3env.client().put_object(Bucket="artifacts", Key=f"ci/ac/{source['key']}.json", Body=b"not json")
     c = host(tmp_path, "c", monkeypatch)
     result = c.build(run, *FAST, "--store", URL)
-    assert (result.exit_code, messages(result)) == (0, "")
+    assert (result.exit_code, messages(result)) == (0, f"new store at {c.store.root}\n")
     built = by_name(result)["source"]
     assert (built["status"], built["origin"], built["digest"]) == ("built", "built", source["digest"])
     assert built["note"] == (f"not pulled from {URL}: action record {URL}/ac/{source['key']}.json is not valid JSON; "

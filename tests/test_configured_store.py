@@ -17,7 +17,11 @@ from trtbuild.recipe import load_recipe
 from trtbuild.store.local import LocalStore
 
 RECIPE = ("schema: 1\nname: tiny\nsource: {path: model}\nvariants: {bf16: {}}\ngpus: [sm90]\n"
-          "limits: {max_input_len: 128, max_seq_len: 256}\nbackends: [engine]\n")
+          "limits: {max_input_len: 128, max_seq_len: 256}\nbackends: [engine]\n"
+          "validate: {samples: 2, seq_len: 32}\n")
+# the checkpoint and its torch validation: a target only a validation that ran and passed publishes
+# (trtbuild/publication.py), and only a published one is pulled
+VALIDATED = ("--until", "validate", "--json")
 
 
 @pytest.mark.parametrize("value, why", [
@@ -55,8 +59,8 @@ def test_a_folder_publish_store_is_relative_to_the_recipe_and_push_pull_ls_use_i
     project.add("base-tp1:validate", "validate", gates_passed=True)
     project.write_lock()
     shared = project.recipe.parent / "shared"
-    pushed = run("push", project.recipe)
-    assert (pushed.exit_code, pushed.stderr) == (0, "")
+    pushed = run("push", project.recipe)  # the first push makes the folder store
+    assert (pushed.exit_code, pushed.stderr) == (0, f"new store at {shared}\n")
     assert pushed.stdout.splitlines()[-1].endswith(f"-> {shared}")
     assert LocalStore(shared).read_ref("tiny", "base-tp1").digest == project.targets["base-tp1"].digest
     listed = run("ls", project.recipe, "--json")
@@ -87,8 +91,8 @@ def test_build_reads_through_and_pushes_to_an_s3_publish_store_and_pull_lock_def
         bucket, tmp_path, monkeypatch, run, seaweed):
     configured = RECIPE + f"publish: {{store: '{bucket}'}}\n"
     a = Host(tmp_path / "a", monkeypatch, configured)
-    first = a.run(run, "build", *FAST, "--push", "--allow-unvalidated")
-    assert (first.exit_code, messages(first)) == (0, "")
+    first = a.run(run, "build", *VALIDATED, "--push")
+    assert (first.exit_code, messages(first)) == (0, f"new store at {a.store.root}\n")
     out = json.loads(first.stdout)
     assert (out["push"]["store"], out["push"]["pushed"]) == (bucket, ["bf16-tp1"])
     lock = lockfile.read(a.recipe.with_suffix(".lock"))
@@ -96,7 +100,7 @@ def test_build_reads_through_and_pushes_to_an_s3_publish_store_and_pull_lock_def
 
     # publish.store is no action key's input: the keys are those of the recipe without it
     plain = Host(tmp_path / "plain", monkeypatch, RECIPE)
-    alone = plain.run(run, "build", *FAST)
+    alone = plain.run(run, "build", *VALIDATED)
     assert alone.exit_code == 0
     assert {t["name"]: t["key"] for t in json.loads(alone.stdout)["targets"]} == \
         {t["name"]: t["key"] for t in out["targets"]}
@@ -104,7 +108,7 @@ def test_build_reads_through_and_pushes_to_an_s3_publish_store_and_pull_lock_def
 
     b = Host(tmp_path / "b", monkeypatch, configured)
     second = b.run(run, "build", *FAST)
-    assert (second.exit_code, messages(second)) == (0, "")
+    assert (second.exit_code, messages(second)) == (0, f"new store at {b.store.root}\n")
     done = [t for t in json.loads(second.stdout)["targets"] if t["digest"]]
     assert {(t["status"], t["origin"]) for t in done} == {("cached", "remote")}
 
@@ -114,7 +118,7 @@ def test_build_reads_through_and_pushes_to_an_s3_publish_store_and_pull_lock_def
     shutil.copy(a.recipe.with_suffix(".lock"), deploy / "tiny.lock")
     monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "deploy-cache"))
     pulled = run("pull", deploy / "tiny.lock", "--target", "bf16-tp1", "--dest", deploy / "model", "--json")
-    assert (pulled.exit_code, pulled.stderr) == (0, "")
+    assert (pulled.exit_code, pulled.stderr) == (0, f"new store at {tmp_path / 'deploy-cache'}\n")
     assert json.loads(pulled.stdout)["digest"] == lock.targets["bf16-tp1"].digest
 
     # --store wins over publish.store: an empty bucket has nothing
