@@ -253,12 +253,30 @@ def test_push_and_pull_of_the_demo_without_a_store_are_one_line_asking_for_store
             2, "", f"the embedded demo recipe: no store to {verb}: pass --store URL\n")
 
 
-def test_pull_of_the_demo_from_a_folder_store_without_its_lock_here_is_one_line(demo, run, monkeypatch):
+def test_pull_of_the_demo_from_a_folder_store_reads_the_lock_push_published_there(demo, run, monkeypatch):
+    """A folder store gets the published lock too (published/<recipe>.lock), registered as a gc
+    root of that store: a deploy host with only the recipe pulls from a folder as from S3."""
     demo.validated()
     assert run("push", "--store", demo.remote).exit_code == 0
+    published = demo.remote / "published" / f"{DEMO}.lock"
+    assert published.read_bytes() == demo.lock_path.read_bytes()
+    deploy = deploy_host(demo, monkeypatch)
+    dest = demo.tmp / "served"
+    result = run("pull", "--store", demo.remote, "--target", "base-tp1", "--dest", dest)
+    assert (result.exit_code, result.stdout, result.stderr) == (0, f"{dest}\n", f"new store at {deploy.root}\n")
+    assert {p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()} == \
+        three_files("base-tp1")
+    assert not deploy.embedded_lock_path(DEMO).exists()  # read from the store on every pull, never kept
+    # the shared folder's gc keeps what the published lock names: it is that store's gc root
+    assert LocalStore(demo.remote).registered_lockfiles() == [published]
+
+
+def test_pull_of_the_demo_from_a_folder_store_nothing_was_pushed_to_is_one_line(demo, run, monkeypatch):
+    demo.validated()
+    LocalStore(demo.remote).create()
     deploy = deploy_host(demo, monkeypatch)
     result = run("pull", "--store", demo.remote, "--target", "base-tp1", "--dry-run")
     assert (result.exit_code, result.stdout) == (2, "")
-    assert result.stderr == (f"{deploy.embedded_lock_path(DEMO)}: no lock file (pull reads the lock that `trtbuild "
-                             f"build` wrote, or the one `trtbuild push` published to an s3:// store; {demo.remote} is "
-                             "a folder)\n")
+    assert result.stderr == (f"{deploy.embedded_lock_path(DEMO)}: no lock file, and {demo.remote} has none published "
+                             f"({demo.remote / 'published' / (DEMO + '.lock')}): run `trtbuild build` and "
+                             "`trtbuild push` first\n")

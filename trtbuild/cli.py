@@ -586,11 +586,7 @@ def _published_lock(remote, loaded, lock_path: Path):
     from trtbuild.recipe import recipe_identity
     from trtbuild.store.transfer import published_lock
 
-    found = published_lock(remote, loaded.recipe.name)
-    if found is None:  # a folder store: push publishes no lock there
-        raise InvalidInput(f"{lock_path}: no lock file (pull reads the lock that `trtbuild build` wrote, or the one "
-                           f"`trtbuild push` published to an s3:// store; {remote.location} is a folder)")
-    where, raw = found
+    where, raw = published_lock(remote, loaded.recipe.name)
     if raw is None:
         raise InvalidInput(f"{lock_path}: no lock file, and {remote.location} has none published ({where}): run "
                            f"`{_command('build', loaded)}` and `{_command('push', loaded)}` first")

@@ -735,6 +735,20 @@ class LocalStore(Store):
     def embedded_lock_path(self, recipe: str) -> Path:
         return self.root / f"{recipe}.lock"
 
+    def published_lock_path(self, recipe: str) -> Path:
+        """The lock `push` last published for `recipe` into this store, for a deploy host that has
+        only the recipe (transfer.publish_lock; an S3 store keeps it at locks/<recipe>.lock)."""
+        return self.root / "published" / f"{recipe}.lock"
+
+    def publish_lock(self, recipe: str, data: bytes) -> None:
+        """Replace the recipe's published lock, whole (atomic_write), registered first as a gc root:
+        gc keeps what it names while it is there, and never sees it without its pins."""
+        self._writing()
+        path = self.published_lock_path(recipe)
+        self.register_lockfile(path)
+        path.parent.mkdir(exist_ok=True)
+        atomic_write(path, data)
+
     def register_lockfile(self, lock_path: Path) -> None:
         """Remember a lock file written against this store: gc keeps what it names while it exists."""
         self._writing()

@@ -106,14 +106,30 @@ def kept_lock_object(recipe: str, data: bytes) -> str:
     return f"locks/{recipe}/{bytes_sha256(data)}.lock"
 
 
-def published_lock(remote: Store, recipe: str) -> Optional[tuple[str, Optional[bytes]]]:
-    """Where push publishes the recipe's newest lock in `remote` (the object's URL) and its bytes
-    (None when there is none yet); None for a store without objects (a folder: push publishes no
-    lock there). Read from the store on every call, never kept: the next push replaces it."""
-    if not lease.supported(remote):
-        return None
+def published_lock(remote: Store, recipe: str) -> tuple[str, Optional[bytes]]:
+    """Where push publishes the recipe's newest lock in `remote` (the object's URL, or the folder
+    store's file) and its bytes (None when there is none yet). Read from the store on every call,
+    never kept: the next push replaces it."""
+    if not lease.supported(remote):  # a folder store
+        path = remote.published_lock_path(recipe)
+        try:
+            return str(path), path.read_bytes()
+        except FileNotFoundError:
+            return str(path), None
     rel = lock_object(recipe)
     return remote.describe_object(rel), remote.read_object(rel)
+
+
+def publish_lock(remote: Store, recipe: str, data: bytes) -> None:
+    """Publish the lock a push's targets come from, for deploy hosts that have only the recipe
+    (`pull` without a lock of its own). On S3: under its sha256 (kept: remote gc keeps what every
+    published lock pins), then as the recipe's newest. In a folder store: the recipe's newest lock,
+    one file, registered as a gc root (local gc keeps what it names while it is there)."""
+    if lease.supported(remote):
+        remote.write_object(kept_lock_object(recipe, data), data)  # the history first: gc's pins never lapse
+        remote.write_object(lock_object(recipe), data)
+        return
+    remote.publish_lock(recipe, data)
 
 
 def push(local: Store, remote: Store, items: list[PushItem], lock: Optional[tuple[str, bytes]] = None,
@@ -121,7 +137,7 @@ def push(local: Store, remote: Store, items: list[PushItem], lock: Optional[tupl
     """Publish each item's artifact, then its record, then its ref; returns what moved. A record
     the remote already holds for the key with another artifact stays there (first writer wins); the
     divergence is reported, and the ref still names the artifact pushed, whose bytes are there.
-    `lock` (recipe name, the lock file's bytes) is published last, on a store with objects (S3).
+    `lock` (recipe name, the lock file's bytes) is published last (publish_lock).
     All of it under a push lease (store/lease.py), so a remote `cache gc` never runs meanwhile.
     `progress` hears the bytes of the blobs to send (expect) and of each one sent (advance).
     `claim` (recipe name, recipe identity): made only once the artifacts are there, before the first
@@ -131,10 +147,8 @@ def push(local: Store, remote: Store, items: list[PushItem], lock: Optional[tupl
     with lease.hold(remote, "push", blocked_by="gc",
                     refusal="cache gc is removing objects; push again when it ends") as held:
         moved = _push_items(local, remote, items, held, progress, claim)
-        if lock is not None and lease.supported(remote):
-            recipe, data = lock
-            remote.write_object(kept_lock_object(recipe, data), data)  # the history first: gc's pins never lapse
-            remote.write_object(lock_object(recipe), data)
+        if lock is not None:
+            publish_lock(remote, *lock)
     return moved
 
 
