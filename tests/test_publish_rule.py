@@ -91,7 +91,7 @@ def test_the_build_ls_push_and_pull_agree_on_what_is_published(built, tmp_path):
     pushed = trtbuild(project, env, "push", "tiny.yaml", "--store", shared)
     assert pushed.returncode == 1
     assert pushed.stdout.splitlines()[0] == "pushed base-hf"
-    assert pushed.stderr == f"fp8-hf: {HELD}; not pushed\n"
+    assert pushed.stderr == f"new store at {shared}\nfp8-hf: {HELD}; not pushed\n"  # the folder it made for base-hf
     shared_ls = json.loads(trtbuild(project, env, "ls", "--store", shared, "--json").stdout)
     assert [p["target"] for p in shared_ls["published"]] == ["base-hf"]
 
