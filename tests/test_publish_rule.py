@@ -122,6 +122,18 @@ def test_a_no_validate_build_publishes_nothing_and_says_why(built, tmp_path):
     assert pushed.stderr == "base-hf: held back: built with --no-validate; not pushed without --allow-unvalidated\n"
     allowed = trtbuild(other, env, "push", "tiny.yaml", "--store", tmp_path / "shared", "--allow-unvalidated")
     assert (allowed.returncode, allowed.stdout.splitlines()[0]) == (0, "pushed base-hf"), allowed.stderr
+    # published with the override: ls lists it, and pull takes it only when asked the same way
+    listed = json.loads(trtbuild(other, env, "ls", "--store", tmp_path / "shared", "--json").stdout)
+    assert [p["target"] for p in listed["published"]] == ["base-hf"]
+    refused = trtbuild(other, env, "pull", "tiny.yaml", "--store", tmp_path / "shared", "--target", "base-hf",
+                       "--dry-run")
+    assert (refused.returncode, refused.stdout, refused.stderr) == (
+        1, "", "--target base-hf: held back: built with --no-validate; not published, so not pulled without "
+               "--allow-unvalidated\n")
+    pulled = trtbuild(other, env, "pull", "tiny.yaml", "--store", tmp_path / "shared", "--target", "base-hf",
+                      "--dry-run", "--allow-unvalidated")
+    digest = yaml.safe_load((other / "tiny.lock").read_text())["targets"]["base-hf"]["digest"]
+    assert (pulled.returncode, pulled.stdout, pulled.stderr) == (0, f"would pull base-hf: artifact {digest}\n", "")
 
 
 @pytest.mark.parametrize("checks, validated, standin, allow, why", [

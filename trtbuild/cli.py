@@ -453,9 +453,13 @@ def _demo_name() -> str:
 @REMOTE_OPTION
 @click.option("--dry-run", is_flag=True, help="Only choose: print the target pull would take and download nothing "
               "(the store is not contacted unless a target's format must be read from its record).")
+@click.option("--allow-unvalidated", is_flag=True,
+              help="Also pull (and choose among) targets of a --no-validate build, as `push --allow-unvalidated` "
+                   "publishes them; never one whose validation failed or a stand-in made.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the choice, every target's fit and the path as JSON (also when nothing fits).")
-def pull(lock_or_recipe: Path | None, target, gpu, runtime, prefer, dest, store_url, dry_run, as_json) -> None:
+def pull(lock_or_recipe: Path | None, target, gpu, runtime, prefer, dest, store_url, dry_run, allow_unvalidated,
+         as_json) -> None:
     """Download a target of LOCK_OR_RECIPE (a `.lock` file, or a recipe: its lock, default: the
     embedded demo recipe) from --store (default: the recipe's publish.store; for a lock, the one it
     records) into the local store, verifying every blob, and print where it is. A recipe whose lock
@@ -515,7 +519,8 @@ def pull(lock_or_recipe: Path | None, target, gpu, runtime, prefer, dest, store_
         return (params.get("quant"), params.get("kv_cache")) if isinstance(params, dict) else None
 
     host = Host.probe(gpu)
-    selection = choose(lock, host, runtime, prefer, formats, list(variants) if variants else None)
+    selection = choose(lock, host, runtime, prefer, formats, list(variants) if variants else None,
+                       allow_unvalidated=allow_unvalidated)
 
     def print_json(name=None, digest=None, path=None, chosen=None, moved=None) -> None:
         """docs/schemas/pull.schema.json: pulled, chosen only (--dry-run), or nothing fits (all null)."""
@@ -539,9 +544,12 @@ def pull(lock_or_recipe: Path | None, target, gpu, runtime, prefer, dest, store_
             raise InvalidInput(f"--target {target}: not a target of {lock_name} ({', '.join(servable) or 'none'})")
         from trtbuild.publication import lock_verdict
 
-        held = lock_verdict(lock, target)
+        held = lock_verdict(lock, target, allow_unvalidated)
         if held:  # what the store publishes is one rule (trtbuild/publication.py): never pulled
-            raise TrtbuildError(f"--target {target}: held back: {held}; not published, so not pulled")
+            from trtbuild.publication import OVERRIDABLE
+
+            hint = " without --allow-unvalidated" if held in OVERRIDABLE else ""
+            raise TrtbuildError(f"--target {target}: held back: {held}; not published, so not pulled{hint}")
         name = target
     entry = lock.targets[name]
     chosen = next((c for c in selection.candidates if c.target == name), None)

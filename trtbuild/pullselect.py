@@ -201,16 +201,18 @@ def _engine_candidate(cand: Candidate, target: LockedTarget, host: Host) -> None
 
 def choose(lock: LockFile, host: Host, runtime: str = "auto", prefer: str = "throughput",
            formats: Optional[Callable[[str, LockedTarget], Optional[tuple[Optional[str], Optional[str]]]]] = None,
-           variant_order: Optional[list[str]] = None, published_only: bool = True) -> Selection:
+           variant_order: Optional[list[str]] = None, published_only: bool = True,
+           allow_unvalidated: bool = False) -> Selection:
     """Every target of `lock` judged against `host`, and the one to pull (None when nothing fits).
     `formats(id, target)`: an hf-checkpoint's (quant, kv_cache); `variant_order`: the recipe's;
     `published_only`: a target the rule of what a store publishes holds back never fits (False for
-    a lock made of a store's refs, which are what it publishes)."""
+    a lock made of a store's refs, which are what it publishes); `allow_unvalidated` (`pull
+    --allow-unvalidated`): as `push --allow-unvalidated`, what no validation judged may be chosen."""
     runtimes = RUNTIMES if runtime == "auto" else (runtime,)
     candidates = []
     for target_id, target in targets_of(lock):
         cand = Candidate(target_id, target.stage, variant=variant_of(target_id))
-        why = publication.lock_verdict(lock, target_id) if published_only else None
+        why = publication.lock_verdict(lock, target_id, allow_unvalidated) if published_only else None
         if why:  # never published: the build's words (trtbuild/publication.py)
             cand.reasons.append(f"held back: {why}")
         elif target.stage == "checkpoint":
