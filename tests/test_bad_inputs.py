@@ -114,6 +114,13 @@ def test_a_stopped_hub_while_planning_is_one_line(project):
 
 # ---- Ctrl-C ----------------------------------------------------------------------------------------
 
+def sigint_as_at_a_terminal() -> None:
+    """preexec_fn: SIGINT's default disposition in the command, as a terminal's shell gives it. A
+    test session started in the background of a script (`cmd &`) runs with SIGINT ignored, every
+    child inherits that, and trtbuild rightly leaves an ignored SIGINT ignored (interrupt.install)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def read_lines_until(proc: subprocess.Popen, done, seconds: float = 300) -> list[str]:
     """stderr lines of `proc` until `done(lines)` (checked between lines and every 20 ms)."""
     lines, buffer = [], b""
@@ -140,7 +147,8 @@ def test_ctrl_c_during_a_build_exits_130_with_one_line_and_nothing_half_written(
     store = project / "store"
     proc = subprocess.Popen([sys.executable, "-m", "trtbuild", "build", "tiny.yaml"], cwd=project,
                             env=env_for(project), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)  # its own process group: a terminal's Ctrl-C reaches them all
+                            start_new_session=True,  # its own process group: a terminal's Ctrl-C reaches them all
+                            preexec_fn=sigint_as_at_a_terminal)
     try:
         before = read_lines_until(proc, a_stage_at_work(store))
         os.killpg(proc.pid, signal.SIGINT)
@@ -180,7 +188,7 @@ main()
 
 def interrupted(project: Path, under: Path, *args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", SELF_INTERRUPT, str(under), *map(str, args)], capture_output=True,
-                          text=True, cwd=project, env=env_for(project), timeout=600)
+                          text=True, cwd=project, env=env_for(project), timeout=600, preexec_fn=sigint_as_at_a_terminal)
 
 
 @pytest.fixture
