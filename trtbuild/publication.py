@@ -42,8 +42,10 @@ def held_back(validated: bool, checks: Sequence[Check], standin: Sequence[str] =
               allow_unvalidated: bool = False) -> Optional[str]:
     """Why the target may not be published, or None. `validated`: the build ran validation (not
     --no-validate); `checks`: its validations, deciding first; `standin`: the stand-in parts that
-    made it. `allow_unvalidated` (`push --allow-unvalidated`) publishes what no validation judged,
-    never what one failed, nor a stand-in's."""
+    made it. `allow_unvalidated` (`push`/`pull --allow-unvalidated`) lets through a --no-validate
+    build's targets and one no validation of exists (OVERRIDABLE); never one a validation failed, a
+    stand-in's, nor one whose validation was skipped by this build (`--until`: build it through
+    its validations)."""
     failed = sorted((c for c in checks if c.state == FAILED), key=lambda c: not c.detail)  # gates first: the cause
     failed = failed[0] if failed else None
     if failed is not None:
