@@ -509,7 +509,7 @@ def pull(lock_or_recipe: Path | None, target, gpu, runtime, prefer, dest, store_
         remote_store()
 
     def formats(target_id, entry):  # an hf-checkpoint's format: the recipe's variant, else its record
-        from trtbuild.pullselect import variant_of
+        from trtbuild.nodeids import variant_of
 
         variant = variants.get(variant_of(target_id)) if variants else None
         if variant is not None:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from trtbuild.errors import InvalidInput
 from trtbuild.validate import gates
 from trtbuild.keys import canonical_json
+from trtbuild.nodeids import is_target
 from trtbuild.store.hash import atomic_write, bytes_sha256
 
 if TYPE_CHECKING:  # the recipe's models are not needed to read or choose from a lock
@@ -105,12 +106,11 @@ class LockFile(BaseModel):
         return {t.digest for t in self.targets.values()}
 
 
-TARGET_STAGES = ("checkpoint", "hf-checkpoint", "engine")  # what a lock's user pulls; the rest are internal
 
 
 def targets_of(lock: LockFile) -> list[tuple[str, LockedTarget]]:
     """The lock's targets (checkpoints, hf-checkpoints, engines), without internal nodes."""
-    return [(tid, t) for tid, t in lock.targets.items() if t.stage in TARGET_STAGES and ":" not in tid]
+    return [(tid, t) for tid, t in lock.targets.items() if is_target(tid, t.stage)]
 
 
 def recipe_digest(loaded: LoadedRecipe) -> str:
@@ -251,7 +251,7 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
                 entry.platform = LockedPlatform.model_validate(platform)
             if r.stage == "hf-checkpoint" and isinstance(r.summary.get("serving"), dict):
                 entry.serves = r.summary["serving"].get("serves")
-            if r.stage in TARGET_STAGES and ":" not in r.id:  # the build's publication verdict (publication.py)
+            if is_target(r.id, r.stage):  # the build's publication verdict (publication.py)
                 entry.held_back = getattr(r, "ref", None)
             fresh[r.id] = entry
     targets: dict[str, LockedTarget] = {}
@@ -286,7 +286,7 @@ def _keep_verdicts(previous: LockFile, fresh: dict[str, LockedTarget]) -> None:
 
     for tid, entry in fresh.items():
         before = previous.targets.get(tid)
-        if (entry.stage in TARGET_STAGES and ":" not in tid and before is not None and before.digest == entry.digest
+        if (is_target(tid, entry.stage) and before is not None and before.digest == entry.digest
                 and not any(v in fresh for v in validation_ids(tid, entry))):
             entry.held_back = before.held_back
 

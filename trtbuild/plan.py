@@ -9,7 +9,7 @@ import fnmatch
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Optional, Union
 
-from trtbuild import engine_flags, estimate, hardware, quantformats, serving, trtllm
+from trtbuild import engine_flags, estimate, hardware, nodeids, quantformats, serving, trtllm
 from trtbuild.errors import InvalidInput
 from trtbuild.modelconfig import ModelSpec, load_config, parse_config
 from trtbuild.recipe import LoadedRecipe, Recipe, Variant
@@ -99,16 +99,7 @@ class Plan:
 
 # ---- names ---------------------------------------------------------------------------------------
 
-def checkpoint_name(variant: str, tp: int, pp: int) -> str:
-    return f"{variant}-tp{tp}" + (f"-pp{pp}" if pp > 1 else "")
-
-
-def engine_name(variant: str, tp: int, pp: int, sm: str) -> str:
-    return f"{checkpoint_name(variant, tp, pp)}-{sm}"
-
-
-def hf_name(variant: str) -> str:
-    return f"{variant}-hf"
+# made by trtbuild/nodeids.py (checkpoint_id, engine_id, hf_id), which also parses them
 
 
 # ---- the model config a plan reads ---------------------------------------------------------------
@@ -305,7 +296,7 @@ def _checkpoint_target(plan: Plan, vname: str, variant: Variant, tp: int, pp: in
         kv_bytes_per_token=estimate.kv_bytes_per_token(plan.model, tp, pp, variant.kv_cache, plan.dtype),
     )
     return Target(
-        name=checkpoint_name(vname, tp, pp), kind=CHECKPOINT, variant=vname, tp=tp, pp=pp, gpu=None,
+        name=nodeids.checkpoint_id(vname, tp, pp), kind=CHECKPOINT, variant=vname, tp=tp, pp=pp, gpu=None,
         backend=ENGINE, status="impossible" if reason else "ok", reason=reason, estimate=est,
     )
 
@@ -348,7 +339,7 @@ def _engine_target(plan: Plan, ckpt: Target, variant: Variant, cards: SmCards) -
         warnings.append(f"KV cache holds {kv_tokens:,} tokens per GPU on {smallest.name}: less than one "
                         f"max_seq_len ({plan.max_seq_len:,}) sequence")
     return Target(
-        name=engine_name(ckpt.variant, tp, pp, sm), kind=ENGINE, variant=ckpt.variant, tp=tp, pp=pp, gpu=sm,
+        name=nodeids.engine_id(ckpt.variant, tp, pp, sm), kind=ENGINE, variant=ckpt.variant, tp=tp, pp=pp, gpu=sm,
         backend=ENGINE, status="impossible" if reason else "ok", reason=reason, depends_on=(ckpt.name,),
         estimate=est, warnings=tuple(warnings),
     )
@@ -375,7 +366,7 @@ def _hf_target(plan: Plan, vname: str, variant: Variant) -> Target:
         kv_bytes_per_token=estimate.kv_bytes_per_token(plan.model, 1, 1, variant.kv_cache, plan.dtype),
     )
     return Target(
-        name=hf_name(vname), kind=HF_CHECKPOINT, variant=vname, tp=None, pp=None, gpu=None,
+        name=nodeids.hf_id(vname), kind=HF_CHECKPOINT, variant=vname, tp=None, pp=None, gpu=None,
         backend=HF_CHECKPOINT, status="impossible" if reason else "ok", reason=reason, estimate=est,
         serves=serves, serve_notes=serving.serve_notes(variant.quant, variant.kv_cache, sms),
     )

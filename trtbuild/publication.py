@@ -67,11 +67,11 @@ def held_back(validated: bool, checks: Sequence[Check], standin: Sequence[str] =
 
 def validation_ids(target_id: str, target: "LockedTarget") -> list[str]:
     """The ids a target's validations have in a lock: its own, and for an engine its checkpoint's."""
-    from trtbuild.nodeids import trtllm_validate_id, validate_id, vllm_validate_id
+    from trtbuild.nodeids import checkpoint_of_engine, trtllm_validate_id, validate_id, vllm_validate_id
 
     ids = [validate_id(target_id), trtllm_validate_id(target_id), vllm_validate_id(target_id)]
     if target.stage == "engine" and target.platform is not None:
-        ids.append(validate_id(target_id.removesuffix(f"-{target.platform.sm}")))
+        ids.append(validate_id(checkpoint_of_engine(target_id, target.platform.sm)))
     return ids
 
 

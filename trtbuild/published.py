@@ -17,10 +17,10 @@ from pydantic import ValidationError
 
 from trtbuild import serving
 from trtbuild.estimate import format_bytes
-from trtbuild.nodeids import trtllm_validate_id, validate_id, vllm_validate_id
 from trtbuild.lockfile import LockedPlatform, LockedRecipe, LockedTarget, LockFile
-from trtbuild.lockfile import TARGET_STAGES
-from trtbuild.pullselect import Host, choose, variant_of
+from trtbuild.nodeids import (checkpoint_of_engine, is_target, trtllm_validate_id, validate_id, variant_of,
+                              vllm_validate_id)
+from trtbuild.pullselect import Host, choose
 from trtbuild.records import ActionRecord, Ref
 from trtbuild.store.base import Store
 from trtbuild.validate import gates
@@ -100,11 +100,9 @@ class Published:
 
 
 def _is_target(target: str, record: Optional[ActionRecord]) -> bool:
-    """Checkpoints, hf-checkpoints and engines; validations and internal nodes have ':' in their id.
+    """Checkpoints, hf-checkpoints and engines, not the nodes derived from them (nodeids.is_target).
     Without a record, the name says it (`<variant>-tp1`, `-hf`; not `source`, `reference`)."""
-    if ":" in target:
-        return False
-    return record.stage.split(":")[0] in TARGET_STAGES if record else variant_of(target) is not None
+    return is_target(target, record.stage.split(":")[0]) if record else variant_of(target) is not None
 
 
 def platform_of(record: ActionRecord) -> Optional[LockedPlatform]:
@@ -127,7 +125,7 @@ def _validation_ids(target: str, record: Optional[ActionRecord]) -> list[str]:
     ids = [trtllm_validate_id(target), vllm_validate_id(target), validate_id(target)]
     platform = platform_of(record) if record is not None and record.stage.startswith("engine") else None
     if platform is not None:
-        ids.append(validate_id(target.removesuffix(f"-{platform.sm}")))
+        ids.append(validate_id(checkpoint_of_engine(target, platform.sm)))
     return ids
 
 

@@ -30,6 +30,7 @@ from trtbuild import serving as serving_table  # _hf_candidate's local `serving`
 from trtbuild.engine_check import EngineFacts, HostFacts, differences
 from trtbuild.estimate import format_bytes
 from trtbuild.lockfile import LockedTarget, LockFile, targets_of
+from trtbuild.nodeids import variant_of
 from trtbuild.serving import serving_sms
 from trtbuild.toolchain import EngineToolchain, package_version, probe_engine_toolchain
 
@@ -116,15 +117,6 @@ class Candidate:
 class Selection:
     chosen: Optional[Candidate]
     candidates: list[Candidate]  # every target of the lock, in the lock's order
-
-
-_NAME = re.compile(r"^(?P<variant>.+?)(?:-tp\d+(?:-pp\d+)?(?:-(?P<sm>sm\d+))?|-hf)$")
-
-
-def variant_of(target_id: str) -> Optional[str]:
-    """The variant in a target's name (plan.py's checkpoint_name, engine_name, hf_name)."""
-    match = _NAME.match(target_id)
-    return match.group("variant") if match else None
 
 
 def _trtllm_serves_hf(version: Optional[str]) -> Optional[str]:

@@ -171,9 +171,9 @@ def _build_report(outcome) -> tuple[list[list[tuple[str, str]]], list[tuple[str,
 def folder_lines(results) -> list[str]:
     """Where each target the build made or found is (its read-only checkout, for `trtbuild check`
     and the runtimes), and why one is held back from publishing (publication.held_back)."""
-    from trtbuild.lockfile import TARGET_STAGES
+    from trtbuild.nodeids import is_target
 
-    done = [r for r in results if r.done and r.path and r.stage in TARGET_STAGES and ":" not in r.id]
+    done = [r for r in results if r.done and r.path and is_target(r.id, r.stage)]
     if not done:
         return []
     width = max(len(r.id) for r in done)

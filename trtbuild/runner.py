@@ -17,7 +17,7 @@ from typing import Optional
 from trtbuild import nodekeys, publication, timingcache
 from trtbuild.errors import InvalidInput, TrtbuildError, Unreachable
 from trtbuild.graph import STAGE_ORDER, Blocker, Graph, Node
-from trtbuild.lockfile import TARGET_STAGES
+from trtbuild.nodeids import TARGET_STAGES
 from trtbuild.records import ActionRecord, Digest, Execution
 from trtbuild.stages.base import OVERLAY_SUMMARY, SUMMARY_FILES, StageContext
 from trtbuild.stages.source import Resolved
