@@ -55,10 +55,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 from s3server import SeaweedS3  # noqa: E402
-from trtbuild import lockfile  # noqa: E402
-from trtbuild.lockfile import LockedPlatform, LockedRecipe, LockedTarget, LockFile  # noqa: E402
-from trtbuild.recipe import load_recipe  # noqa: E402
-from trtbuild.records import ActionRecord, Digest, Execution  # noqa: E402
+from trtbuild.lock import lockfile  # noqa: E402
+from trtbuild.lock.lockfile import LockedPlatform, LockedRecipe, LockedTarget, LockFile  # noqa: E402
+from trtbuild.recipe.schema import load_recipe  # noqa: E402
+from trtbuild.store.records import ActionRecord, Digest, Execution  # noqa: E402
 from trtbuild.store.local import LocalStore  # noqa: E402
 from trtbuild.store.s3 import S3Store  # noqa: E402
 
@@ -70,8 +70,8 @@ TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hi
                "num_key_value_heads": 4, "vocab_size": 1000, "max_position_embeddings": 4096,
                "hidden_act": "silu", "rope_theta": 10000.0, "torch_dtype": "bfloat16"}
 RECIPE = "schema: 1\nname: tiny\nsource:\n  path: model\n  config: config.json\ngpus: [sm90]\n"
-WARM_IMPORTS = ("import boto3.s3.transfer, trtbuild.cli, trtbuild.lockfile, trtbuild.publish, trtbuild.pipeline, "
-                "trtbuild.pullselect, trtbuild.store.s3, trtbuild.store.transfer, trtbuild.store.checkout")
+WARM_IMPORTS = ("import boto3.s3.transfer, trtbuild.cli, trtbuild.lock.lockfile, trtbuild.deploy.push, trtbuild.build.pipeline, "
+                "trtbuild.deploy.select, trtbuild.store.s3, trtbuild.store.transfer, trtbuild.store.checkout")
 # The raw baseline: boto3's transfer manager alone, file after file, nothing verified.
 RAW_DOWNLOAD = """
 import sys, boto3
@@ -146,7 +146,7 @@ def big_lock(path: Path, recipe: Path) -> str:
             n += 1
             targets[f"{variant}-tp{tp}"] = LockedTarget(stage="checkpoint", key=f"{n:064x}", digest=f"{n + 10**6:064x}",
                                                         size=tp << 30)
-            # its validation passed: what publishes the checkpoint and its engines (trtbuild.publication)
+            # its validation passed: what publishes the checkpoint and its engines (trtbuild.lock.publication)
             targets[f"{variant}-tp{tp}:validate"] = LockedTarget(stage="validate", key=f"{n + 2 * 10**6:064x}",
                                                                  digest=f"{n + 3 * 10**6:064x}", size=1024,
                                                                  gates_passed=True)

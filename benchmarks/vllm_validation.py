@@ -55,7 +55,7 @@ def run(folder: Path) -> list[dict]:
     """One row per checkpoint for vLLM (run here) and for the torch runner (its packed report)."""
     import numpy as np
 
-    from trtbuild import toolchain
+    from trtbuild.host import toolchain
     from trtbuild.validate import metrics, vllm_runner
 
     windows = np.load(folder / "reference" / "windows.npy")

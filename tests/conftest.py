@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from trtbuild import toolchain as _toolchain
+from trtbuild.host import toolchain as _toolchain
 from trtbuild.cli import cli
 
 # pytest-xdist runs a worker per core (pyproject's addopts): each worker's torch gets its share of
@@ -47,7 +47,8 @@ set_hypothesis_home_dir(SCRATCH / "hypothesis")
 
 
 def _this_host() -> tuple[tuple, "str | None"]:
-    from trtbuild import hardware, toolchain
+    from trtbuild.host import hardware
+    from trtbuild.host import toolchain
 
     return hardware.detect_gpus(), toolchain.package_version("tensorrt_llm")
 
@@ -67,7 +68,7 @@ needs_no_gpu_with_trtllm = pytest.mark.skipif(bool(_GPUS) and _TRTLLM is not Non
                                                      f"tensorrt_llm {_TRTLLM} are both here)")
 # What `device: auto` (calibration, validation) resolves to on this host.
 def _auto_device() -> str:
-    from trtbuild import hardware
+    from trtbuild.host import hardware
 
     return hardware.resolve_device("auto")
 
@@ -229,7 +230,7 @@ def recorded_gpu(monkeypatch):
     Undone at the test's end, so later tests probe the real host again."""
     import sys
 
-    from trtbuild import hardware
+    from trtbuild.host import hardware
 
     def use(name: "str | None", count: int = 1) -> None:
         if name is None:
@@ -252,7 +253,7 @@ def installed_packages(tmp_path, monkeypatch):
     """`installed_packages(tensorrt_llm="1.2.0")`: package metadata first on sys.path, as an installed
     wheel leaves it, without its code (trtbuild reads versions from metadata and imports nothing).
     Returns the folder, for subprocesses' PYTHONPATH."""
-    from trtbuild import toolchain
+    from trtbuild.host import toolchain
 
     site = tmp_path / "site-packages"
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from dataclasses import dataclass
 
-from trtbuild.graph import Graph, HostNeed, Node, Param
-from trtbuild.stages.base import Stage, StageContext
+from trtbuild.build.graph import Graph, HostNeed, Node, Param
+from trtbuild.build.stages.base import Stage, StageContext
 
 
 @dataclass(frozen=True)
@@ -218,7 +218,7 @@ RECORD_ENGINE = Stage("engine", 1, "stagekit:record_params")
 
 def counting(ctx: StageContext) -> None:
     """Reports counted progress the way long stages do (calibration batches)."""
-    from trtbuild.stages.worker import report_progress
+    from trtbuild.build.stages.worker import report_progress
 
     print(f"counting in process {os.getpid()}", flush=True)  # a log line that differs every run
     for done in range(1, ctx.params["steps"] + 1):
@@ -236,7 +236,7 @@ def damaged_checkpoint(ctx: StageContext) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from trtbuild.stages.checkpoint import convert_checkpoint
+    from trtbuild.build.stages.checkpoint import convert_checkpoint
 
     convert_checkpoint(ctx)
     path = ctx.out / "rank0.safetensors"

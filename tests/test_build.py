@@ -225,7 +225,7 @@ def test_four_concurrent_builds_on_one_store_build_each_key_once(recipe, tmp_pat
 
 
 def test_explain_shows_every_field_and_its_origin(recipe, model, tmp_path):
-    from trtbuild import hardware
+    from trtbuild.host import hardware
 
     store = tmp_path / "store"
     before = trtbuild("explain", recipe, "fp8-tp1", "--json", store=store, check=True)
@@ -270,10 +270,11 @@ def test_explain_shows_every_field_and_its_origin(recipe, model, tmp_path):
 
 def test_explain_and_the_runner_label_every_platform_field_by_the_recipe_field_it_comes_from(recipe, tmp_path):
     """One function keys a node for both: a validation's device comes from validate.device."""
-    from trtbuild import hardware, nodekeys
-    from trtbuild.graph import build_graph
-    from trtbuild.plan import plan_recipe
-    from trtbuild.recipe import load_recipe
+    from trtbuild.host import hardware
+    from trtbuild.build import nodekeys
+    from trtbuild.build.graph import build_graph
+    from trtbuild.plan.expand import plan_recipe
+    from trtbuild.recipe.schema import load_recipe
     from trtbuild.store.local import LocalStore
 
     graph = build_graph(plan_recipe(load_recipe(recipe)))

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import NEMO_DATA
 from trtbuild.keys import canonical_json
-from trtbuild.records import dump
+from trtbuild.store.records import dump
 from trtbuild.store.hash import atomic_write
 from trtbuild.store.local import LocalStore
 

@@ -9,8 +9,8 @@ import io
 import pytest
 from rich.console import Console
 
-from trtbuild.records import ActionRecord, Digest, Execution
-from trtbuild import render
+from trtbuild.store.records import ActionRecord, Digest, Execution
+from trtbuild.cli import render
 from trtbuild.store.local import LocalStore
 
 CHECKPOINT = dict(key="1" * 64, artifact=Digest(hash="a" * 64, size_bytes=3 * 1024 * 1024), stage="checkpoint:export",

@@ -173,7 +173,7 @@ limits: {{max_input_len: 128, max_seq_len: 256}}
 def test_int8_wo_builds_its_float_w8a16_checkpoint_and_int4_wo_its_hf_checkpoint(tmp_path, tokenizer):
     """TensorRT-LLM 1.2 quantizes W8A16 itself at load: int8_wo's TensorRT-LLM checkpoint is the
     source's float weights converted, with `quant_algo: W8A16`, and no calibration runs for it. No
-    serving runtime claims its Hugging Face checkpoint (trtbuild/serving.py): impossible. int4_wo
+    serving runtime claims its Hugging Face checkpoint (trtbuild/facts/serving.py): impossible. int4_wo
     (exported as W4A16_AWQ, which TensorRT-LLM's PyTorch backend serves) is built."""
     make_model(tmp_path / "model", "llama", tokenizer)
     recipe = write(tmp_path, """

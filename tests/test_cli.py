@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from conftest import RECIPES, ROOT, minimal
 from trtbuild import __version__
 from trtbuild.cli import cli
-from trtbuild.recipe import load_recipe
-from trtbuild.graph import STAGE_ORDER
+from trtbuild.recipe.schema import load_recipe
+from trtbuild.build.graph import STAGE_ORDER
 
 SHIPPED = sorted(RECIPES.glob("*.yaml"))
 
@@ -49,7 +49,7 @@ class Spy:
 sys.meta_path.insert(0, Spy())
 import trtbuild, trtbuild.cli
 from trtbuild.cli import cli
-from trtbuild.recipe import load_recipe
+from trtbuild.recipe.schema import load_recipe
 for args in (['--help'], ['plan', '--format', 'json'], ['plan', {str(RECIPES / 'llama-3.1-8b-instruct.yaml')!r}], ['schema']):
     try:
         cli(args, standalone_mode=False)
@@ -246,7 +246,7 @@ PLAN_ONLY_ABSENT = ("torch", "transformers", "modelopt", "gguf", "accelerate", "
 @pytest.fixture
 def plan_only_install(monkeypatch):
     """This process as `pip install trtbuild` alone leaves it: none of the quantize or trtllm extras."""
-    from trtbuild import toolchain
+    from trtbuild.host import toolchain
 
     real = toolchain.package_version
     monkeypatch.setattr(toolchain, "package_version", lambda name: None if name in PLAN_ONLY_ABSENT else real(name))
@@ -274,9 +274,9 @@ def test_the_install_hint_names_the_extra_that_holds_each_package_and_readmes_to
 
     from packaging.requirements import Requirement
 
-    from trtbuild import toolchain
-    from trtbuild.stages.install import CPU_TORCH, extra_for
-    from trtbuild.stages.registry import STAGES
+    from trtbuild.host import toolchain
+    from trtbuild.build.stages.install import CPU_TORCH, extra_for
+    from trtbuild.build.stages.registry import STAGES
 
     base, extras = set(), {}
     for line in requires("trtbuild"):
@@ -294,7 +294,7 @@ def test_the_install_hint_names_the_extra_that_holds_each_package_and_readmes_to
 
 
 def _validation(node_id, kld_mean, top1, ppl_delta_pct, passed=True):
-    from trtbuild.runner import NodeResult
+    from trtbuild.build.runner import NodeResult
 
     metrics = {"kld_mean": kld_mean, "kld_p99": 10 * kld_mean, "top1_agreement": top1, "ppl_reference": 10.0,
                "ppl": 10.0 * (1 + ppl_delta_pct / 100), "ppl_delta_pct": ppl_delta_pct, "tokens": 1024, "windows": 4}
@@ -308,9 +308,9 @@ def _validation(node_id, kld_mean, top1, ppl_delta_pct, passed=True):
 def test_build_table_shows_each_validations_kl_top1_and_perplexity_change():
     from rich.console import Console
 
-    from trtbuild.pipeline import BuildOutcome
-    from trtbuild.render import print_build
-    from trtbuild.runner import NodeResult
+    from trtbuild.build.pipeline import BuildOutcome
+    from trtbuild.cli.render import print_build
+    from trtbuild.build.runner import NodeResult
 
     outcome = BuildOutcome("demo", [
         NodeResult("fp8-tp1", "checkpoint", "checkpoint", "built", key="a" * 64, digest="b" * 64, seconds=1.0),

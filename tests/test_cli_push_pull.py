@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from test_transfer import make_artifact, three_files
-from trtbuild import lockfile
+from trtbuild.lock import lockfile
 from trtbuild.cli import default_recipe
-from trtbuild.lockfile import LockedRecipe, LockedTarget, LockFile
-from trtbuild.recipe import load_recipe, recipe_identity
+from trtbuild.lock.lockfile import LockedRecipe, LockedTarget, LockFile
+from trtbuild.recipe.schema import load_recipe, recipe_identity
 from trtbuild.store.local import LocalStore
 
 DEMO = "smollm2-135m-demo"  # the embedded recipe's `name:`

@@ -17,9 +17,9 @@ import yaml
 from conftest import TINY_LLAMA, minimal
 from test_crash import dangling
 from test_transfer import make_artifact, three_files
-from trtbuild import lockfile
-from trtbuild.lockfile import LockedRecipe, LockedTarget, LockFile
-from trtbuild.recipe import load_recipe
+from trtbuild.lock import lockfile
+from trtbuild.lock.lockfile import LockedRecipe, LockedTarget, LockFile
+from trtbuild.recipe.schema import load_recipe
 from trtbuild.store.local import LocalStore
 
 TINY_HF = Path(__file__).resolve().parent / "data" / "nemo" / "hf_tiny_llama_tied_bf16"

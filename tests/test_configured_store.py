@@ -12,15 +12,15 @@ import pytest
 from conftest import minimal
 from test_build_remote import FAST, TINY_HF, messages
 from test_transfer import bucket, project, seaweed  # noqa: F401 (fixtures)
-from trtbuild import lockfile
-from trtbuild.recipe import load_recipe
+from trtbuild.lock import lockfile
+from trtbuild.recipe.schema import load_recipe
 from trtbuild.store.local import LocalStore
 
 RECIPE = ("schema: 1\nname: tiny\nsource: {path: model}\nvariants: {bf16: {}}\ngpus: [sm90]\n"
           "limits: {max_input_len: 128, max_seq_len: 256}\nbackends: [engine]\n"
           "validate: {samples: 2, seq_len: 32}\n")
 # the checkpoint and its torch validation: a target only a validation that ran and passed publishes
-# (trtbuild/publication.py), and only a published one is pulled
+# (trtbuild/lock/publication.py), and only a published one is pulled
 VALIDATED = ("--until", "validate", "--json")
 
 

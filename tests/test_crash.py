@@ -42,8 +42,8 @@ import pytest
 from click.testing import CliRunner
 
 from test_transfer import Project, make_artifact, seaweed  # noqa: F401 (the module's SeaweedFS fixture)
-from trtbuild import lockfile
-from trtbuild.lockfile import LockedTarget
+from trtbuild.lock import lockfile
+from trtbuild.lock.lockfile import LockedTarget
 from trtbuild.cli import cli
 from trtbuild.store.base import CorruptStore, Store
 from trtbuild.store.local import LocalStore
@@ -69,7 +69,7 @@ def moments(window: float) -> list[tuple[int, int, float]]:
 FORK_SERVER = r"""
 import json, os, signal, sys
 import botocore.session, boto3.s3.transfer
-import trtbuild.__main__, trtbuild.cli, trtbuild.pipeline, trtbuild.publish, trtbuild.store.s3, trtbuild.store.transfer
+import trtbuild.__main__, trtbuild.cli, trtbuild.build.pipeline, trtbuild.deploy.push, trtbuild.store.s3, trtbuild.store.transfer
 
 # Audit events that change the file system (besides "open" for writing), and the arguments that are paths.
 WRITES = {"os.mkdir": 1, "os.rename": 2, "os.remove": 1, "os.rmdir": 1, "os.link": 2, "os.symlink": 2,

@@ -114,7 +114,7 @@ def files(folder: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """A store holding the tiny model's checkpoint (target base-tp1), validated (torch's validation
-    passes its gates, so pull takes it: trtbuild.publication) and the recipe's lock."""
+    passes its gates, so pull takes it: trtbuild.lock.publication) and the recipe's lock."""
     root = tmp_path_factory.mktemp("built")
     recipe = project(root)
     result = trtbuild("build", recipe, "--until", "validate", store=root / "store")

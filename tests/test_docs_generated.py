@@ -1,5 +1,5 @@
-"""The generated reference pages: docs/cli.md (from the click commands, `python -m trtbuild.docs_cli`)
-and docs/recipe.md (from the recipe schema, `python -m trtbuild.recipe_doc`) are exactly what their
+"""The generated reference pages: docs/cli.md (from the click commands, `python -m trtbuild.cli.docs`)
+and docs/recipe.md (from the recipe schema, `python -m trtbuild.recipe.doc`) are exactly what their
 generators print, and the generators leave out no command, option or recipe key."""
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ def _sections(text: str) -> dict[str, str]:
 
 
 def test_cli_page_is_the_generators_output():
-    """Regenerate with `python -m trtbuild.docs_cli > docs/cli.md` after changing a command's help."""
-    from trtbuild.docs_cli import render
+    """Regenerate with `python -m trtbuild.cli.docs > docs/cli.md` after changing a command's help."""
+    from trtbuild.cli.docs import render
 
     assert CLI_PAGE.read_text() == render()
 
 
 def test_cli_page_does_not_depend_on_the_terminal(monkeypatch):
-    from trtbuild.docs_cli import render
+    from trtbuild.cli.docs import render
 
     monkeypatch.setenv("COLUMNS", "40")  # click's formatter reads the terminal's width when not told one
     assert render() == CLI_PAGE.read_text()
@@ -56,14 +56,14 @@ def test_cli_page_has_every_command_with_every_option():
 
 
 def test_recipe_page_is_the_generators_output():
-    """Regenerate with `python -m trtbuild.recipe_doc > docs/recipe.md` after changing the schema."""
-    from trtbuild.recipe_doc import render
+    """Regenerate with `python -m trtbuild.recipe.doc > docs/recipe.md` after changing the schema."""
+    from trtbuild.recipe.doc import render
 
     assert RECIPE_PAGE.read_text() == render()
 
 
 def test_recipe_page_describes_every_key_of_every_object():
-    from trtbuild.recipe import json_schema
+    from trtbuild.recipe.schema import json_schema
 
     schema = json_schema()
     objects = [schema, *schema["$defs"].values()]
@@ -80,7 +80,7 @@ def test_recipe_page_defaults_are_what_a_minimal_recipe_validates_to():
     """The defaults the page states for the collection-valued keys are the ones a recipe gets."""
     import yaml
 
-    from trtbuild.recipe import Recipe
+    from trtbuild.recipe.schema import Recipe
 
     recipe = Recipe.model_validate({"schema": 1, "name": "r", "source": {"path": "."}})
     top = _sections(RECIPE_PAGE.read_text())["Top level"]

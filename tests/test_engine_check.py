@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from conftest import minimal
-from trtbuild import lockfile, toolchain
-from trtbuild.recipe import load_recipe
+from trtbuild.lock import lockfile
+from trtbuild.host import toolchain
+from trtbuild.recipe.schema import load_recipe
 
 FP8 = {"quant_algo": "FP8", "kv_cache_quant_algo": None}
 INT4_AWQ = {"quant_algo": "W4A16_AWQ", "kv_cache_quant_algo": None, "group_size": 128}

@@ -9,11 +9,15 @@ import shlex
 import pytest
 
 from conftest import TINY_LLAMA, minimal
-from trtbuild import engine_command, engine_flags, estimate, hardware, quantformats
-from trtbuild.engine_command import FlagTableError, build_argv, parse_with_flag_table, shell_line, workers_for
-from trtbuild.graph import build_graph, twin_id
-from trtbuild.plan import plan_recipe
-from trtbuild.recipe import load_recipe
+from trtbuild.plan import engine_command
+from trtbuild.plan import engine_flags
+from trtbuild.plan import estimate
+from trtbuild.host import hardware
+from trtbuild.facts import quantformats
+from trtbuild.plan.engine_command import FlagTableError, build_argv, parse_with_flag_table, shell_line, workers_for
+from trtbuild.build.graph import build_graph, twin_id
+from trtbuild.plan.expand import plan_recipe
+from trtbuild.recipe.schema import load_recipe
 
 # Every quantization a recipe can ask for, as (quant, kv_cache).
 FORMATS = {

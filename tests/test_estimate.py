@@ -7,8 +7,8 @@ import math
 import pytest
 
 from conftest import CONFIGS, ROOT, TINY_LLAMA
-from trtbuild import estimate
-from trtbuild.modelconfig import load_config, parse_config
+from trtbuild.plan import estimate
+from trtbuild.model.config import load_config, parse_config
 
 # Parameter counts as published with the safetensors of each hub repository.
 PUBLISHED_PARAMS = {

@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trtbuild.cli import cli
-from trtbuild.recipe import _model_at
-from trtbuild.yamlsource import format_path
+from trtbuild.recipe.schema import _model_at
+from trtbuild.recipe.yamlsource import format_path
 
 from conftest import RECIPES, TINY_LLAMA, minimal
 

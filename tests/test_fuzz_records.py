@@ -177,7 +177,7 @@ def test_a_link_in_the_destination_is_not_followed_out_of_it(world):
 # ---- action records, refs and lock files --------------------------------------------------------
 
 def good_record(store: LocalStore) -> tuple[str, dict]:
-    from trtbuild.records import ActionRecord, Digest, Execution
+    from trtbuild.store.records import ActionRecord, Digest, Execution
 
     digest = store.manifest_digests()[0]
     manifest = store.get_manifest(digest)
@@ -321,7 +321,7 @@ YAML_GARBAGE = st.sampled_from([b"\xff\xfe", b"a: " + b"[" * 5000, b"a: " + b"9"
 @FUZZ
 @given(data=st.data())
 def test_a_bad_lock_file_is_one_line_naming_it(world, data):
-    from trtbuild import lockfile
+    from trtbuild.lock import lockfile
 
     root, store = world
     good = good_lock(store.manifest_digests()[0])
@@ -348,7 +348,7 @@ def test_a_bad_lock_file_is_one_line_naming_it(world, data):
     (None, "targets.'a\\nb'.stage: Field required (edited by hand? rebuild without --locked to rewrite it)"),
 ], ids=["not UTF-8", "month 13", "nested", "line break in a name"])
 def test_a_lock_file_python_cannot_read_is_one_line(world, content, problem):
-    from trtbuild import lockfile
+    from trtbuild.lock import lockfile
 
     root, store = world
     if content is None:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from trtbuild import ggufheader
-from trtbuild.stages.source import config
-from trtbuild.stages.source.config import gguf_config
-from trtbuild.stages.source.gguf import locate_gguf
+from trtbuild.model import gguf_header as ggufheader
+from trtbuild.build.stages.source import config
+from trtbuild.build.stages.source.config import gguf_config
+from trtbuild.build.stages.source.gguf import locate_gguf
 from trtbuild.store import state
 from trtbuild.store.state import StatCache
 

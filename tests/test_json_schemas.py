@@ -235,9 +235,9 @@ def test_every_schema_file_is_validated_by_this_module_and_linked_from_the_docs(
 
 
 def test_the_enums_are_the_codes_own():
-    from trtbuild.graph import STAGE_ORDER
-    from trtbuild.records import ActionRecord
-    from trtbuild.runner import Status
+    from trtbuild.build.graph import STAGE_ORDER
+    from trtbuild.store.records import ActionRecord
+    from trtbuild.build.runner import Status
 
     node = schema("build")["$defs"]["node"]["properties"]
     assert node["status"]["enum"] == [s.value for s in Status]
@@ -283,7 +283,7 @@ def test_pull_json_when_nothing_fits_lists_every_candidate_and_exits_1(project, 
     recorded_gpu("L40S")
     installed_packages(tensorrt_llm=TRTLLM, tensorrt=TRT)
     monkeypatch.setenv("TRTBUILD_CACHE", str(tmp_path / "deploy-store"))
-    # the lock is the fixture's last build's, a --no-validate one: base-tp1 is held back (trtbuild.publication),
+    # the lock is the fixture's last build's, a --no-validate one: base-tp1 is held back (trtbuild.lock.publication),
     # which is its reason (a published checkpoint's reason is test_transfer's nothing-fits tests')
     result = run("pull", project.lock, "--store", project.shared, "--json")
     assert result.exit_code == 1

@@ -90,7 +90,7 @@ def test_the_merge_is_the_union_of_the_jobs_and_the_same_bytes_in_any_order(tmp_
 
 
 def test_the_merged_lock_reads_back_as_a_lock(tmp_path, jobs):
-    from trtbuild import lockfile
+    from trtbuild.lock import lockfile
 
     out = tmp_path / "tiny.lock"
     assert merge(*jobs, "-o", out).exit_code == 0
@@ -235,7 +235,7 @@ def build(project: Path, store: str, *args, env: dict | None = None) -> subproce
 
 
 def test_each_job_writes_only_its_slice_and_the_merge_is_the_whole_build(tmp_path):
-    from trtbuild import lockfile
+    from trtbuild.lock import lockfile
 
     shutil.copytree(NEMO_DATA / "hf_tiny_llama_tied_bf16", tmp_path / "model")
     (tmp_path / "tiny.yaml").write_text(TINY)
@@ -270,7 +270,7 @@ def test_a_job_pushes_and_publishes_only_its_slice(tmp_path, bucket):
     shutil.copytree(NEMO_DATA / "hf_tiny_llama_tied_bf16", tmp_path / "model")
     (tmp_path / "tiny.yaml").write_text(TINY)
     # both unvalidated (--no-validate, which --allow-unvalidated publishes anyway): a build that stops
-    # before its validations (--until checkpoint) holds its targets back (trtbuild/publication.py)
+    # before its validations (--until checkpoint) holds its targets back (trtbuild/lock/publication.py)
     earlier = build(tmp_path, "dev-store", "--target", "base-tp*", "--no-validate")  # the committed lock: both
     assert earlier.returncode == 0, earlier.stderr
     result = build(tmp_path, "runner-store", "--locked", "--target", "base-tp2", "--no-validate", "--store",

@@ -17,8 +17,8 @@ import yaml
 
 from conftest import needs_no_trtllm, needs_no_vllm, standin_toolchain_env
 from tinymodels import make_model, make_tokenizer
-from trtbuild import lockfile
-from trtbuild.recipe import load_recipe
+from trtbuild.lock import lockfile
+from trtbuild.recipe.schema import load_recipe
 from trtbuild.store.local import LocalStore
 
 D = {name: name * 64 for name in "0123456789abcdef"}  # digests and keys by one hex digit

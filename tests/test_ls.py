@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import minimal, needs_no_trtllm
-from trtbuild import published
-from trtbuild.records import ActionRecord, Digest, Execution
+from trtbuild.deploy import listing as published
+from trtbuild.store.records import ActionRecord, Digest, Execution
 from trtbuild.store.local import LocalStore
 from trtbuild.store.transfer import PushItem, push
 

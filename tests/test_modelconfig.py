@@ -6,7 +6,7 @@ import pytest
 
 from conftest import CONFIGS, TINY_LLAMA
 from trtbuild.errors import InvalidInput
-from trtbuild.modelconfig import load_config, padded_vocab, parse_config
+from trtbuild.model.config import load_config, padded_vocab, parse_config
 
 
 def test_llama_31_config():

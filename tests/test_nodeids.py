@@ -1,4 +1,4 @@
-"""trtbuild/nodeids.py is the one maker and parser of node ids (issue #24: plan, pull, ls, push and
+"""trtbuild/facts/nodeids.py is the one maker and parser of node ids (issue #24: plan, pull, ls, push and
 the lock each had the grammar): target ids made from their parts read back as those parts, and the
 ids of nodes derived from a target are never read as targets."""
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trtbuild import nodeids
+from trtbuild.facts import nodeids
 
 VARIANTS = st.from_regex(r"[a-z0-9]+(-[a-z0-9]+)*", fullmatch=True)
 SMS = st.sampled_from(["sm80", "sm86", "sm89", "sm90", "sm100", "sm120"])

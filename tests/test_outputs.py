@@ -29,7 +29,7 @@ HEADER = "folders (read-only; `trtbuild check FOLDER` checks one):"
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    from trtbuild import hardware
+    from trtbuild.host import hardware
 
     if hardware.detect_gpus():
         pytest.skip("on a host with an NVIDIA GPU the engine targets would be built too")

@@ -1,4 +1,4 @@
-"""On a file or pipe the build's table and lines are written without rich (trtbuild.plainout): the
+"""On a file or pipe the build's table and lines are written without rich (trtbuild.cli.plainout): the
 same bytes rich writes, or rich writes them."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from trtbuild import plainout
-from trtbuild.pipeline import BuildOutcome
-from trtbuild.progress import ConsoleReporter
-from trtbuild.render import print_build, print_build_plain
-from trtbuild.runner import NodeResult
+from trtbuild.cli import plainout
+from trtbuild.build.pipeline import BuildOutcome
+from trtbuild.cli.progress import ConsoleReporter
+from trtbuild.cli.render import print_build, print_build_plain
+from trtbuild.build.runner import NodeResult
 
 
 @pytest.fixture(autouse=True)

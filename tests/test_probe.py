@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from trtbuild import hardware, toolchain
+from trtbuild.host import hardware
+
+from trtbuild.host import toolchain
 from trtbuild.errors import TrtbuildError
-from trtbuild.hardware import DetectedGpu
+from trtbuild.host.hardware import DetectedGpu
 
 ROOT = Path(__file__).resolve().parent.parent
 

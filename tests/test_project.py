@@ -10,7 +10,7 @@ import pytest
 from dockerfile_parse import DockerfileParser
 
 from conftest import NEMO_DATA, ROOT
-from trtbuild.recipe import json_schema
+from trtbuild.recipe.schema import json_schema
 
 README = (ROOT / "README.md").read_text()
 

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from conftest import NEMO_DATA
-from trtbuild import publication
-from trtbuild.publication import ELSEWHERE, FAILED, NOT_RUN, PASSED, Check, held_back
+from trtbuild.lock import publication
+from trtbuild.lock.publication import ELSEWHERE, FAILED, NOT_RUN, PASSED, Check, held_back
 
 TINY_HF = NEMO_DATA / "hf_tiny_llama_tied_bf16"
 # base (the source's weights) matches the reference exactly: KL 0 passes `kld_mean: 0.0`; fp8 does not
@@ -35,7 +35,7 @@ HELD = "held back: fp8-hf:validate failed its gates"
 
 
 def _gpu_here() -> bool:
-    from trtbuild import hardware
+    from trtbuild.host import hardware
 
     return bool(hardware.detect_gpus())
 
@@ -157,7 +157,7 @@ def test_the_rule(checks, validated, standin, allow, why):
 
 
 def test_a_lock_without_the_builds_verdict_is_judged_by_what_it_shows():
-    from trtbuild.lockfile import LockedRecipe, LockedTarget, LockFile
+    from trtbuild.lock.lockfile import LockedRecipe, LockedTarget, LockFile
 
     digest = "0" * 64
     lock = LockFile(recipe=LockedRecipe(name="r", digest=""), source=None, toolchain={}, validation="run", targets={

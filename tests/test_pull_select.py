@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from trtbuild.lockfile import LockedPlatform, LockedRecipe, LockedTarget, LockFile
-from trtbuild.pullselect import Host, build_hint, choose, no_fit_lines
-from trtbuild.toolchain import package_version
+from trtbuild.lock.lockfile import LockedPlatform, LockedRecipe, LockedTarget, LockFile
+from trtbuild.deploy.select import Host, build_hint, choose, no_fit_lines
+from trtbuild.host.toolchain import package_version
 
 GIB = 1024 ** 3
 TRTLLM, TRT = "1.2.1", "10.13.2"
@@ -213,7 +213,7 @@ def test_a_lock_file_is_parsed_by_libyaml_not_the_pure_python_loader(tmp_path, m
     took 0.47 s for benchmarks/s3_speed.py's lock of 200 targets on a busy 2-core host, libyaml 0.03 s."""
     import yaml
 
-    from trtbuild import lockfile
+    from trtbuild.lock import lockfile
 
     path = tmp_path / "tiny.lock"
     lock = matrix()
@@ -282,7 +282,7 @@ def test_choosing_from_a_lock_imports_neither_the_recipe_the_graph_the_store_nor
 
     import yaml
 
-    from trtbuild import lockfile
+    from trtbuild.lock import lockfile
 
     recorded_gpu("H100")
     site = installed_packages(tensorrt_llm=TRTLLM, tensorrt=TRT)
@@ -296,7 +296,7 @@ try:
     cli(['pull', {str(path)!r}, '--store', 's3://nowhere/prefix', '--dry-run'], standalone_mode=False)
 except SystemExit:
     pass
-heavy = ('trtbuild.recipe', 'trtbuild.graph', 'trtbuild.plan', 'trtbuild.store.local', 'trtbuild.store.s3',
+heavy = ('trtbuild.recipe.schema', 'trtbuild.build.graph', 'trtbuild.plan.expand', 'trtbuild.store.local', 'trtbuild.store.s3',
          'boto3', 'botocore', 'filelock')
 print('IMPORTED', sorted(m for m in heavy if m in sys.modules))
 """

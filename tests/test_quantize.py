@@ -22,7 +22,7 @@ from trtbuild.checkpoint import quantize as q  # noqa: E402
 from trtbuild.checkpoint.modelopt_config import modelopt_modules  # noqa: E402
 from trtbuild.checkpoint.quantstate import quantizer_tensors  # noqa: E402
 from trtbuild.errors import InvalidInput  # noqa: E402
-from trtbuild.quantformats import FORMATS, KV_FORMATS  # noqa: E402
+from trtbuild.facts.quantformats import FORMATS, KV_FORMATS  # noqa: E402
 from tinymodels import make_model, make_tokenizer, pydoc_text  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",

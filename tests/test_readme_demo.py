@@ -116,7 +116,7 @@ def test_build_push_pull_into_a_fresh_store_and_check_exit_as_the_readme_says(de
 
 @needs_no_gpu
 def test_the_dry_run_on_a_host_without_a_gpu_lists_every_target_with_why_and_exits_1(demo_path):
-    from trtbuild import lockfile
+    from trtbuild.lock import lockfile
 
     cwd, _, _, ran = demo_path
     dry = by_command(ran)[f"trtbuild pull --store {README_BUCKET} --target auto --dry-run"]
@@ -132,8 +132,8 @@ def test_the_dry_run_on_a_host_without_a_gpu_lists_every_target_with_why_and_exi
 
 
 def test_served_is_the_fp8_checkpoint_the_build_made_and_check_accepts_it(demo_path):
-    from trtbuild import lockfile
-    from trtbuild.serving_check import RUNTIMES, check_checkpoint
+    from trtbuild.lock import lockfile
+    from trtbuild.serving.check import RUNTIMES, check_checkpoint
 
     cwd, _, _, ran = demo_path
     pulled = by_command(ran)[f"TRTBUILD_CACHE=deploy-cache trtbuild pull --store {README_BUCKET} --target fp8-hf "

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import minimal
 from trtbuild.errors import InvalidInput
-from trtbuild.recipe import json_schema, load_recipe
+from trtbuild.recipe.schema import json_schema, load_recipe
 
 
 def errors_of(path) -> list[str]:

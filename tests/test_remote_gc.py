@@ -11,7 +11,7 @@ import pytest
 
 from test_transfer import PushItem, bucket, make_artifact, project, push, seaweed, three_files  # noqa: F401 (fixtures)
 from trtbuild.errors import TrtbuildError
-from trtbuild.estimate import format_bytes
+from trtbuild.plan.estimate import format_bytes
 from trtbuild.store import lease
 from trtbuild.store.s3 import S3Store
 

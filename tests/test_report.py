@@ -240,7 +240,7 @@ def test_report_in_headless_chromium(report, tmp_path):
 def test_a_hand_edited_lock_is_refused_with_one_line(tmp_path):
     """A lock whose entries are not what trtbuild writes: one line naming the file and the field."""
     from trtbuild.errors import InvalidInput
-    from trtbuild.lockfile import read
+    from trtbuild.lock.lockfile import read
 
     lock = tmp_path / "r.lock"
     lock.write_text("schema: 4\nrecipe: {name: r, digest: d}\nsource: null\ntoolchain: {}\nvalidation: run\n"
@@ -314,10 +314,10 @@ def test_the_rows_fail_a_target_any_validation_of_which_failed_and_say_which_run
     import json
 
     from conftest import TINY_LLAMA
-    from trtbuild.lockfile import LockedRecipe, LockedTarget, LockFile
-    from trtbuild.plan import plan_recipe
-    from trtbuild.recipe import load_recipe
-    from trtbuild.records import ActionRecord, Digest, Execution
+    from trtbuild.lock.lockfile import LockedRecipe, LockedTarget, LockFile
+    from trtbuild.plan.expand import plan_recipe
+    from trtbuild.recipe.schema import load_recipe
+    from trtbuild.store.records import ActionRecord, Digest, Execution
     from trtbuild.report.collect import rows
     from trtbuild.store.local import LocalStore
 
@@ -373,9 +373,9 @@ def test_serves_names_the_recipes_sms_as_plan_does_with_the_builds_loader_verdic
     import json
 
     from conftest import TINY_LLAMA
-    from trtbuild.lockfile import LockedRecipe, LockedTarget, LockFile
-    from trtbuild.plan import plan_recipe
-    from trtbuild.recipe import load_recipe
+    from trtbuild.lock.lockfile import LockedRecipe, LockedTarget, LockFile
+    from trtbuild.plan.expand import plan_recipe
+    from trtbuild.recipe.schema import load_recipe
     from trtbuild.report.collect import rows
     from trtbuild.store.local import LocalStore
 

@@ -13,7 +13,7 @@ import pytest
 from s3server import SECRET_KEY, SeaweedS3
 from trtbuild.errors import InvalidInput
 from trtbuild.keys import canonical_json
-from trtbuild.records import ActionRecord, Digest, Execution
+from trtbuild.store.records import ActionRecord, Digest, Execution
 from trtbuild.store.base import CorruptStore
 from trtbuild.store.local import LocalStore, open_store
 from trtbuild.store.s3 import MiB, S3Store
@@ -549,11 +549,11 @@ def test_push_and_the_s3_client_import_no_graph_and_no_boto3_until_bytes_move():
 
     script = """
 import sys
-import trtbuild.cli, trtbuild.publish, trtbuild.lockfile, trtbuild.recipe, trtbuild.configured_store
+import trtbuild.cli, trtbuild.deploy.push, trtbuild.lock.lockfile, trtbuild.recipe.schema, trtbuild.store.configured
 import trtbuild.store.transfer
 from trtbuild.store.s3 import S3Store
 S3Store('s3://bucket/prefix', endpoint_url='http://127.0.0.1:9').client
-print(sorted(m for m in ('trtbuild.graph', 'trtbuild.plan', 'trtbuild.pipeline', 'boto3') if m in sys.modules))
+print(sorted(m for m in ('trtbuild.build.graph', 'trtbuild.plan.expand', 'trtbuild.build.pipeline', 'boto3') if m in sys.modules))
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert result.stdout == "[]\n"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from conftest import minimal
-from trtbuild import serving
-from trtbuild.plan import plan_recipe
-from trtbuild.recipe import load_recipe
+from trtbuild.facts import serving
+from trtbuild.plan.expand import plan_recipe
+from trtbuild.recipe.schema import load_recipe
 
 SMS = ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120")
 RUNTIMES = ("trtllm", "vllm", "sglang")
@@ -71,7 +71,7 @@ def test_no_module_or_test_cites_a_reference_file_that_does_not_exist():
 
 
 def test_the_docs_page_is_the_tables_output():
-    from trtbuild.runtimes_doc import render
+    from trtbuild.facts.runtimes_doc import render
 
     assert (ROOT / "docs" / "runtimes.md").read_text() == render()
 

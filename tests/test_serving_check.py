@@ -1,4 +1,4 @@
-"""The loader check (trtbuild.serving_check, `trtbuild check HF_DIR`) on real ModelOpt 0.47 exports
+"""The loader check (trtbuild.serving.check, `trtbuild check HF_DIR`) on real ModelOpt 0.47 exports
 of a tiny Llama (tests/tinymodels.py, quantized on the CPU) and on deliberately broken copies of
 them. Expected verdicts are the runtimes' own rules as their sources say (the runtime table's
 sources, docs/runtimes.md): vLLM and SGLang accept only FP8 of these formats, TensorRT-LLM's
@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from tinymodels import make_model
-from trtbuild.serving_check import check_checkpoint
+from trtbuild.serving.check import check_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
                                         "ignore::FutureWarning")
@@ -331,7 +331,7 @@ def test_bad_input_is_one_line(tmp_path):
 
 @pytest.fixture
 def cli_table(monkeypatch):
-    from trtbuild import serving_check
+    from trtbuild.serving import check as serving_check
 
     monkeypatch.setattr(serving_check, "_default_support", table)
 
@@ -407,8 +407,8 @@ PACKAGE_PARAMS = {"limits": {"max_batch_size": 8, "max_num_tokens": 2048, "max_i
 
 def package(export: Path, out: Path, quant, kv=None) -> dict:
     """The hf-checkpoint:package stage on `export` (the real runtime table), as the runner calls it."""
-    from trtbuild.stages.base import StageContext
-    from trtbuild.stages.package import package_hf
+    from trtbuild.build.stages.base import StageContext
+    from trtbuild.build.stages.package import package_hf
 
     out.mkdir()
     ctx = StageContext(out=out, inputs={"weights": export}, params={**PACKAGE_PARAMS, "quant": quant, "kv_cache": kv})
@@ -453,7 +453,7 @@ class Spy:
             attempted.append(name)
         return None
 sys.meta_path.insert(0, Spy())
-from trtbuild import serving_check
+from trtbuild.serving import check as serving_check
 serving_check._default_support = lambda rt, q, kv, sm, v=None: SimpleNamespace(serves=True, note=None, reason=None)
 from trtbuild.cli import cli
 try:

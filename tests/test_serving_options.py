@@ -11,14 +11,14 @@ import pytest
 import yaml
 
 import stagekit
-from trtbuild import serving
-from trtbuild import serving_options as so
-from trtbuild.graph import build_graph
-from trtbuild.plan import plan_recipe
-from trtbuild.quantformats import KV_CACHE_NAMES, QUANT_NAMES
-from trtbuild.recipe import load_recipe
-from trtbuild.runner import run_graph
-from trtbuild.stages.registry import STAGES
+from trtbuild.facts import serving
+from trtbuild.serving import options as so
+from trtbuild.build.graph import build_graph
+from trtbuild.plan.expand import plan_recipe
+from trtbuild.facts.quantformats import KV_CACHE_NAMES, QUANT_NAMES
+from trtbuild.recipe.schema import load_recipe
+from trtbuild.build.runner import run_graph
+from trtbuild.build.stages.registry import STAGES
 from trtbuild.store.local import LocalStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -230,7 +230,8 @@ def test_the_loader_checks_verdict_reaches_the_artifact_the_lock_and_ls(tmp_path
     import datetime as dt
 
     from conftest import TINY_LLAMA
-    from trtbuild import lockfile, published
+    from trtbuild.lock import lockfile
+    from trtbuild.deploy import listing as published
 
     model = tmp_path / "model"
     model.mkdir()

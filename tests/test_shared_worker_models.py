@@ -99,7 +99,7 @@ def test_stages_that_restore_the_model_from_the_store_make_the_same_bytes(cold, 
 def test_a_fully_cached_build_imports_no_heavy_package(cold, project):
     """A cache hit loads no model and starts no worker; the runner itself imports none of what
     the stages need (numpy and gguf included: they cost a no-op build 0.25 s). Nor, with its
-    output on a pipe, rich (trtbuild.plainout writes the same text), filelock (no lock is taken)
+    output on a pipe, rich (trtbuild.cli.plainout writes the same text), filelock (no lock is taken)
     or the code that moves artifacts to and from a remote store (issue #15: start-up)."""
     import os
     import subprocess
@@ -112,7 +112,7 @@ attempted = []
 class Spy:
     def find_spec(self, name, path=None, target=None):
         if name.split('.')[0] in ('torch', 'transformers', 'modelopt', 'numpy', 'gguf', 'safetensors', 'rich',
-                                  'filelock') or name in ('trtbuild.publish', 'trtbuild.store.transfer'):
+                                  'filelock') or name in ('trtbuild.deploy.push', 'trtbuild.store.transfer'):
             attempted.append(name)
         return None
 sys.meta_path.insert(0, Spy())

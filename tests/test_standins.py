@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from trtbuild import hardware
-from trtbuild.hardware import DetectedGpu
+from trtbuild.host import hardware
+from trtbuild.host.hardware import DetectedGpu
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "tests" / "standin_trtllm"
@@ -340,7 +340,7 @@ def test_an_index_without_a_gpu_and_a_non_handle_are_invalid_arguments(recorded_
 
 
 # ---- trtbuild's plan and the stand-in judge the same commands alike ----
-# trtbuild's rules (trtbuild/engine_flags.py, quantformats.py) and the stand-in's RULES are separate
+# trtbuild's rules (trtbuild/plan/engine_flags.py, quantformats.py) and the stand-in's RULES are separate
 # transcriptions of the same upstream checks. Every engine command plan derives for these recipes
 # runs through the stand-in (with --dry_run: every check, no engine): a target is ok exactly when
 # the stand-in builds all its commands. The recipes leave out what trtllm-build leaves to its
@@ -395,10 +395,10 @@ def test_plan_ok_exactly_when_the_standin_builds_every_derived_command(ws, case)
     import os
 
     from conftest import STANDIN_NVML, TINY_LLAMA, minimal
-    from trtbuild.engine_command import build_argv
-    from trtbuild.graph import build_graph, twin_id
-    from trtbuild.plan import plan_recipe
-    from trtbuild.recipe import load_recipe
+    from trtbuild.plan.engine_command import build_argv
+    from trtbuild.build.graph import build_graph, twin_id
+    from trtbuild.plan.expand import plan_recipe
+    from trtbuild.recipe.schema import load_recipe
 
     variants, gpus, flags, engines, overrides = DRIFT_RECIPES[case]
     extra = (f"variants: {variants}\nparallelism: [{{tp: 1, pp: 2}}]\nengine: {{flags: {json.dumps(flags)}}}\n"

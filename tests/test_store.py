@@ -218,7 +218,7 @@ def test_a_changed_source_file_is_not_stored_under_its_old_digest(store, tmp_pat
 
 def record_of(key: str, manifest, created: str):
     """An action record of `manifest` under `key`, as the runner writes one."""
-    from trtbuild.records import ActionRecord, Digest, Execution
+    from trtbuild.store.records import ActionRecord, Digest, Execution
 
     return ActionRecord(key=key, artifact=Digest(hash=manifest.digest, size_bytes=manifest.size), stage="test",
                         stage_version=1, target="t", recipe="r", created=created, fields={},
@@ -349,7 +349,7 @@ def test_a_build_that_fails_before_running_creates_no_store(run, ws, tmp_path):
     recipe = ws.recipe(minimal())
     store = tmp_path / "store"
     result = run("build", recipe, "--until", "nope", "--store", store)
-    from trtbuild.graph import STAGE_ORDER
+    from trtbuild.build.graph import STAGE_ORDER
 
     assert result.exit_code == 2
     # (.strip(): the blank line build errors begin with is another part of this issue)

@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from conftest import minimal
-from trtbuild import lockfile
-from trtbuild.lockfile import LockedPlatform, LockedRecipe, LockedTarget, LockFile
-from trtbuild.records import ActionRecord, Digest, Execution
-from trtbuild.recipe import load_recipe
+from trtbuild.lock import lockfile
+from trtbuild.lock.lockfile import LockedPlatform, LockedRecipe, LockedTarget, LockFile
+from trtbuild.store.records import ActionRecord, Digest, Execution
+from trtbuild.recipe.schema import load_recipe
 from trtbuild.store.base import CorruptStore
 from trtbuild.store.local import LocalStore
 from trtbuild.store.transfer import PushItem, materialize_to, pull, push
@@ -454,7 +454,7 @@ def test_pull_auto_reads_an_hf_checkpoints_format_from_the_stores_record_and_pri
 
 
 def test_pull_refuses_a_bad_gpu_or_target_with_exit_2(project, run):
-    from trtbuild import hardware
+    from trtbuild.host import hardware
 
     project.add("base-tp1")
     project.write_lock()

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from test_transfer import PushItem, bucket, make_artifact, project, push, seaweed  # noqa: F401 (fixtures)
-from trtbuild import transferbar
+from trtbuild.cli import transferbar
 from trtbuild.store.hash import CHUNK
 from trtbuild.store.local import LocalStore
 from trtbuild.store.s3 import S3Store

@@ -16,8 +16,8 @@ from safetensors.torch import load_file, save_file
 from conftest import minimal
 from tinymodels import make_model, make_tokenizer
 from trtbuild.checkpoint.verify import CheckpointInvalid, verify_trtllm_checkpoint
-from trtbuild.plan import plan_recipe
-from trtbuild.recipe import load_recipe
+from trtbuild.plan.expand import plan_recipe
+from trtbuild.recipe.schema import load_recipe
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
                                         "ignore::FutureWarning")

@@ -159,7 +159,9 @@ def test_the_pytorch_backends_first_version_is_the_runtime_tables():
     the runtime table's trtllm row (its label `trtllm>=1.3`)."""
     import json
 
-    from trtbuild import pullselect, serving
+    from trtbuild.deploy import select as pullselect
+
+    from trtbuild.facts import serving
 
     table = json.loads((Path(serving.__file__).parent / "data" / "runtime-support.json").read_text())
     assert (table["runtimes"]["trtllm"]["versions"], table["runtimes"]["trtllm"]["label"]) == (["1.3"], "trtllm>=1.3")

@@ -142,12 +142,12 @@ def test_no_validate_skips_and_says_so(project, tmp_path):
 
 def test_a_damaged_checkpoint_fails_its_gate_and_blocks_its_engines(project, tmp_path, monkeypatch):
     """A checkpoint stage that permutes one layer's MLP rows: validation must catch it."""
-    from trtbuild.graph import build_graph
-    from trtbuild.plan import plan_recipe
-    from trtbuild.recipe import load_recipe
-    from trtbuild.runner import run_graph
-    from trtbuild.stages.base import Stage
-    from trtbuild.stages.registry import STAGES
+    from trtbuild.build.graph import build_graph
+    from trtbuild.plan.expand import plan_recipe
+    from trtbuild.recipe.schema import load_recipe
+    from trtbuild.build.runner import run_graph
+    from trtbuild.build.stages.base import Stage
+    from trtbuild.build.stages.registry import STAGES
     from trtbuild.store.local import LocalStore
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
@@ -238,9 +238,9 @@ def test_report_command_writes_the_page_and_plot(built, project):
 def test_validate_engines_modes_shape_the_graph(mode, tmp_path):
     """`validate.engines`: who carries --gather_context_logits, and what the published engine waits for."""
     from conftest import TINY_LLAMA
-    from trtbuild.graph import build_graph
-    from trtbuild.plan import plan_recipe
-    from trtbuild.recipe import load_recipe
+    from trtbuild.build.graph import build_graph
+    from trtbuild.plan.expand import plan_recipe
+    from trtbuild.recipe.schema import load_recipe
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps(TINY_LLAMA))

@@ -228,7 +228,7 @@ def test_vllm_judges_a_damaged_copy_as_trtbuild_check_does(checkpoints, verdicts
     """One test per copy, so that each disagreement is named by its own failing test."""
     assert judging.differences([(f"damaged {case}", checkpoints["damaged"][case], verdicts[f"damaged {case}"])]) == []
     # and a broken checkpoint is never reported fit: a defect of its own, or some runtime's refusal
-    from trtbuild.serving_check import check_checkpoint
+    from trtbuild.serving.check import check_checkpoint
 
     result = check_checkpoint(checkpoints["damaged"][case])
     assert result.defects or not all(r.accepted for r in result.runtimes.values())

@@ -353,7 +353,7 @@ def test_build_runs_validate_vllm_through_the_standin_and_marks_it(workspace, tm
             "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "max_model_len": 128, "max_num_seqs": 4,
             "max_num_batched_tokens": 256, "gpu_memory_utilization": 0.9, "dtype": "bfloat16"}
         # vLLM's figures ran and passed, but a stand-in's figures never publish: the ref is held back,
-        # saying why (trtbuild.publication)
+        # saying why (trtbuild.lock.publication)
         assert targets[f"{variant}-hf"]["ref"] == (f"its validation {variant}-hf:validate-vllm was made by a "
                                                    "stand-in toolchain (vllm)")
         assert targets[f"{variant}-hf"]["decided_by"] == []  # nothing decides what is not published
@@ -407,9 +407,9 @@ def test_a_format_the_serving_table_rules_out_is_not_loaded(recorded_gpu, instal
 
 def test_every_hf_checkpoint_gets_a_vllm_validation_after_its_torch_one(tmp_path):
     from conftest import TINY_LLAMA
-    from trtbuild.graph import VllmRunner, build_graph
-    from trtbuild.plan import plan_recipe
-    from trtbuild.recipe import load_recipe
+    from trtbuild.build.graph import VllmRunner, build_graph
+    from trtbuild.plan.expand import plan_recipe
+    from trtbuild.recipe.schema import load_recipe
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps(TINY_LLAMA))

@@ -24,5 +24,5 @@ class InvalidInput(TrtbuildError):
 
 class Unreachable(TrtbuildError):
     """A service the command needs (the Hugging Face Hub) cannot be reached: exit code 1, as for any
-    failure that is not the input's fault (trtbuild/s3.py words an unreachable S3 service the same).
+    failure that is not the input's fault (trtbuild/store/s3_client.py words an unreachable S3 service the same).
     A build stops at once, before anything is stored: every target needs what it could not reach."""

@@ -59,7 +59,7 @@ def judge(python: Path, jobs: list[dict], workdir: Path) -> dict:
 
 
 def trtbuild_vllm(folder: Path):
-    from trtbuild.serving_check import check_checkpoint
+    from trtbuild.serving.check import check_checkpoint
 
     return check_checkpoint(folder, runtimes=["vllm"]).runtimes["vllm"]
 

@@ -1,6 +1,6 @@
 """TEST STAND-IN for NVIDIA's `pynvml` (nvidia-ml-py): answers what a real driver answered.
 
-Only the calls trtbuild/hardware.py makes exist here. It answers from recorded files,
+Only the calls trtbuild/host/hardware.py makes exist here. It answers from recorded files,
 gpus/NAME.json (A100, L40S, H100, H200, B200): $STANDIN_NVML_GPU names one board, or several
 separated by commas for a host whose GPUs differ ("H100,A100": GPU 0 is an H100, GPU 1 an A100),
 and $STANDIN_NVML_COUNT (default 1) repeats that list. Each handle answers for its own GPU; the

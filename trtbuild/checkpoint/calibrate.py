@@ -14,7 +14,7 @@ import numpy as np
 from trtbuild.checkpoint.modelopt_config import modelopt_modules, needs_cuda, quant_config
 from trtbuild.checkpoint.weight_rewrites import RecordWeightScaling, digests
 from trtbuild.errors import InvalidInput, TrtbuildError
-from trtbuild.quantformats import FORMATS, PER_GROUP_ALGOS
+from trtbuild.facts.quantformats import FORMATS, PER_GROUP_ALGOS
 
 
 def _is_oom(e: BaseException) -> bool:

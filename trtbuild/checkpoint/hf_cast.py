@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from trtbuild.checkpoint.safetensors_files import weight_files
-from trtbuild.modelconfig import read_json_object
-from trtbuild.modelfiles import copy_companion_files
+from trtbuild.model.config import read_json_object
+from trtbuild.model.files import copy_companion_files
 
 INDEX = "model.safetensors.index.json"
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from trtbuild.errors import InvalidInput
-from trtbuild.modelconfig import parse_config
+from trtbuild.model.config import parse_config
 
 # model_type -> ModelOpt's decoder_type (modelopt/torch/export/model_utils.py).
 FAMILIES = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen"}

@@ -1,5 +1,5 @@
 """The ModelOpt 0.47 quantization config of a recipe's (quant, kv_cache, group_size), from the formats
-table (trtbuild/quantformats.py); ModelOpt is imported once, lazily (5-20 s).
+table (trtbuild/facts/quantformats.py); ModelOpt is imported once, lazily (5-20 s).
 
 ModelOpt 0.47's configs are lists of {"quantizer_name", "cfg"/"enable"} entries; a KV-cache config
 is appended. Dynamic block formats (NVFP4, MX*) assert `amax.is_cuda`: no CPU calibration."""
@@ -11,7 +11,7 @@ import threading
 from typing import Any, Optional
 
 from trtbuild.errors import InvalidInput
-from trtbuild.quantformats import FORMATS, KV_FORMATS
+from trtbuild.facts.quantformats import FORMATS, KV_FORMATS
 
 # ModelOpt 0.47 has no INT8_KV_CFG: the INT8 KV cache entry is built here.
 _INT8_KV_ENTRY = {"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": 8, "axis": None}}

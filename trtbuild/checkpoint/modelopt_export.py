@@ -13,9 +13,9 @@ from typing import Optional, Union
 from trtbuild.checkpoint.hf_layout import FAMILIES
 from trtbuild.checkpoint.torch_model import model_dtype, torch_dtype
 from trtbuild.errors import InvalidInput, TrtbuildError
-from trtbuild.modelconfig import read_json_object
-from trtbuild.modelfiles import copy_companion_files
-from trtbuild.quantformats import KV_FORMATS
+from trtbuild.model.config import read_json_object
+from trtbuild.model.files import copy_companion_files
+from trtbuild.facts.quantformats import KV_FORMATS
 
 # Tensors of a unified HF checkpoint that ModelOpt keeps float32 whatever the model dtype:
 # quantization scales (weight_scale, weight_scale_2, input_scale, k_scale, v_scale).

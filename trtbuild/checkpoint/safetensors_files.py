@@ -7,7 +7,7 @@ import struct
 from pathlib import Path
 
 from trtbuild.errors import InvalidInput
-from trtbuild.modelconfig import read_json_object
+from trtbuild.model.config import read_json_object
 
 ST_CODE = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
 ST_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,

@@ -11,7 +11,7 @@ from typing import Any, Optional
 from trtbuild import __version__
 from trtbuild.checkpoint.hf_layout import DTYPES, HFLayout, hf_layout
 from trtbuild.errors import InvalidInput, TrtbuildError
-from trtbuild.modelconfig import read_json_object
+from trtbuild.model.config import read_json_object
 
 
 def build_trtllm_config(layout: HFLayout, tp: int, pp: int, dtype: str, quant_algo: Optional[str] = None) -> dict:

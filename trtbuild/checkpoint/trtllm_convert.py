@@ -36,7 +36,7 @@ from trtbuild.checkpoint.hf_layout import HFLayout, check_parallel, hf_layout, k
 from trtbuild.checkpoint.safetensors_files import ST_CODE, ST_ITEMSIZE, read_safetensors_header, weight_files
 from trtbuild.checkpoint.trtllm_config import build_trtllm_config
 from trtbuild.errors import InvalidInput
-from trtbuild.modelconfig import padded_vocab, read_json_object
+from trtbuild.model.config import padded_vocab, read_json_object
 
 DEFAULT_CHUNK_BYTES = 64 << 20
 
@@ -306,7 +306,7 @@ def convert_hf_to_trtllm(src: Union[Path, str], out: Union[Path, str], tp: int, 
     `progress`, if given, is called after each block with (bytes written so far, bytes in all).
     Returns a report: per-rank tensor counts and bytes,
     seconds, and peak RSS (resource.getrusage, the whole process's high-water mark)."""
-    from trtbuild.quantformats import FORMATS, trtllm_loadtime_algo
+    from trtbuild.facts.quantformats import FORMATS, trtllm_loadtime_algo
 
     started = time.monotonic()
     rss_start = _rss_now()

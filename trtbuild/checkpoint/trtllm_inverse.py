@@ -36,7 +36,7 @@ from trtbuild.checkpoint.trtllm_load_rules import WEIGHT_ONLY_ALGOS
 from trtbuild.checkpoint.trtllm_config import read_mapping
 from trtbuild.checkpoint.verify import verify_trtllm_checkpoint
 from trtbuild.errors import TrtbuildError
-from trtbuild.modelconfig import read_json_object
+from trtbuild.model.config import read_json_object
 
 
 

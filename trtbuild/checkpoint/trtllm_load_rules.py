@@ -35,7 +35,7 @@ from __future__ import annotations
 import fnmatch
 from typing import Iterable, Optional
 
-from trtbuild.quantformats import QuantAlgo
+from trtbuild.facts.quantformats import QuantAlgo
 
 # weight_only_quantize_dict's default `quant_weights` (convert_utils.py@9b3c712).
 WEIGHT_ONLY_NAME_PARTS = ("qkv.weight", "dense.weight", "fc.weight", "proj.weight", "gate.weight")

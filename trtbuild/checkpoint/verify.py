@@ -24,9 +24,9 @@ from trtbuild.checkpoint.safetensors_files import ST_CODE, read_safetensors_head
 from trtbuild.checkpoint.trtllm_load_rules import excluded, exclusion_problems, weight_only_problems
 from trtbuild.checkpoint.trtllm_config import norm_rope_scaling, read_mapping
 from trtbuild.errors import InvalidInput, TrtbuildError
-from trtbuild.modelconfig import padded_vocab, read_json_object
-from trtbuild.quantformats import KV_CACHE_ALGOS, PER_GROUP_ALGOS, QUANT_ALGOS, TRTLLM_DEFAULT_GROUP_SIZE
-from trtbuild.trtllm import ENGINE_ARCHITECTURES
+from trtbuild.model.config import padded_vocab, read_json_object
+from trtbuild.facts.quantformats import KV_CACHE_ALGOS, PER_GROUP_ALGOS, QUANT_ALGOS, TRTLLM_DEFAULT_GROUP_SIZE
+from trtbuild.facts.trtllm import ENGINE_ARCHITECTURES
 
 _AWQ = PER_GROUP_ALGOS
 _RANK_FILE = re.compile(r"^rank(\d+)\.safetensors$")

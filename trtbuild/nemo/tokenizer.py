@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trtbuild.errors import InvalidInput
-from trtbuild.modelfiles import TOKENIZER_FILES
+from trtbuild.model.files import TOKENIZER_FILES
 from trtbuild.nemo.config import NemoConfig
 
 _UUID_PREFIX = re.compile(r"^[0-9a-f]{32}_")  # artifacts are stored as <uuid4 hex>_<basename> (nemo.md §1)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
-from trtbuild.nodeids import trtllm_validate_id, validate_id, vllm_validate_id
-from trtbuild.lockfile import LockedTarget, LockFile
-from trtbuild.plan import Plan, Target, serving_sms_of
+from trtbuild.facts.nodeids import trtllm_validate_id, validate_id, vllm_validate_id
+from trtbuild.lock.lockfile import LockedTarget, LockFile
+from trtbuild.plan.expand import Plan, Target, serving_sms_of
 from trtbuild.store.local import LocalStore
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Optional
 
 from trtbuild.errors import TrtbuildError
-from trtbuild.records import ActionRecord, Digest, Ref
+from trtbuild.store.records import ActionRecord, Digest, Ref
 from trtbuild.store.hash import Progress
 from trtbuild.store.state import StatCache
 from trtbuild.store.tree import Manifest

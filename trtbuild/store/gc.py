@@ -157,7 +157,7 @@ def pushed_pins(store: Store) -> set[str]:
     import yaml
     from pydantic import ValidationError
 
-    from trtbuild.lockfile import LockFile
+    from trtbuild.lock.lockfile import LockFile
 
     pinned: set[str] = set()
     for rel in store.list_objects("locks/"):

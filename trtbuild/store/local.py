@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from trtbuild import fsfaults
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.keys import canonical_json
-from trtbuild.records import ActionRecord, Digest, RecipeClaim, Ref, RefEntry, dump
+from trtbuild.store.records import ActionRecord, Digest, RecipeClaim, Ref, RefEntry, dump
 from trtbuild.store.base import CorruptStore, Store, first_error, parse_record
 from trtbuild.store.hash import Progress, atomic_write, bytes_sha256, copy_with_sha256, file_sha256, fsync_dir, is_digest
 from trtbuild.store.location import store_url

@@ -29,10 +29,10 @@ from typing import BinaryIO, Callable, Iterator, Optional
 from filelock import FileLock
 from pydantic import ValidationError
 
-from trtbuild import s3 as s3lib
+from trtbuild.store import s3_client as s3lib
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.keys import canonical_json
-from trtbuild.records import ActionRecord, Digest, RecipeClaim, Ref, RefEntry, dump
+from trtbuild.store.records import ActionRecord, Digest, RecipeClaim, Ref, RefEntry, dump
 from trtbuild.store.base import CorruptStore, Store, first_error, parse_record
 from trtbuild.store.hash import CHUNK, Progress, bytes_sha256, file_sha256, is_digest
 from trtbuild.store.local import _now

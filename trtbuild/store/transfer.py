@@ -21,13 +21,13 @@ from typing import Callable, Optional, TypeVar
 
 from trtbuild import fsfaults
 from trtbuild.errors import InvalidInput, TrtbuildError
-from trtbuild.records import ActionRecord
+from trtbuild.store.records import ActionRecord
 from trtbuild.store import lease
 from trtbuild.store.base import CorruptStore, Store
 from trtbuild.store.checkout import checkout
 from trtbuild.store.hash import CHUNK, bytes_sha256
 from trtbuild.store.tree import Manifest
-from trtbuild.transferbar import ByteProgress
+from trtbuild.cli.transferbar import ByteProgress
 
 T, R = TypeVar("T"), TypeVar("R")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from trtbuild import quantformats
+from trtbuild.facts import quantformats
 
 TOP_K = 256  # top-64 underestimated KL by 15% on SmolLM2 FP8; 256 costs 2 MB (benchmarks/RESULTS.md)
 

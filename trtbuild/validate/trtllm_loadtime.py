@@ -42,7 +42,7 @@ from typing import Optional
 
 from trtbuild.checkpoint.trtllm_load_rules import WEIGHT_ONLY_ALGOS, weight_only_selects
 from trtbuild.errors import TrtbuildError
-from trtbuild.quantformats import QuantAlgo
+from trtbuild.facts.quantformats import QuantAlgo
 
 BITS = {QuantAlgo.W8A16: 8, QuantAlgo.W4A16: 4}
 

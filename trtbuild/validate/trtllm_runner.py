@@ -80,9 +80,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from trtbuild import serving
+from trtbuild.facts import serving
 from trtbuild.errors import TrtbuildError
-from trtbuild.modelconfig import read_json_object
+from trtbuild.model.config import read_json_object
 from trtbuild.validate import prompt_logprobs
 
 NEEDS = {"engine": "needs tensorrt_llm 1.2.x and an NVIDIA GPU",  # the TensorRT engine backend ends with 1.2
@@ -98,14 +98,14 @@ BATCH_WINDOWS = 8  # windows per generate() call: bounds the context logits held
 
 def _trtllm_version() -> Optional[str]:
     """The installed tensorrt_llm version, from package metadata (no import); None when absent."""
-    from trtbuild import toolchain
+    from trtbuild.host import toolchain
 
     return toolchain.package_version("tensorrt_llm")
 
 
 def _gpu_visible() -> bool:
     """A GPU visible through NVML (hardware.detect_gpus: probed once, no torch import)."""
-    from trtbuild import hardware
+    from trtbuild.host import hardware
 
     return bool(hardware.detect_gpus())
 
@@ -117,7 +117,7 @@ def devices_used(world_size: int) -> str:
     without a name."""
     import os
 
-    from trtbuild import hardware
+    from trtbuild.host import hardware
 
     gpus = {gpu.index: gpu for gpu in hardware.detect_gpus()}
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -365,7 +365,7 @@ def run(folder: Path, windows: np.ndarray, ref_ids: np.ndarray, backend: str, pa
     finally:
         llm.shutdown()
     result["path"] = path
-    from trtbuild import toolchain
+    from trtbuild.host import toolchain
 
     if toolchain.is_standin_version(toolchain.package_version("tensorrt_llm")):
         # A stand-in computes with torch on this host's CPU: say so. TensorRT-LLM's LLM API has no

@@ -58,7 +58,7 @@ BATCH_WINDOWS = 8  # windows per generate() call
 
 def vllm_version() -> Optional[str]:
     """The installed vllm version, from package metadata (no import); None when absent."""
-    from trtbuild import toolchain
+    from trtbuild.host import toolchain
 
     return toolchain.package_version("vllm")
 
@@ -80,9 +80,9 @@ def available(quant: Optional[str] = None, kv_cache: Optional[str] = None) -> Op
 
 def _unserved(quant: Optional[str], kv_cache: Optional[str]) -> Optional[str]:
     """Why vLLM does not serve the format on this host's GPU, by the serving table
-    (trtbuild/serving.py): a load that the table says fails is not run."""
-    from trtbuild import hardware
-    from trtbuild.serving import support
+    (trtbuild/facts/serving.py): a load that the table says fails is not run."""
+    from trtbuild.host import hardware
+    from trtbuild.facts.serving import support
 
     sm = hardware.detect_gpus()[0].sm
     cell = support("vllm", quant, kv_cache, sm)

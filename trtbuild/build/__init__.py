@@ -1,0 +1,1 @@
+"""Building: the stage graph and its keys, the runner, the stages."""

@@ -1,0 +1,540 @@
+"""Walk a stage graph against a store: key hit -> done; miss -> run the stage in a fresh folder ->
+ingest -> record. Two processes that want one key build it once (per-key lock, then re-check).
+A record whose artifact is damaged is never served: the key is rebuilt. Refs move last, and only
+to artifacts that passed every validation of them that could run (`_ref_verdict` says which)."""
+
+from __future__ import annotations
+
+import enum
+import json
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from trtbuild.build import nodekeys
+
+from trtbuild.lock import publication
+
+from trtbuild.build import timingcache
+from trtbuild.errors import InvalidInput, TrtbuildError, Unreachable
+from trtbuild.build.graph import STAGE_ORDER, Blocker, Graph, Node
+from trtbuild.facts.nodeids import TARGET_STAGES
+from trtbuild.store.records import ActionRecord, Digest, Execution
+from trtbuild.build.stages.base import OVERLAY_SUMMARY, SUMMARY_FILES, StageContext
+from trtbuild.build.stages.source import Resolved
+from trtbuild.build.stages.worker import ERROR_PREFIX, INPUT_ERROR_PREFIX, PROGRESS_PREFIX, load_entry
+from trtbuild.store.checkout import materialize
+from trtbuild.store.local import CorruptStore, LocalStore
+from trtbuild.store.tree import Manifest
+from trtbuild.validate import gates
+from trtbuild.build.worker_pool import WorkerPool
+
+
+class Status(str, enum.Enum):
+    """What happened to a node in one run."""
+
+    BUILT = "built"  # the stage ran and its artifact was stored
+    CACHED = "cached"  # the store had the key, with every byte of its artifact intact
+    FAILED = "failed"  # the stage failed, a gate failed, or an input failed
+    IMPOSSIBLE = "impossible"  # the plan rules it out (the reason says which rule)
+    SKIPPED = "skipped"  # not this run: --until, a host that cannot run it, an input not built
+
+    def __str__(self) -> str:
+        return self.value
+
+
+BUILT, CACHED, FAILED, IMPOSSIBLE, SKIPPED = Status.BUILT, Status.CACHED, Status.FAILED, Status.IMPOSSIBLE, Status.SKIPPED
+
+
+@dataclass
+class NodeResult:
+    id: str
+    kind: str
+    stage: Optional[str]
+    status: Status
+    key: Optional[str] = None
+    digest: Optional[str] = None
+    size: Optional[int] = None  # the artifact's bytes
+    seconds: float = 0.0
+    reason: Optional[str] = None
+    path: Optional[str] = None
+    summary: dict = field(default_factory=dict)
+    ref: Optional[str] = None  # a done target held back from publishing: why (publication.held_back)
+    decided_by: list[dict] = field(default_factory=list)  # the validations whose figures moved its ref, deciding first
+    blocker: Optional[Blocker] = None  # a node this host could not run: why (Blocker.HOST: no GPU or runtime here)
+    log_tail: list[str] = field(default_factory=list)  # a failed stage's last log lines
+    standin: list[str] = field(default_factory=list)  # toolchain parts that are test stand-ins (never real)
+    platform: dict = field(default_factory=dict)  # what the artifact is for (an engine's SM, parallelism, toolchain)
+    origin: Optional[str] = None  # a done node's artifact: "built" here, "local" store, or "remote" (pulled, verified)
+    pulled: Optional[dict] = None  # origin "remote": the store pulled from and what moved
+    note: Optional[str] = None  # e.g. why the remote's artifact was not used
+
+    @property
+    def done(self) -> bool:
+        return self.status in (BUILT, CACHED)
+
+    def as_json(self) -> dict:
+        out = {"name": self.id, "stage": self.stage or self.kind, "status": self.status.value, "key": self.key,
+               "digest": self.digest, "size": self.size, "seconds": round(self.seconds, 3), "reason": self.reason, "path": self.path,
+               "ref": self.ref, "decided_by": self.decided_by, "standin": self.standin, "origin": self.origin, "pulled": self.pulled, "note": self.note}
+        if self.log_tail:
+            out["log_tail"] = self.log_tail
+        if "metrics" in self.summary:  # validation entries
+            out.update(metrics=self.summary["metrics"], gates=self.summary.get("gates"),
+                       warnings=self.summary.get("warnings", []))
+        return out
+
+
+@dataclass
+class RunOptions:
+    until: Optional[str] = None
+    require_all: bool = False
+    materialize: bool = False  # give every built or cached artifact a read-only `path` (targets always get one)
+    validated: bool = True  # False: --no-validate (publication.held_back holds every target back)
+    recipe_name: Optional[str] = None
+    recipe_identity: Optional[str] = None  # claims refs/<recipe>/ for this recipe (see LocalStore.claim_recipe)
+    pinned: Optional[object] = None  # --locked: lockfile.Pinned, which stops the run where the lock would change
+    locked_source: Optional[dict] = None  # the lock file's source entry (offline hub builds use it)
+    rebuild: frozenset[str] = frozenset()  # --rebuild: node ids built anew even when the store has them
+    host_sms: Optional[frozenset[str]] = None  # --gpu auto: this host's SMs; nodes for others are another host's job
+    remote: Optional[object] = None  # remote_cache.RemoteCache: where a local miss is looked up (and pulled from)
+
+
+@dataclass
+class RunResult:
+    """One run of a graph: a result per node (in graph order) and the source's resolution."""
+
+    results: list[NodeResult]
+    resolutions: dict[str, Resolved]
+
+    def by_id(self) -> dict[str, NodeResult]:
+        return {r.id: r for r in self.results}
+
+
+class StageFailed(TrtbuildError):
+    def __init__(self, message: str, tail: Optional[list[str]] = None):
+        super().__init__(message)
+        self.tail = tail or []  # the last lines of the stage's log, for the build's output
+
+
+class Silent:
+    """Progress reporting that says nothing (library use, tests)."""
+
+    def started(self, node: Node, what: str) -> "Silent":
+        return self
+
+    def advance(self, nbytes: int) -> None:
+        pass
+
+    def step(self, done: int, total: int, label: str) -> None:
+        pass
+
+    def finished(self, result: NodeResult) -> None:
+        pass
+
+    def notice(self, line: str) -> None:
+        """A line the run says besides its results: a damaged artifact rebuilt, a wait for a lock."""
+
+
+# ---- running one stage ---------------------------------------------------------------------------
+
+@dataclass
+class Executed:
+    manifest: Manifest
+    summary: dict
+    execution: Execution
+
+
+def _log_tail(log: Path, lines: int = 12) -> list[str]:
+    """The last lines of a stage's log that are not trtbuild's own protocol lines."""
+    try:
+        text = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    kept = [line for line in text if line.strip() and not line.startswith((ERROR_PREFIX, INPUT_ERROR_PREFIX, PROGRESS_PREFIX))]
+    return kept[-lines:]
+
+
+def _failure_reason(log: Path, returncode: int) -> str:
+    if returncode < 0:
+        import signal
+
+        name = signal.Signals(-returncode).name
+        hint = " (out of memory?)" if name == "SIGKILL" else ""
+        return f"stage process killed by {name}{hint}"
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for line in reversed(lines):
+        if line.startswith(INPUT_ERROR_PREFIX):
+            raise InvalidInput(line[len(INPUT_ERROR_PREFIX):])
+        if line.startswith(ERROR_PREFIX):
+            return line[len(ERROR_PREFIX):]
+    return f"stage process exited with status {returncode}"
+
+
+def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path], reporter, pool: WorkerPool) -> Executed:
+    """Run the node's stage into a fresh folder under the store's tmp/ and ingest the result. The
+    stage's log is written beside that folder, not in it: it is stored as a blob of its own and
+    named in the action record, so the artifact holds only what the key's inputs determine. An
+    overlay stage's artifact is its input's plus what it wrote (_overlay)."""
+    node, key = keyed.node, keyed.key
+    stage = node.stage
+    work = store.tmpdir(f"{node.kind}-{key[:12]}")
+    try:  # Ctrl-C before the stage's own try below: the folder goes all the same
+        out = work / "out"
+        out.mkdir()
+        (work / "logs").mkdir()
+        log = work / "logs" / f"{stage.name}.log"
+        started = time.monotonic()
+        peak_rss_mib, figures = None, {}
+        # the stage may read (never change) what its key names: the platform, toolchain and input digests
+        runtime = {**keyed.runtime, "platform": keyed.fields["platform"], "toolchain": keyed.fields["toolchain"],
+                   "input_digests": keyed.fields["inputs"]}
+        timing = None
+        # an overlay stage's files go in as blobs only: its artifact is _overlay's merged manifest
+        ingest = store.ingest_files if stage.overlay else store.ingest
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    try:
+        timing = _timing_cache(keyed, store, work) if stage.timing_cache else None
+        if timing:
+            runtime.update(timing.runtime)
+        if stage.isolated:
+            spec = {"entry": stage.entry, "out": str(out), "inputs": {k: str(v) for k, v in inputs.items()},
+                    "params": node.param_values(), "runtime": runtime, "execution": str(work / "execution.json")}
+            (work / "spec.json").write_text(json.dumps(spec))
+            returncode = pool.run(work / "spec.json", log, stage.shares_worker, reporter.step)
+            if returncode != 0:
+                try:
+                    reason = _failure_reason(log, returncode)
+                except InvalidInput as exc:  # still a stage that ran: its log is kept like any failure's
+                    raise InvalidInput(f"{exc} (log: {store.keep_failure(key, work / 'logs')})") from None
+                tail = _log_tail(log)
+                raise StageFailed(f"{reason} (log: {store.keep_failure(key, work / 'logs')})", tail)
+            measured = json.loads((work / "execution.json").read_text())
+            peak_rss_mib, figures = measured["peak_rss_mib"], measured["figures"]
+            summary = _summary(out, inputs[stage.overlay] if stage.overlay else None)
+            manifest = ingest(out, progress=reporter.advance)
+        else:
+            ctx = StageContext(out=out, inputs=inputs, params=node.param_values(), runtime=runtime, state=store.state)
+            try:
+                load_entry(stage.entry)(ctx)
+            except TrtbuildError:
+                raise
+            except Exception as exc:
+                raise StageFailed(" ".join(f"{type(exc).__name__}: {exc}".split())) from exc
+            figures = ctx.figures
+            summary = _summary(out, inputs[stage.overlay] if stage.overlay else None)
+            if ctx.adopted is not None:
+                manifest = ingest(ctx.adopted["folder"], progress=reporter.advance, include=ctx.adopted["include"],
+                                  links_within=ctx.adopted["links_within"], link=ctx.adopted["link"])
+            else:
+                manifest = ingest(out, progress=reporter.advance)
+        if stage.overlay:
+            manifest = _overlay(store, keyed.fields["inputs"][stage.overlay], manifest)
+        if timing:
+            timing.store_new(store)
+        logs: dict[str, Digest] = {}
+        if log.exists() and log.stat().st_size:
+            logs[log.name] = store.put_file_blob(log)
+        execution = Execution(seconds=round(time.monotonic() - started, 3), peak_rss_mib=peak_rss_mib,
+                              host=socket.gethostname(), figures=figures, logs=logs)
+        return Executed(manifest, summary, execution)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _summary(out: Path, overlaid: Optional[Path] = None) -> dict:
+    """The artifact's report, read before ingest takes the files. An overlay stage's is its input's
+    report (`overlaid`, the input's folder) updated with the stage's own (OVERLAY_SUMMARY)."""
+    if overlaid is None:
+        report = next((out / name for name in SUMMARY_FILES if (out / name).exists()), None)
+        return json.loads(report.read_text()) if report is not None else {}
+    summary = _summary(overlaid)
+    own = out / OVERLAY_SUMMARY
+    if own.exists():
+        summary.update(json.loads(own.read_text()))
+    return summary
+
+
+def _overlay(store: LocalStore, base_digest: str, written: Manifest) -> Manifest:
+    """An overlay stage's artifact: its input's manifest (read from the store, never re-hashed: its
+    blobs are already there) plus the files the stage wrote (`written`, blobs stored, manifest not),
+    which may add files but replace none."""
+    base = store.get_manifest(base_digest)
+    clash = sorted({e.path for e in base.entries} & {e.path for e in written.entries})
+    if clash:
+        raise StageFailed(f"the stage wrote {', '.join(clash[:3])}, which its input {base_digest[:16]}... already has; "
+                          "an overlay may add files, never replace them")
+    merged = Manifest.from_entries(base.entries + written.entries)
+    store.put_manifest(merged)
+    return merged
+
+
+@dataclass
+class _TimingCache:
+    """The timing cache of an engine build: the newest stored one fed in, the one written stored."""
+
+    key: str
+    runtime: dict
+    folder: Path
+
+    def store_new(self, store: LocalStore) -> None:
+        if not any(self.folder.glob("*")):
+            return
+        manifest = store.ingest(self.folder)
+        store.update_ref(timingcache.REFS, self.key, manifest.digest, self.key)
+
+
+def _timing_cache(keyed: nodekeys.KeyedNode, store: LocalStore, work: Path) -> _TimingCache:
+    from trtbuild.plan import engine_command
+
+    fields = keyed.fields
+    key = timingcache.cache_key(fields["platform"].get("sm"), fields["toolchain"],
+                                engine_command.tactic_options(fields["params"]))
+    folder = work / "timing-cache"
+    runtime = {"timing_cache_out": str(folder), "timing_cache_key": key}
+    ref = store.read_ref(timingcache.REFS, key)
+    if ref is not None and store.artifact_problem(ref.digest) is None:  # a damaged one is simply not used
+        runtime["timing_cache_in"] = str(materialize(store, ref.digest) / engine_command.TIMING_CACHE_OUT)
+    return _TimingCache(key, runtime, folder)
+
+
+# ---- the walk ------------------------------------------------------------------------------------
+
+def run_graph(graph: Graph, store: LocalStore, options: Optional[RunOptions] = None, reporter=None) -> RunResult:
+    options = options or RunOptions()
+    reporter = reporter or Silent()
+    results: dict[str, NodeResult] = {}
+    resolutions: dict[str, Resolved] = {}
+    with store.using(say=reporter.notice), WorkerPool() as pool:
+        if options.recipe_identity:  # refused before anything runs; claimed once refs move
+            store.check_claim(graph.recipe, options.recipe_identity)
+        for node in graph.nodes:
+            result = _run_node(graph, node, store, options, results, resolutions, reporter, pool)
+            results[node.id] = result
+            reporter.finished(result)
+        if options.recipe_identity and any(r.done for r in results.values()):
+            store.claim_recipe(graph.recipe, options.recipe_identity)
+        _move_refs(graph, store, results, options.validated)
+    return RunResult([results[n.id] for n in graph.nodes], resolutions)
+
+
+def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, results: dict[str, NodeResult],
+              resolutions: dict[str, Resolved], reporter, pool: WorkerPool) -> NodeResult:
+    result = NodeResult(node.id, node.kind, node.stage.name if node.stage else node.kind, SKIPPED)
+    ruled_out = node.ruled_out()
+    if ruled_out and ruled_out.kind == Blocker.PLAN:
+        result.status, result.reason = IMPOSSIBLE, ruled_out.reason
+        return result
+    deps = [*node.inputs.values(), *node.after]
+    failed = next((dep for dep in deps if results[dep].status == FAILED), None)
+    if failed:
+        result.status, result.reason = FAILED, f"needs {failed}, which failed"
+        return result
+    if options.until and STAGE_ORDER.get(node.kind, 99) > STAGE_ORDER[options.until]:
+        result.reason = f"after --until {options.until}"
+        return result
+    sm = node.platform["sm"].value if "sm" in node.platform else None
+    if sm and options.host_sms is not None and sm not in options.host_sms:  # skipped even with --require-all
+        here = ", ".join(sorted(options.host_sms)) or "no GPU"
+        result.reason = f"for {sm}: --gpu auto builds only this host's SMs ({here})"
+        if node.kind == "engine":
+            result.reason = f"needs an {sm} GPU: --gpu auto builds only this host's SMs ({here})"
+        return result
+    if ruled_out:  # no stage at all comes before anything a host could change
+        result.status = FAILED if options.require_all else SKIPPED
+        result.reason = ruled_out.reason
+        return result
+    pending = next((dep for dep in deps if not results[dep].done), None)
+    if pending:  # this host's own reason first: it is what a reader must fix
+        problem = node.host_problem()
+        waiting = f"needs {pending}, which was {results[pending].status}"
+        result.reason = f"{problem.reason}; and {waiting}" if problem else waiting
+        return result
+
+    started = time.monotonic()
+    try:
+        input_digests = {role: results[dep].digest for role, dep in node.inputs.items()}
+        keyed = nodekeys.key_node(node, input_digests, store, options.locked_source,
+                                  reporter.started(node, "resolving").advance if node.kind == "source" else None)
+        if keyed.resolution is not None:
+            if options.pinned:
+                options.pinned.source(keyed.resolution.digest)
+            resolutions[node.id] = keyed.resolution
+        result.key = keyed.key
+        rebuild = node.id in options.rebuild
+        # a local miss is looked up in the remote (pulled, verified): a hit either way, from where it was found
+        found = nodekeys.lookup(store, keyed.key, None if rebuild else options.remote)
+        result.note = "; ".join(found.notes) or None
+        if found.pulled_from:
+            result.pulled = {"store": found.pulled_from, **found.pulled}
+        if rebuild or not found.hit:
+            problem = node.host_problem()
+            if problem:  # a host without the hardware skips; an install without the packages fails
+                fails = options.require_all or found.problem or problem.kind == Blocker.INSTALL
+                result.status = FAILED if fails else SKIPPED
+                result.blocker = problem.kind
+                result.reason = (f"the stored artifact is damaged ({found.problem}) and {problem.reason}" if found.problem
+                                 else problem.reason)
+                return result
+            if options.pinned:  # --locked: no stage runs under a key the lock does not record
+                options.pinned.before_building(node.id, keyed.key)
+            with store.key_lock(keyed.key, waiter=node.id, say=reporter.notice):
+                found = nodekeys.lookup(store, keyed.key)  # another process may have built it while we waited
+                if found.problem:  # never silent: a damaged store is something to look into
+                    reporter.notice(f"{node.id}: rebuilding {found.record.digest[:12]}: the stored artifact is "
+                                    f"damaged ({found.problem})")
+                if rebuild or not found.hit:
+                    reporter.started(node, "rebuilding" if found.problem or rebuild else "building")
+                    input_paths = {role: materialize(store, results[dep].digest) for role, dep in node.inputs.items()}
+                    done = execute(keyed, store, input_paths, reporter, pool)
+                    record = ActionRecord(
+                        key=keyed.key, artifact=Digest(hash=done.manifest.digest, size_bytes=done.manifest.size),
+                        stage=node.stage.ident, stage_version=node.stage.version, target=node.id,
+                        recipe=options.recipe_name or graph.recipe,
+                        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        toolchain=keyed.fields["toolchain"], summary=done.summary, fields=keyed.fields,
+                        execution=done.execution)
+                    # a damaged or unwanted first artifact gives way; otherwise the first one stays
+                    found = nodekeys.Lookup(store.put_record(record, replace=rebuild or found.problem is not None))
+                    result.status = BUILT
+        if result.status != BUILT:
+            result.status = CACHED
+        result.origin = "built" if result.status == BUILT else "remote" if result.pulled else "local"
+        result.digest, result.size = found.record.digest, found.record.size
+        if options.pinned:  # --locked: the artifact must be the lock's (refs have not moved yet)
+            how = {"built": "built", "remote": "pulled"}.get(result.origin, "found")
+            options.pinned.done(node.id, keyed.key, result.digest, how)
+        result.summary = found.record.summary
+        result.standin = found.record.standin
+        result.platform = _platform_facts(node, found.record)
+        failed_gates = gates.failed_gates(result.summary)
+        target = node.kind in TARGET_STAGES and node.serves is None  # a plain build prints where each target is
+        if options.materialize or target or failed_gates:  # checked out once (then a stat), for the path
+            result.path = str(materialize(store, result.digest))
+        if failed_gates:  # the report stays in the store for inspection; the target fails
+            result.status, result.reason = FAILED, f"failed its gates: {', '.join(failed_gates)}; report: {result.path}/report.md"
+    except (InvalidInput, Unreachable):  # a source that is not there, a hub not reached, a lock that does not match: stop the run
+        raise
+    except StageFailed as exc:
+        result.status, result.reason, result.log_tail = FAILED, str(exc), exc.tail
+    except CorruptStore as exc:
+        result.status, result.reason = FAILED, str(exc)
+    except TrtbuildError as exc:  # e.g. a source that cannot be read
+        result.status, result.reason = FAILED, str(exc)
+    finally:
+        result.seconds = time.monotonic() - started
+    return result
+
+
+def _platform_facts(node: Node, record: ActionRecord) -> dict:
+    """What a deploy host compares with itself before using an engine (the lock file keeps it)."""
+    if node.kind != "engine":
+        return {}
+    summary = record.summary
+    facts = {name: summary.get(name) for name in ("sm", "tp", "pp", "world_size", "quantization")}
+    facts.update({name: (summary.get("toolchain") or {}).get(name) for name in ("tensorrt_llm", "tensorrt", "image")})
+    facts["engine_bytes_per_rank"] = (summary.get("memory") or {}).get("engine_bytes_per_rank")
+    facts["standin"] = bool(record.standin)
+    return facts
+
+
+# The order in which validations' figures decide (and head `ls` and the report): what the serving
+# runtime measured before what torch did. A graph node's `runner` param names its runner.
+DECIDING_ORDER = ("tensorrt_llm", "vllm", "torch")
+
+
+def _runner(node: Node) -> Optional[str]:
+    param = node.params.get("runner")
+    return param.value if param else None
+
+
+def _checks(graph: Graph, node: Node, results: dict[str, NodeResult]) -> tuple[list[publication.Check], list[Node], list[Node]]:
+    """The node's validations as publication.held_back judges them (an engine's with its
+    checkpoint's); the validations whose figures decide (ran and passed), deciding
+    first; and the runtime validations this host could not run. A runtime validation (TensorRT-LLM's,
+    vLLM's) skipped because this host lacks the runtime or a GPU is excused (ELSEWHERE) only when a
+    torch validation ran and passed: then torch's figures decide alone."""
+    ranks = {runner: n for n, runner in enumerate(DECIDING_ORDER)}
+    own = sorted(graph.validations_of(node.id), key=lambda v: ranks.get(_runner(v), len(ranks)))
+    validations = graph.validations_of(node.id)  # in graph order: torch's first, whose absence the others wait on
+    if node.kind == "engine" and "checkpoint" in node.inputs:  # its checkpoint's figures judge it too (after its own)
+        validations += graph.validations_of(node.inputs["checkpoint"])
+    ran = [v for v in own if results[v.id].done]
+    torch_passed = any(_runner(v) == "torch" and results[v.id].done for v in own)
+    elsewhere = [v for v in own if results[v.id].status == SKIPPED and results[v.id].blocker == Blocker.HOST
+                 and _runner(v) in DECIDING_ORDER[:-1]] if torch_passed else []
+    checks = []
+    for v in validations:
+        done = results[v.id]
+        if done.status == FAILED:
+            state, detail = publication.FAILED, "its gates" if done.digest else ""
+        elif done.done:
+            state, detail = publication.PASSED, ""
+        elif v in elsewhere:
+            state, detail = publication.ELSEWHERE, ""
+        else:
+            state, detail = publication.NOT_RUN, str(done.status)
+        checks.append(publication.Check(v.id, state, detail, tuple(done.standin)))
+    return checks, ran, elsewhere
+
+
+def _ref_verdict(graph: Graph, node: Node, results: dict[str, NodeResult],
+                 validated: bool = True) -> tuple[Optional[str], list[Node], list[Node]]:
+    """Whether a done node's ref may move: (why not, or None; the validations that decided, deciding
+    first; the runtime validations this host could not run). A target's is publication.held_back's
+    verdict (so is any node with validations); a node that is neither (the source, a calibration set,
+    ...) always moves."""
+    checks, ran, elsewhere = _checks(graph, node, results)
+    if node.serves is not None or (node.kind not in TARGET_STAGES and not checks):  # no target, nothing judges it
+        return None, ran, elsewhere
+    why = publication.held_back(validated, checks, results[node.id].standin)
+    return (why, [], []) if why else (None, ran, elsewhere)
+
+
+def _move_refs(graph: Graph, store: LocalStore, results: dict[str, NodeResult], validated: bool = True) -> None:
+    """Point each done node's ref at its artifact when `_ref_verdict` allows it: a ref never names an
+    artifact that has not passed what the recipe asks and this host could measure. A validation's
+    ref moves with the ref of the node it serves, so that the validations a store holds beside a
+    target are those of its artifact: the ref of a runtime validation this host could not run is
+    removed unless it names a validation of this very artifact (made on another host)."""
+    served = {n.id for n in graph.nodes}
+    for node in graph.nodes:
+        result = results[node.id]
+        if not result.done or (node.kind == "validate" and node.serves in served):
+            continue
+        why, decided, elsewhere = _ref_verdict(graph, node, results, validated)
+        if why:
+            result.ref = why
+            continue
+        store.update_ref(graph.recipe, node.id, result.digest, result.key)
+        for validation in decided:
+            done = results[validation.id]
+            store.update_ref(graph.recipe, validation.id, done.digest, done.key)
+            result.decided_by.append({"validation": validation.id, "runner": done.summary.get("runner"),
+                                      "device": done.summary.get("device")})
+        for validation in elsewhere:
+            if not _validates(store, graph.recipe, validation, results):
+                store.delete_ref(graph.recipe, validation.id)
+
+
+def _validates(store: LocalStore, recipe: str, validation: Node, results: dict[str, NodeResult]) -> bool:
+    """Whether the validation's ref names a validation of what this run made (the same inputs: the
+    candidate, the reference and the calibration set)."""
+    try:
+        ref = store.read_ref(recipe, validation.id)
+    except CorruptStore:  # a malformed ref names nothing: it goes
+        return False
+    record = store.get_record(ref.key) if ref is not None else None
+    if record is None:
+        return False
+    inputs = record.fields.get("inputs") if isinstance(record.fields, dict) else None
+    return isinstance(inputs, dict) and all(inputs.get(role) == results[dep].digest
+                                            for role, dep in validation.inputs.items())

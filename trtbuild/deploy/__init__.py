@@ -1,0 +1,1 @@
+"""Deploying: push, pull's selection, ls, the engine check, the remote build cache."""

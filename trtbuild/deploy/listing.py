@@ -1,0 +1,283 @@
+"""`trtbuild ls`: what a store publishes (its refs), with sizes, validation headline numbers (and
+the runner and device that measured them), toolchain and age; with --compatible, whether each target fits this host (after NVIDIA NIM's
+`list-model-profiles`), judged by the same rules as `pull --target auto` (pullselect.choose).
+
+Everything comes from the store: a ref names the artifact, its action record the stage, size,
+toolchain, creation time and, for a validation, the metrics. No lock file is needed, so a deploy
+host can look at a bucket before it has any checkout.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Optional
+
+from pydantic import ValidationError
+
+from trtbuild.facts import serving
+from trtbuild.plan.estimate import format_bytes
+from trtbuild.lock.lockfile import LockedPlatform, LockedRecipe, LockedTarget, LockFile
+from trtbuild.facts.nodeids import (checkpoint_of_engine, is_target, trtllm_validate_id, validate_id, variant_of,
+                              vllm_validate_id)
+from trtbuild.deploy.select import Host, choose
+from trtbuild.store.records import ActionRecord, Ref
+from trtbuild.store.base import Store
+from trtbuild.validate import gates
+
+HEADLINE = ("kld_mean", "top1_agreement", "ppl_delta_pct")  # the validation numbers ls shows
+
+
+@dataclass
+class Validation:
+    id: str
+    metrics: dict  # the headline numbers (None where the record has none)
+    gates_passed: bool
+    runner: Optional[str] = None  # as its report names it: `torch`, `tensorrt_llm VERSION`, `vllm VERSION`
+    device: Optional[str] = None  # what that runner computed on, as it said
+    standin: list[str] = field(default_factory=list)  # toolchain parts of the validation that were stand-ins
+
+    def as_json(self) -> dict:
+        return {"id": self.id, **self.metrics, "gates_passed": self.gates_passed, "runner": self.runner,
+                "device": self.device}
+
+
+@dataclass
+class Published:
+    """One published target: its ref, the record behind it, and (with --compatible) its fit."""
+
+    recipe: str
+    target: str
+    ref: Ref
+    record: Optional[ActionRecord]  # None: the ref's key has no record (or one of another artifact) in the store
+    size: Optional[int]
+    validations: list[Validation] = field(default_factory=list)
+    fits: Optional[bool] = None  # None: not judged (no --compatible)
+    runtime: Optional[str] = None
+    world_size: Optional[int] = None
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def stage(self) -> Optional[str]:
+        # a record's stage is the registry id (`checkpoint:export`); the kind is what comes before ':'
+        return self.record.stage.split(":")[0] if self.record else None
+
+    @property
+    def toolchain(self) -> dict[str, str]:
+        """The versions that made it: the key's, and what the stage's probe found (an image's)."""
+        if self.record is None:
+            return {}
+        probed = self.record.summary.get("toolchain")
+        merged = {**self.record.toolchain, **(probed if isinstance(probed, dict) else {})}
+        return {k: str(v) for k, v in sorted(merged.items()) if v is not None}
+
+    @property
+    def standin(self) -> list[str]:
+        return self.record.standin if self.record else []
+
+    @property
+    def serves(self) -> Optional[dict[str, list[str]]]:
+        """An hf-checkpoint's loader check: runtime -> the SMs it serves it on (its package record);
+        an engine's SM under `trtllm-engine`."""
+        if self.record is None:
+            return None
+        if self.stage == "engine" and isinstance(self.record.summary.get("sm"), str):
+            return {"trtllm-engine": [self.record.summary["sm"]]}
+        serving = self.record.summary.get("serving")
+        found = serving.get("serves") if isinstance(serving, dict) else None
+        return found if isinstance(found, dict) else None
+
+    @property
+    def created(self) -> Optional[str]:
+        return self.record.created if self.record else None
+
+    def as_json(self, now: dt.datetime) -> dict:
+        return {"recipe": self.recipe, "target": self.target, "stage": self.stage, "digest": self.ref.digest,
+                "key": self.ref.key, "size_bytes": self.size, "created": self.created,
+                "age_seconds": _age_seconds(self.created, now), "toolchain": self.toolchain, "standin": self.standin,
+                "serves": self.serves, "validations": [v.as_json() for v in self.validations], "fits": self.fits, "runtime": self.runtime,
+                "world_size": self.world_size, "reasons": self.reasons}
+
+
+def _is_target(target: str, record: Optional[ActionRecord]) -> bool:
+    """Checkpoints, hf-checkpoints and engines, not the nodes derived from them (nodeids.is_target).
+    Without a record, the name says it (`<variant>-tp1`, `-hf`; not `source`, `reference`)."""
+    return is_target(target, record.stage.split(":")[0]) if record else variant_of(target) is not None
+
+
+def platform_of(record: ActionRecord) -> Optional[LockedPlatform]:
+    """An engine's platform facts from its record's summary (its trtbuild.json), as a lock keeps them."""
+    s = record.summary
+    facts = {name: s.get(name) for name in ("sm", "tp", "pp", "world_size", "quantization")}
+    facts.update({name: (s.get("toolchain") or {}).get(name) for name in ("tensorrt_llm", "tensorrt", "image")})
+    facts["engine_bytes_per_rank"] = (s.get("memory") or {}).get("engine_bytes_per_rank")
+    facts["standin"] = bool(record.standin)
+    try:
+        return LockedPlatform.model_validate(facts)
+    except ValidationError:
+        return None  # a record without those facts: choose() says the platform is unknown
+
+
+def _validation_ids(target: str, record: Optional[ActionRecord]) -> list[str]:
+    """A target's validations in the order their figures decide (runner.DECIDING_ORDER): its own
+    first, the serving runtime's before torch's (TensorRT-LLM's, vLLM's, then torch's; an engine's
+    own is TensorRT-LLM's); an engine's also its checkpoint's, last (as publication.lock_validations)."""
+    ids = [trtllm_validate_id(target), vllm_validate_id(target), validate_id(target)]
+    platform = platform_of(record) if record is not None and record.stage.startswith("engine") else None
+    if platform is not None:
+        ids.append(validate_id(checkpoint_of_engine(target, platform.sm)))
+    return ids
+
+
+def _validation(vid: str, record: ActionRecord) -> Validation:
+    summary = record.summary
+    metrics = summary.get("metrics") if isinstance(summary.get("metrics"), dict) else {}
+    said = {name: summary.get(name) if isinstance(summary.get(name), str) else None for name in ("runner", "device")}
+    return Validation(vid, {name: metrics.get(name) for name in HEADLINE}, not gates.failed_gates(summary),
+                      **said, standin=record.standin)
+
+
+def list_published(store: Store, recipe: Optional[str] = None) -> list[Published]:
+    """Every published target of the store (or of one recipe name), sorted by recipe then target."""
+    refs = {(r, t): ref for r, t, ref in store.refs() if recipe is None or r == recipe}
+    records: dict[str, Optional[ActionRecord]] = {}
+
+    def record_of(ref: Ref) -> Optional[ActionRecord]:
+        if ref.key not in records:
+            found = store.get_record(ref.key)
+            records[ref.key] = found if found is not None and found.digest == ref.digest else None
+        return records[ref.key]
+
+    out = []
+    for (name, target), ref in sorted(refs.items()):
+        record = record_of(ref)
+        if not _is_target(target, record):
+            continue
+        size = record.size if record else (store.get_manifest(ref.digest).size if store.has_manifest(ref.digest) else None)
+        item = Published(name, target, ref, record, size)
+        for vid in _validation_ids(target, record):
+            vref = refs.get((name, vid))
+            vrecord = record_of(vref) if vref else None
+            if vrecord is not None:
+                item.validations.append(_validation(vid, vrecord))
+        out.append(item)
+    return out
+
+
+def judge(published: list[Published], host: Host, variant_order: Optional[list[str]] = None) -> None:
+    """Mark each target's fit on `host`: pullselect.choose over a lock made of each recipe's refs."""
+    by_recipe: dict[str, list[Published]] = {}
+    for item in published:
+        by_recipe.setdefault(item.recipe, []).append(item)
+    for name, items in by_recipe.items():
+        targets, formats = {}, {}
+        for item in items:
+            if item.record is None:
+                item.fits, item.reasons = False, ["record: the store has no action record of this artifact"]
+                continue
+            platform = platform_of(item.record) if item.stage == "engine" else None
+            targets[item.target] = LockedTarget(stage=item.stage, key=item.ref.key, digest=item.ref.digest,
+                                                size=item.size or 0, platform=platform,
+                                                serves=item.serves if item.stage == "hf-checkpoint" else None)
+            params = item.record.fields.get("params")
+            formats[item.target] = ((params.get("quant"), params.get("kv_cache")) if isinstance(params, dict) else None)
+        lock = LockFile(recipe=LockedRecipe(name=name, digest=""), source=None, toolchain={}, targets=targets,
+                        validation="run")
+        selection = choose(lock, host, formats=lambda tid, _, known=formats: known[tid], variant_order=variant_order,
+                           published_only=False)  # a ref is what the store publishes
+        found = {c.target: c for c in selection.candidates}
+        for item in items:
+            cand = found.get(item.target)
+            if cand is not None:
+                item.fits, item.runtime, item.world_size = cand.fits, cand.runtime, cand.world_size
+                item.reasons = cand.reasons
+            if item.standin and item.stage != "engine":  # choose() names an engine's stand-in; others are never served
+                item.fits, item.runtime, item.world_size = False, None, None
+                stand_in = f"made by a stand-in toolchain ({', '.join(item.standin)}): never for real use"
+                item.reasons = [stand_in, *item.reasons]
+            measured = [v for v in item.validations if v.standin]
+            if measured:  # figures a stand-in computed never pass for a real runtime's
+                item.fits, item.runtime, item.world_size = False, None, None
+                item.reasons = [f"validated by a stand-in ({measured[0].id}: {', '.join(measured[0].standin)}): "
+                                "never for real use", *item.reasons]
+
+
+# ---- the table -------------------------------------------------------------------------------------
+
+def utc_now() -> dt.datetime:
+    """The time ages are counted to (one place, so a test can fix it)."""
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _age_seconds(created: Optional[str], now: dt.datetime) -> Optional[int]:
+    if created is None:
+        return None
+    try:
+        then = dt.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+    except ValueError:
+        return None
+    return max(0, int((now - then).total_seconds()))
+
+
+def format_age(seconds: Optional[int]) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _headline(item: Published) -> tuple[str, str, str, str]:
+    """KL mean, top-1 agreement and perplexity change of the target's first validation (the one
+    whose figures decide), and who measured them: `RUNNER on DEVICE`, `(of CHECKPOINT)` when they
+    are an engine's checkpoint's."""
+    if not item.validations:
+        return "-", "-", "-", "-"
+    first = item.validations[0]
+    m = first.metrics
+    kl = f"{m['kld_mean']:.4g}" if isinstance(m["kld_mean"], (int, float)) else "-"
+    top1 = f"{m['top1_agreement'] * 100:.1f}%" if isinstance(m["top1_agreement"], (int, float)) else "-"
+    ppl = f"{m['ppl_delta_pct']:+.2f}%" if isinstance(m["ppl_delta_pct"], (int, float)) else "-"
+    by = (first.runner or "?") + (f" on {first.device}" if first.device else "")
+    of = first.id.rsplit(":", 1)[0]
+    return kl, top1, ppl, by if of == item.target else f"{by} (of {of})"
+
+
+def _toolchain_cell(item: Published) -> str:
+    text = ", ".join(f"{k} {v}" for k, v in item.toolchain.items()) or "-"
+    return f"STAND-IN {text}" if item.standin else text
+
+
+def _serves_cell(item: Published) -> str:
+    """`trtllm>=1.3 sm89 sm90; vllm sm89 sm90` for an hf-checkpoint, the SM for an engine, else -."""
+    serves = item.serves
+    if not serves:
+        return "-"
+    if item.stage == "engine":
+        return " ".join(serves["trtllm-engine"])
+    return serving.served_text(serves)
+
+
+def _fit_cell(item: Published) -> str:
+    if item.fits:
+        gpus = f"{item.world_size} GPU{'s' if item.world_size != 1 else ''}"
+        return f"yes ({item.runtime}, {gpus})"
+    return "no: " + "; ".join(item.reasons)
+
+
+def table_lines(published: list[Published], now: dt.datetime, compatible: bool = False) -> list[str]:
+    """Aligned columns, one row per target; with `compatible`, a FITS column last."""
+    header = ["RECIPE", "TARGET", "STAGE", "SIZE", "KL", "TOP-1", "PPL", "MEASURED BY", "AGE", "SERVES", "TOOLCHAIN"]
+    rows = []
+    for item in published:
+        kl, top1, ppl, by = _headline(item)
+        row = [item.recipe, item.target, item.stage or "?", format_bytes(item.size) if item.size is not None else "-",
+               kl, top1, ppl, by, format_age(_age_seconds(item.created, now)), _serves_cell(item), _toolchain_cell(item)]
+        if compatible:
+            row.append(_fit_cell(item))
+        rows.append(row)
+    if compatible:
+        header.append("FITS")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+    return ["  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]).rstrip() for r in [header, *rows]]

@@ -1,0 +1,267 @@
+"""`trtbuild pull --target auto`: which target of a lock file this host should pull (after NVIDIA
+NIM's profiles: compatible ones split from the rest, each with the reason).
+
+The rules, in order:
+1. Stand-ins are never chosen; internal nodes (validations, twins, the quantized model) and
+   TensorRT-LLM checkpoints are not servable as they are.
+2. An engine needs this host's SM and exactly the tensorrt_llm and tensorrt that built it, enough
+   GPUs of that SM for its world size and room for one rank on each: engine_check.differences,
+   the same comparison `trtbuild check` makes.
+3. An hf-checkpoint needs a runtime installed here that serves its format on this SM (the support
+   table, trtbuild/data/runtime-support.json, each fact cited) and enough GPUs of that SM to hold its bytes (it counts
+   as the fewest GPUs that do: the runtime shards it at load time, so that is its world size).
+4. Among those that fit: the fewest GPUs (--prefer throughput: more replicas per host) or the most
+   (--prefer latency), then the recipe's variant order (without the recipe: the lock's order), then
+   the runtime in --runtime's order (an engine before a checkpoint of the same variant), then the
+   lock's order.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from packaging.version import InvalidVersion, Version
+
+from trtbuild.host import hardware
+
+from trtbuild.lock import publication
+
+from trtbuild.facts import serving
+from trtbuild.facts import serving as serving_table  # _hf_candidate's local `serving` is a list of SMs
+from trtbuild.deploy.engine_check import EngineFacts, HostFacts, differences
+from trtbuild.plan.estimate import format_bytes
+from trtbuild.lock.lockfile import LockedTarget, LockFile, targets_of
+from trtbuild.facts.nodeids import variant_of
+from trtbuild.facts.serving import serving_sms
+from trtbuild.host.toolchain import EngineToolchain, package_version, probe_engine_toolchain
+
+RUNTIMES = ("trtllm-engine", *serving.RUNTIMES)  # --runtime's choices besides auto, in preference order
+PREFER = ("throughput", "latency")
+SERVABLE_STAGES = ("engine", "hf-checkpoint")
+
+# hf-checkpoints are served by the PyTorch backend from the runtime table's first version (1.3) on
+TRTLLM_PYTORCH_MIN = Version(serving.oldest_version("trtllm"))
+
+
+@dataclass(frozen=True)
+class Host:
+    """What this host offers: GPUs (NVML), the engine toolchain, vllm and sglang (package metadata)."""
+
+    gpus: tuple[hardware.DetectedGpu, ...]
+    tensorrt_llm: Optional[str]
+    tensorrt: Optional[str]
+    vllm: Optional[str]
+    gpu_filter: Optional[str] = None  # --gpu SM: only this host's GPUs of that SM count
+    sglang: Optional[str] = None
+
+    @classmethod
+    def probe(cls, gpu: str = "auto") -> "Host":
+        gpus = hardware.detect_gpus()
+        sm = None
+        if gpu != "auto":
+            sm = _parse_sm(gpu)
+            gpus = tuple(g for g in gpus if g.sm == sm)
+        engine = probe_engine_toolchain()
+        return cls(gpus, engine.tensorrt_llm, engine.tensorrt, package_version("vllm"), sm, package_version("sglang"))
+
+    def engine_host(self) -> HostFacts:
+        return HostFacts(self.gpus, EngineToolchain(tensorrt_llm=self.tensorrt_llm, tensorrt=self.tensorrt))
+
+    def describe(self) -> str:
+        if self.gpus:
+            names: dict[tuple[str, str, int], int] = {}
+            for g in self.gpus:
+                names[(g.name, g.sm, g.memory_bytes)] = names.get((g.name, g.sm, g.memory_bytes), 0) + 1
+            gpus = ", ".join(f"{n}x {name} ({sm}, {format_bytes(mem)})" for (name, sm, mem), n in names.items())
+        else:
+            gpus = f"no {self.gpu_filter} GPU" if self.gpu_filter else "no NVIDIA GPU"
+        parts = [gpus]
+        for name in ("tensorrt_llm", "tensorrt", "vllm", "sglang"):
+            version = getattr(self, name)
+            parts.append(f"{name} {version}" if version else f"no {name}")
+        return ", ".join(parts)
+
+    def as_json(self) -> dict:
+        return {"gpus": [{"index": g.index, "name": g.name, "sm": g.sm, "memory_bytes": g.memory_bytes} for g in self.gpus],
+                "tensorrt_llm": self.tensorrt_llm, "tensorrt": self.tensorrt, "vllm": self.vllm, "sglang": self.sglang,
+                "gpu": self.gpu_filter}
+
+
+def _parse_sm(value: str) -> str:
+    from trtbuild.errors import InvalidInput
+
+    try:
+        return hardware.resolve_gpu(value).sm
+    except ValueError as exc:
+        raise InvalidInput(f"--gpu: {exc}") from None
+
+
+@dataclass
+class Candidate:
+    target: str
+    stage: str
+    reasons: list[str] = field(default_factory=list)  # why it does not fit; empty when it does
+    runtime: Optional[str] = None
+    world_size: Optional[int] = None
+    variant: Optional[str] = None
+
+    @property
+    def fits(self) -> bool:
+        return not self.reasons
+
+    def as_json(self) -> dict:
+        return {"target": self.target, "stage": self.stage, "fits": self.fits, "runtime": self.runtime,
+                "world_size": self.world_size, "variant": self.variant, "reasons": self.reasons}
+
+
+@dataclass
+class Selection:
+    chosen: Optional[Candidate]
+    candidates: list[Candidate]  # every target of the lock, in the lock's order
+
+
+def _trtllm_serves_hf(version: Optional[str]) -> Optional[str]:
+    """Why this host's tensorrt_llm cannot serve an hf-checkpoint, or None."""
+    if version is None:
+        return "not installed"
+    try:
+        if Version(version).release[:2] >= TRTLLM_PYTORCH_MIN.release[:2]:
+            return None
+    except InvalidVersion:
+        pass
+    return f"{version} is installed; its PyTorch backend serves hf-checkpoints from {TRTLLM_PYTORCH_MIN} on"
+
+
+def _format_label(quant: Optional[str], kv: Optional[str]) -> str:
+    return (quant or "unquantized") + (f" with {kv} KV cache" if kv else "")
+
+
+def _hf_candidate(cand: Candidate, target: LockedTarget, fmt: Optional[tuple[Optional[str], Optional[str]]],
+                  host: Host, runtimes: tuple[str, ...]) -> None:
+    if fmt is None:
+        cand.reasons.append("format: unknown (no recipe given, and the store has no action record for its key)")
+        return
+    quant, kv = fmt
+    label = _format_label(quant, kv)
+    versions = {"trtllm": host.tensorrt_llm, "vllm": host.vllm, "sglang": host.sglang}
+    installed = {"trtllm": _trtllm_serves_hf(host.tensorrt_llm),
+                 "vllm": None if host.vllm else "not installed",
+                 "sglang": None if host.sglang else "not installed"}
+    for runtime, version in versions.items():  # the runtime table's facts are for the versions it covers
+        if installed[runtime] is None and serving_table.covered_version(runtime, version) is None:
+            installed[runtime] = serving_table.outside_table(runtime, version)
+    if not host.gpus:
+        cand.reasons.append("gpu: " + (f"this host has no {host.gpu_filter} GPU" if host.gpu_filter
+                                       else "this host has no NVIDIA GPU (NVML sees none)"))
+        return
+    sms = sorted({g.sm for g in host.gpus}, key=hardware.sm_number)
+    reasons = []
+    for runtime in runtimes:
+        problem = installed[runtime]
+        if problem:
+            reasons.append(f"{runtime}: {problem}")
+            continue
+        serving = serving_sms(runtime, quant, kv, sms, serving_table.covered_version(runtime, versions[runtime]))
+        if target.serves is not None:  # the build's loader check, where the lock has it, narrows the table
+            if runtime not in target.serves:
+                reasons.append(f"{runtime}: its loader rules reject this checkpoint (the build's serving/check.json)")
+                continue
+            serving = [sm for sm in serving if sm in target.serves[runtime]]
+        if not serving:
+            reasons.append(f"{runtime}: does not serve {label} on {'/'.join(sms)}")
+            continue
+        gpus = [g for g in host.gpus if g.sm in serving]
+        smallest = min(g.memory_bytes for g in gpus)
+        need = max(1, math.ceil(target.size / smallest))
+        if need > len(gpus):
+            reasons.append(f"memory: the checkpoint is {format_bytes(target.size)}; this host's {len(gpus)} GPU"
+                           f"{'s hold' if len(gpus) != 1 else ' holds'} {format_bytes(smallest)} each")
+            continue
+        cand.runtime, cand.world_size = runtime, need
+        return
+    cand.reasons.extend(reasons)
+
+
+def _engine_candidate(cand: Candidate, target: LockedTarget, host: Host) -> None:
+    p = target.platform
+    if p is None:
+        cand.reasons.append("platform: the lock records none for this engine (written before trtbuild recorded it); rebuild it")
+        return
+    facts = EngineFacts(p.sm, p.tp, p.pp, p.world_size, p.tensorrt_llm, p.tensorrt, p.engine_bytes_per_rank, p.standin)
+    cand.reasons.extend(differences(facts, host.engine_host()))
+    cand.runtime, cand.world_size = "trtllm-engine", p.world_size
+
+
+def choose(lock: LockFile, host: Host, runtime: str = "auto", prefer: str = "throughput",
+           formats: Optional[Callable[[str, LockedTarget], Optional[tuple[Optional[str], Optional[str]]]]] = None,
+           variant_order: Optional[list[str]] = None, published_only: bool = True,
+           allow_unvalidated: bool = False) -> Selection:
+    """Every target of `lock` judged against `host`, and the one to pull (None when nothing fits).
+    `formats(id, target)`: an hf-checkpoint's (quant, kv_cache); `variant_order`: the recipe's;
+    `published_only`: a target the rule of what a store publishes holds back never fits (False for
+    a lock made of a store's refs, which are what it publishes); `allow_unvalidated` (`pull
+    --allow-unvalidated`): as `push --allow-unvalidated`, what no validation judged may be chosen."""
+    runtimes = RUNTIMES if runtime == "auto" else (runtime,)
+    candidates = []
+    for target_id, target in targets_of(lock):
+        cand = Candidate(target_id, target.stage, variant=variant_of(target_id))
+        why = publication.lock_verdict(lock, target_id, allow_unvalidated) if published_only else None
+        if why:  # never published: the build's words (trtbuild/lock/publication.py)
+            cand.reasons.append(f"held back: {why}")
+        elif target.stage == "checkpoint":
+            cand.reasons.append("a TensorRT-LLM checkpoint: no runtime serves it as it is (the engines built from it do)")
+        elif target.stage == "engine":
+            if "trtllm-engine" not in runtimes:
+                cand.reasons.append(f"runtime: --runtime {runtime} does not load TensorRT engines")
+            else:
+                _engine_candidate(cand, target, host)
+        else:
+            hf_runtimes = tuple(r for r in runtimes if r in serving.RUNTIMES)
+            if not hf_runtimes:
+                cand.reasons.append(f"runtime: --runtime {runtime} does not serve Hugging Face checkpoints")
+            else:
+                _hf_candidate(cand, target, formats(target_id, target) if formats else None, host, hf_runtimes)
+        candidates.append(cand)
+    order = {tid: i for i, (tid, _) in enumerate(targets_of(lock))}
+    variants = list(variant_order or [])
+
+    def rank(c: Candidate) -> tuple:
+        v = variants.index(c.variant) if c.variant in variants else len(variants)
+        gpus = c.world_size if prefer == "throughput" else -c.world_size
+        return (gpus, v, RUNTIMES.index(c.runtime), order[c.target])
+
+    fitting = sorted((c for c in candidates if c.fits), key=rank)
+    return Selection(fitting[0] if fitting else None, candidates)
+
+
+def no_fit_lines(selection: Selection, host: Host, lock_name: str, build_command: str) -> list[str]:
+    """When nothing fits: every target with why not, and the build that would make one."""
+    lines = [f"no target of {lock_name} fits this host ({host.describe()}):"]
+    if not selection.candidates:
+        lines.append("  (the lock has no targets)")
+    for c in selection.candidates:
+        lines.append(f"  {c.target}: {'; '.join(c.reasons)}")
+    lines.append(build_command)
+    return lines
+
+
+def build_hint(recipe: str, lock: LockFile, host: Host) -> str:
+    """The `trtbuild build` command that would make a target for this host ("" for `recipe`: the
+    embedded demo, built by the bare command)."""
+    recipe = f" {recipe}" if recipe else ""
+    if not host.gpus and host.gpu_filter:
+        return (f"to make one: run `trtbuild build{recipe} --gpu auto` on a host with an {host.gpu_filter} GPU "
+                "and tensorrt_llm")
+    if not host.gpus:
+        return (f"to make one: on a host with an NVIDIA GPU and tensorrt_llm, run "
+                f"`trtbuild build{recipe} --gpu auto` (engines are built on the GPU they run on)")
+    sms = sorted({g.sm for g in host.gpus}, key=hardware.sm_number)
+    engine_sms = {t.platform.sm for _, t in targets_of(lock) if t.platform is not None}
+    missing = [sm for sm in sms if sm not in engine_sms]
+    command = f"`trtbuild build{recipe} --gpu auto`"
+    if missing and len(missing) == len(sms):
+        return f"to make one: add {'/'.join(missing)} to the recipe's `gpus:`, then run {command} on this host"
+    return f"to make one: run {command} on this host"

@@ -1,0 +1,1 @@
+"""Facts: formats, runtimes, GPUs, TensorRT-LLM, target names; each held in one place."""

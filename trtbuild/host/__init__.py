@@ -1,0 +1,1 @@
+"""What this host has: GPUs (NVML) and the toolchain's versions."""

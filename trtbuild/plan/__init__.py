@@ -1,0 +1,1 @@
+"""Planning: a recipe into the target matrix, memory estimates, trtllm-build flags."""

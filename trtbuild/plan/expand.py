@@ -1,0 +1,415 @@
+"""Expand a recipe into targets and check each against TensorRT-LLM's rules and the GPU's memory.
+
+Everything here is a pure function of the recipe and the model config: no GPU, no weights.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Optional, Union
+
+from trtbuild.plan import engine_flags
+
+from trtbuild.plan import estimate
+
+from trtbuild.host import hardware
+
+from trtbuild.facts import nodeids
+
+from trtbuild.facts import quantformats
+
+from trtbuild.facts import serving
+
+from trtbuild.facts import trtllm
+from trtbuild.errors import InvalidInput
+from trtbuild.model.config import ModelSpec, load_config, parse_config
+from trtbuild.recipe.schema import LoadedRecipe, Recipe, Variant
+
+CHECKPOINT, ENGINE, HF_CHECKPOINT = "checkpoint", "engine", "hf-checkpoint"
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    kind: str  # checkpoint | engine | hf-checkpoint
+    variant: str
+    tp: Optional[int]
+    pp: Optional[int]
+    gpu: Optional[str]  # SM, engines only
+    backend: str  # engine | hf-checkpoint
+    status: str = "ok"  # ok | impossible
+    reason: Optional[str] = None
+    depends_on: tuple[str, ...] = ()
+    estimate: Optional[estimate.Estimate] = None
+    warnings: tuple[str, ...] = ()
+    # hf-checkpoints only: {runtime: SMs of the recipe's GPUs it serves on} and {runtime: {sm: note}}
+    # (trtbuild/facts/serving.py's table)
+    serves: Optional[dict[str, tuple[str, ...]]] = field(default=None, hash=False)
+    serve_notes: Optional[dict[str, dict[str, str]]] = field(default=None, hash=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def as_json(self) -> dict:
+        return {
+            "name": self.name, "kind": self.kind, "variant": self.variant, "tp": self.tp, "pp": self.pp,
+            "gpu": self.gpu, "backend": self.backend, "status": self.status, "reason": self.reason,
+            "depends_on": list(self.depends_on),
+            "estimate": self.estimate.as_json() if self.estimate else None,
+            "warnings": list(self.warnings),
+            "serves": {r: list(sms) for r, sms in self.serves.items()} if self.serves is not None else None,
+            "serve_notes": self.serve_notes,
+        }
+
+    def serves_line(self) -> Optional[str]:
+        """`trtllm>=1.3 sm89 sm90; vllm sm89 sm90` (`none`), with fallback notes; None off hf-checkpoints."""
+        if self.serves is None:
+            return None
+        text = "; ".join(" ".join([serving.RUNTIME_INFO[r].label, *sms]) for r, sms in self.serves.items() if sms)
+        notes = []
+        for runtime, by_sm in (self.serve_notes or {}).items():
+            grouped: dict[str, list[str]] = {}
+            for sm, note in by_sm.items():
+                grouped.setdefault(note, []).append(sm)
+            notes += [" ".join([serving.RUNTIME_INFO[runtime].label, *sms]) + f": {note}" for note, sms in grouped.items()]
+        return (text or "none") + (f" ({'; '.join(notes)})" if notes else "")
+
+
+@dataclass
+class Plan:
+    loaded: LoadedRecipe
+    model: ModelSpec
+    dtype: str
+    max_seq_len: int
+    targets: list[Target] = field(default_factory=list)
+    config_origin: str = ""  # where the model config came from ("GGUF header of ...", "source.config ...")
+
+    @property
+    def recipe(self) -> Recipe:
+        return self.loaded.recipe
+
+    def target(self, name: str) -> Target:
+        return next(t for t in self.targets if t.name == name)
+
+    def as_json(self) -> dict:
+        return {
+            "recipe": self.recipe.name,
+            "path": str(self.loaded.path),
+            "model": {"architecture": self.model.architecture, "config": self.model.source,
+                      "config_origin": self.config_origin,
+                      "dtype": self.dtype, "max_seq_len": self.max_seq_len,
+                      "parameters": estimate.parameter_counts(self.model)},
+            "targets": [{**t.as_json(), "build_needs": self.build_needs(t)} for t in self.targets],
+        }
+
+    def build_needs(self, target: Target) -> Optional[dict]:
+        """What the host that builds an engine target needs, all its ranks building at once."""
+        return estimate.build_memory_needs(self, target).as_json() if target.kind == ENGINE else None
+
+
+# ---- names ---------------------------------------------------------------------------------------
+
+# made by trtbuild/facts/nodeids.py (checkpoint_id, engine_id, hf_id), which also parses them
+
+
+# ---- the model config a plan reads ---------------------------------------------------------------
+
+def find_model_config(loaded: LoadedRecipe, state=None) -> tuple[ModelSpec, str]:
+    """The model shape planning reads, and where it came from: source.config (an offline override),
+    else the source's own config (a local folder's or the Hub's config.json, a GGUF's header, an S3
+    folder's config.json object, a NeMo checkpoint's model config). `state`: a store's stat cache,
+    which keeps a GGUF header's config."""
+    source = loaded.recipe.source
+    if source.config is not None:
+        path = loaded.resolve_path(source.config)
+        if not path.is_file():
+            raise InvalidInput(f"{loaded.where(('source', 'config'))}: source.config: {path}: no such file")
+        return load_config(path), f"source.config {path}"
+    if source.path is not None:
+        path = loaded.resolve_path(source.path) / "config.json"
+        if path.is_file():
+            return load_config(path), str(path)
+        raise InvalidInput(f"{loaded.where(('source', 'path'))}: source.path: {path}: no such file")
+    if source.hf is not None:
+        from trtbuild.model import hub
+
+        revision = source.revision or "main"
+        found = hub.config_json(source.hf, revision, loaded.where(("source", "hf")))
+        if found is not None:
+            return load_config(found), f"config.json of {source.hf}@{revision} ({found})"
+        raise InvalidInput(
+            f"{loaded.where(('source',))}: source: no local config.json for {source.describe()}; "
+            "set source.config to a copy of the model's config.json"
+        )
+    from trtbuild.build.stages.source import config as carried
+
+    if source.gguf is not None:
+        config, origin = carried.gguf_config(source.gguf, loaded.base_dir, state)
+    elif source.s3 is not None and not source.s3.rstrip("/").endswith(".nemo"):
+        config, origin = carried.s3_config(source.s3)
+    else:  # nemo:, or an s3: URL of a .nemo object (a NeMo source, as the graph reads it)
+        config, origin = carried.nemo_config(source.location, loaded.base_dir)
+    return parse_config(config, origin), origin
+
+
+# ---- expansion and rules -------------------------------------------------------------------------
+
+def plan_recipe(loaded: LoadedRecipe, model: Optional[ModelSpec] = None,
+                gpu_filter: Optional[Iterable[Union[str, hardware.GpuChoice]]] = None, state=None) -> Plan:
+    """`gpu_filter`: plan only engines for these GPUs, each an SM or a product (a name, or a
+    resolved `hardware.GpuChoice`). An SM keeps the cards the recipe names for it; a product is
+    the card its SM's engine is estimated on (`--gpu L4` asks about the L4, not the recipe's L40S).
+    `state`: a store's stat cache (find_model_config)."""
+    recipe = loaded.recipe
+    if model is None:
+        model, origin = find_model_config(loaded, state)
+    else:
+        origin = model.source
+    dtype = recipe.dtype or model.dtype or "float16"
+    max_seq_len = recipe.limits.max_seq_len or model.max_seq_len or 2048  # builder._init_max_seq_len fallback
+    plan = Plan(loaded, model, dtype, max_seq_len, config_origin=origin)
+
+    gpus = _gpus_by_sm(recipe)
+    if gpu_filter is not None:
+        gpus = _filter_gpus(loaded, gpus, gpu_filter)
+
+    targets: list[Target] = []
+    for vname, variant in recipe.variants.items():
+        if ENGINE in recipe.backends:
+            for par in recipe.parallelism:
+                ckpt = _checkpoint_target(plan, vname, variant, par.tp, par.pp)
+                targets.append(ckpt)
+                for cards in gpus.values():
+                    targets.append(_engine_target(plan, ckpt, variant, cards))
+        if HF_CHECKPOINT in recipe.backends:
+            targets.append(_hf_target(plan, vname, variant))
+    plan.targets = _drop_unused(_apply_excludes(recipe, targets))
+    return plan
+
+
+@dataclass(frozen=True)
+class SmCards:
+    """The cards one SM's engine must fit, and who chose them (Estimate.gpu_chosen_by)."""
+
+    sm: str
+    products: tuple[hardware.GpuProduct, ...]
+    chosen_by: str  # recipe | default (the recipe named only the SM) | option (--gpu PRODUCT)
+
+
+def _gpus_by_sm(recipe: Recipe) -> dict[str, SmCards]:
+    """One engine per SM; the products named for it (or the SM's default) are the ones it must fit."""
+    named: dict[str, list[hardware.GpuProduct]] = {}
+    defaults: dict[str, hardware.GpuProduct] = {}
+    for choice in recipe.gpu_choices():
+        products = named.setdefault(choice.sm, [])
+        if choice.named_product and choice.product not in products:
+            products.append(choice.product)
+        elif not choice.named_product:
+            defaults[choice.sm] = choice.product
+    return {sm: SmCards(sm, tuple(products), "recipe") if products else SmCards(sm, (defaults[sm],), "default")
+            for sm, products in named.items()}
+
+
+def _filter_gpus(loaded: LoadedRecipe, gpus: dict[str, SmCards],
+                 gpu_filter: Iterable[Union[str, hardware.GpuChoice]]) -> dict[str, SmCards]:
+    choices = [c if isinstance(c, hardware.GpuChoice) else hardware.resolve_gpu(c) for c in gpu_filter]
+    unknown = sorted({c.product.name + f" ({c.sm})" if c.named_product else c.sm for c in choices if c.sm not in gpus})
+    if unknown:
+        listed = ", ".join(gpus) or "none"
+        raise InvalidInput(f"--gpu {', '.join(unknown)}: {loaded.path} targets {listed}")
+    kept: dict[str, SmCards] = {}
+    for sm, cards in gpus.items():
+        wanted = [c for c in choices if c.sm == sm]
+        if not wanted:
+            continue
+        products = tuple(dict.fromkeys(c.product for c in wanted if c.named_product))
+        kept[sm] = SmCards(sm, products, "option") if products else cards
+    return kept
+
+
+def _model_rules(model: ModelSpec, variant: Variant, tp: int, pp: int) -> Optional[str]:
+    """Rules that make a (variant, tp, pp) checkpoint impossible for this model."""
+    if model.num_heads % tp:
+        return f"tp={tp} does not divide the {model.num_heads} attention heads"
+    kv = model.num_kv_heads
+    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        return (f"tp={tp} and {kv} KV heads: TensorRT-LLM needs tp to divide the KV heads, "
+                "or the KV heads to divide tp (it then duplicates them)")
+    if pp > model.num_layers:
+        return f"pp={pp} exceeds the model's {model.num_layers} layers"
+    group = variant.effective_group_size
+    if group:
+        fmt = quantformats.FORMATS[variant.quant]
+        dims = {"hidden_size": model.hidden_size,
+                f"intermediate_size/tp ({model.intermediate_size}/{tp})": model.intermediate_size / tp,
+                f"attention width/tp ({model.num_heads * model.head_dim}/{tp})": model.num_heads * model.head_dim / tp}
+        for label, size in dims.items():
+            if size % group:
+                return f"{'AWQ' if fmt.awq else fmt.label} group_size {group} does not divide {label} = {size:g}"
+    for fmt in _formats(variant):
+        if fmt.block:
+            for label, size in (("hidden_size", model.hidden_size), ("intermediate_size", model.intermediate_size)):
+                if size % fmt.block:
+                    return f"{fmt.name.upper()} blocks of {fmt.block} do not divide {label} = {size}"
+    return None
+
+
+def _loadtime_rules(model: ModelSpec, variant: Variant, tp: int) -> Optional[str]:
+    """TensorRT-LLM quantizes a W8A16 checkpoint's linears at load, rank by rank, into a GEMM layout
+    with size rules of its own (trtllm_load_rules.weight_only_dims_problem)."""
+    from trtbuild.checkpoint.trtllm_load_rules import weight_only_dims_problem
+
+    algo = quantformats.trtllm_loadtime_algo(variant.quant)
+    if algo is None:
+        return None
+    hidden, attention = model.hidden_size, model.num_heads * model.head_dim
+    kv_out = max(model.num_kv_heads // tp, 1) * model.head_dim  # KV heads duplicated when tp exceeds them
+    mlp_out = model.intermediate_size // tp
+    linears = {"attention.qkv": (attention // tp + 2 * kv_out, hidden), "attention.dense": (hidden, attention // tp),
+               "mlp.fc": (mlp_out, hidden), "mlp.proj": (hidden, mlp_out)}
+    return weight_only_dims_problem(algo, linears)
+
+
+def _formats(variant: Variant) -> list:
+    """The variant's weight format and KV-cache format, from trtbuild/facts/quantformats.py's table."""
+    return ([quantformats.FORMATS[variant.quant]] if variant.quant else []) + (
+        [quantformats.KV_FORMATS[variant.kv_cache]] if variant.kv_cache else [])
+
+
+def _limit_rules(plan: Plan) -> Optional[str]:
+    limits, max_seq = plan.recipe.limits, plan.max_seq_len
+    if limits.max_input_len > max_seq:
+        return f"limits.max_input_len {limits.max_input_len} exceeds max_seq_len {max_seq}"
+    positions = plan.model.max_seq_len
+    if limits.max_seq_len is not None and positions is not None and limits.max_seq_len > positions:
+        return (f"limits.max_seq_len {limits.max_seq_len} exceeds the model's {positions} positions"
+                f" ({plan.model.source}: max_position_embeddings with rope scaling)")
+    return None
+
+
+# The families trtbuild's checkpoint stage writes TensorRT-LLM checkpoints for (its streaming converter
+# and ModelOpt's export with the llama/qwen decoder types); others are refused at plan time.
+CHECKPOINT_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM")
+
+
+def _checkpoint_target(plan: Plan, vname: str, variant: Variant, tp: int, pp: int) -> Target:
+    reason = None
+    if plan.model.architecture not in CHECKPOINT_ARCHITECTURES:
+        reason = (f"not supported: {plan.model.architecture} (TensorRT-LLM checkpoints are written for "
+                  f"{', '.join(CHECKPOINT_ARCHITECTURES)}; the hf-checkpoint backend takes others)")
+    reason = (reason or quantformats.trtllm_checkpoint_problem(variant.quant, variant.kv_cache)
+              or _model_rules(plan.model, variant, tp, pp)
+              or _loadtime_rules(plan.model, variant, tp)
+              or quantformats.trtllm_export_dtype_problem(variant.quant, variant.kv_cache, plan.dtype))
+    est = estimate.Estimate(
+        weights_bytes_per_gpu=estimate.weights_bytes_per_gpu(plan.model, tp, pp, variant.quant, plan.dtype, variant.effective_group_size or 128),
+        kv_bytes_per_token=estimate.kv_bytes_per_token(plan.model, tp, pp, variant.kv_cache, plan.dtype),
+    )
+    return Target(
+        name=nodeids.checkpoint_id(vname, tp, pp), kind=CHECKPOINT, variant=vname, tp=tp, pp=pp, gpu=None,
+        backend=ENGINE, status="impossible" if reason else "ok", reason=reason, estimate=est,
+    )
+
+
+def _engine_target(plan: Plan, ckpt: Target, variant: Variant, cards: SmCards) -> Target:
+    recipe, model, sm = plan.recipe, plan.model, cards.sm
+    tp, pp = ckpt.tp or 1, ckpt.pp or 1
+    weights = ckpt.estimate.weights_bytes_per_gpu
+    kv_per_token = ckpt.estimate.kv_bytes_per_token
+    activations = estimate.activation_bytes(
+        model, tp, plan.dtype, recipe.limits.max_num_tokens, recipe.limits.max_batch_size, recipe.limits.max_beam_width
+    )
+    smallest = min(cards.products, key=lambda p: p.memory_mib)  # an engine for an SM must fit every GPU named for it
+    fits, kv_tokens = estimate.fit_on_gpu(weights, kv_per_token, activations, smallest.memory_bytes)
+    est = estimate.Estimate(weights, kv_per_token, kv_tokens, fits, smallest.name, smallest.memory_bytes, activations,
+                            cards.chosen_by)
+
+    reason = None
+    if not ckpt.ok:
+        reason = f"needs checkpoint {ckpt.name}, which is impossible: {ckpt.reason}"
+    elif model.architecture not in trtllm.ENGINE_ARCHITECTURES:
+        reason = (f"{model.architecture} is not in TensorRT-LLM {trtllm.ENGINE_TOOLCHAIN_SERIES}'s engine MODEL_MAP; "
+                  "build the hf-checkpoint backend instead")
+    else:
+        fmt = engine_flags.EngineFormat(variant.quant, variant.kv_cache, plan.dtype, sm)
+        engine_flags.engine_flags(recipe.engine.flags, fmt)  # every value against the pinned flag table, now
+        # validate.engines twin/published builds an engine with --gather_context_logits (graph.engine)
+        engines = recipe.validation.engines
+        gather = f"validate.engines: {engines}" if engines != "none" else None
+        reason = (hardware.quant_unsupported_reason(variant.quant, variant.kv_cache, sm)
+                  or engine_flags.recipe_flag_problem(recipe.engine.flags, fmt, model.architecture, gather)
+                  or _limit_rules(plan))
+    if reason is None and not fits:
+        g = estimate.format_bytes
+        reason = (f"does not fit on {smallest.name} ({g(smallest.memory_bytes)}): weights {g(weights)}/GPU + "
+                  f"activations {g(activations)} > {estimate.USABLE_FRACTION:.0%} of memory "
+                  f"({g(estimate.USABLE_FRACTION * smallest.memory_bytes)})")
+    warnings = []
+    if reason is None and kv_tokens < plan.max_seq_len:
+        warnings.append(f"KV cache holds {kv_tokens:,} tokens per GPU on {smallest.name}: less than one "
+                        f"max_seq_len ({plan.max_seq_len:,}) sequence")
+    return Target(
+        name=nodeids.engine_id(ckpt.variant, tp, pp, sm), kind=ENGINE, variant=ckpt.variant, tp=tp, pp=pp, gpu=sm,
+        backend=ENGINE, status="impossible" if reason else "ok", reason=reason, depends_on=(ckpt.name,),
+        estimate=est, warnings=tuple(warnings),
+    )
+
+
+def serving_sms_of(recipe: Recipe) -> list[str]:
+    """The SMs an hf-checkpoint must be served on: the recipe's `gpus:` (all of them, whatever
+    `--gpu` filters: a checkpoint is built once, for every GPU), or every SM when it names none."""
+    sms = {c.sm for c in recipe.gpu_choices()} or set(hardware.SM_ARCHES)
+    return sorted(sms, key=hardware.sm_number)
+
+
+def _hf_target(plan: Plan, vname: str, variant: Variant) -> Target:
+    reason = _model_rules(plan.model, variant, 1, 1) or _limit_rules(plan)
+    if reason is None and variant.kv_cache and not quantformats.KV_FORMATS[variant.kv_cache].hf_export:
+        reason = (f"{quantformats.KV_FORMATS[variant.kv_cache].label} has no Hugging Face checkpoint form: ModelOpt 0.47's "
+                  "export_hf_checkpoint rejects it (use fp8, or the engine backend)")
+    sms = serving_sms_of(plan.recipe)
+    serves = {r: tuple(serving.serving_sms(r, variant.quant, variant.kv_cache, sms)) for r in serving.RUNTIMES}
+    reason = reason or serving.unservable_reason(variant.quant, variant.kv_cache, sms)
+    est = estimate.Estimate(
+        weights_bytes_per_gpu=estimate.weights_bytes_per_gpu(
+            plan.model, 1, 1, variant.quant, plan.dtype, variant.effective_group_size or 128, hf_layout=True),
+        kv_bytes_per_token=estimate.kv_bytes_per_token(plan.model, 1, 1, variant.kv_cache, plan.dtype),
+    )
+    return Target(
+        name=nodeids.hf_id(vname), kind=HF_CHECKPOINT, variant=vname, tp=None, pp=None, gpu=None,
+        backend=HF_CHECKPOINT, status="impossible" if reason else "ok", reason=reason, estimate=est,
+        serves=serves, serve_notes=serving.serve_notes(variant.quant, variant.kv_cache, sms),
+    )
+
+
+def _matches(rule, target: Target) -> bool:
+    for attr in ("variant", "tp", "pp", "backend"):
+        wanted = getattr(rule, attr)
+        if wanted is not None and getattr(target, attr) != wanted:
+            return False
+    if rule.gpu is not None and target.gpu != hardware.resolve_gpu(rule.gpu).sm:
+        return False
+    return True
+
+
+def _apply_excludes(recipe: Recipe, targets: list[Target]) -> list[Target]:
+    return [t for t in targets if not any(_matches(rule, t) for rule in recipe.exclude)]
+
+
+def _drop_unused(targets: list[Target]) -> list[Target]:
+    """A checkpoint exists for its engines: drop one whose engines were all excluded or filtered out."""
+    needed = {dep for t in targets for dep in t.depends_on}
+    return [t for t in targets if t.kind != CHECKPOINT or t.name in needed]
+
+
+def select(plan: Plan, patterns: list[str]) -> Plan:
+    """Keep the targets whose names match any glob, plus everything they depend on."""
+    if not patterns:
+        return plan
+    chosen = {t.name for t in plan.targets if any(fnmatch.fnmatchcase(t.name, p) for p in patterns)}
+    if not chosen:
+        raise InvalidInput(f"--target {' '.join(patterns)}: matches none of {', '.join(t.name for t in plan.targets)}")
+    chosen |= {dep for t in plan.targets if t.name in chosen for dep in t.depends_on}
+    return replace(plan, targets=[t for t in plan.targets if t.name in chosen])

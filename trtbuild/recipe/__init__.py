@@ -1,0 +1,1 @@
+"""The recipe: schema, YAML loading with positions, its generated reference page."""

@@ -1,0 +1,1 @@
+"""What a runtime loads: serving options of a checkpoint, the loader check."""

@@ -1,0 +1,111 @@
+"""The store's typed records: what an action produced (ActionRecord), what a name points at (Ref).
+
+Each record has a `schema` version and one pydantic model that every writer and reader uses
+(runner, store, gc, verify, `cache ls`, the report). After Bazel's remote-execution API: a `Digest`
+travels with its size; an `ActionRecord` (Bazel's ActionResult) names the artifact it produced and,
+apart from it, how the run went: seconds, peak memory, host and the digests of its logs. Those
+belong here and never in the artifact, whose bytes must be a function of the key's inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RECORD_SCHEMA = 1
+REF_SCHEMA = 1
+
+
+class Digest(BaseModel):
+    """A content address: sha256 of the bytes (for an artifact: of its manifest) and their size."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    hash: str = Field(description="Lowercase hex sha256.", pattern=r"^[0-9a-f]{64}$")
+    size_bytes: int = Field(ge=0, description="Size of the bytes named; for an artifact, the sum of its files' sizes.")
+
+
+class Execution(BaseModel):
+    """How one run of the stage went: figures that differ between hosts and runs, so never keyed
+    and never part of the artifact."""
+
+    model_config = ConfigDict(extra="forbid")
+    seconds: float = Field(ge=0, description="Wall-clock time of the stage, ingest included.")
+    peak_rss_mib: Optional[float] = Field(None, description="Peak resident memory of the stage process (MiB); "
+                                          "None for stages run inside the runner.")
+    host: str = Field(description="Host name of the machine that ran it.")
+    figures: dict[str, Any] = Field(default_factory=dict,
+                                    description="Stage-specific measurements (e.g. calibration seconds).")
+    logs: dict[str, Digest] = Field(default_factory=dict,
+                                    description="Log name -> blob holding its bytes (stdout and stderr of the stage).")
+
+
+class ActionRecord(BaseModel):
+    """ac/<key>.json: the key, the artifact made under it, and how it was made."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_: int = Field(RECORD_SCHEMA, alias="schema", description="Version of this record's layout.")
+    key: str = Field(pattern=r"^[0-9a-f]{64}$", description="The action key (keys.action_key of `fields`).")
+    artifact: Digest = Field(description="The artifact: digest of its manifest and its total size.")
+    stage: str = Field(description="Stage that made it (e.g. `checkpoint:export`).")
+    stage_version: int = Field(description="Version of the stage's code, part of the key.")
+    target: str = Field(description="Graph node it was built for, in the recipe that first built it.")
+    recipe: str = Field(description="Name of the recipe that first built it.")
+    created: str = Field(description="UTC time the record was written (ISO 8601).")
+    toolchain: dict[str, Optional[str]] = Field(default_factory=dict,
+                                                description="Package versions the key holds for this stage.")
+    summary: dict[str, Any] = Field(default_factory=dict,
+                                    description="The stage's report.json (deterministic: part of the artifact too).")
+    fields: dict[str, Any] = Field(description="Everything the key was computed from (see keys.KEY_FIELDS).")
+    execution: Execution = Field(description="How the run went (timings, memory, host, logs).")
+
+    @property
+    def digest(self) -> str:
+        return self.artifact.hash
+
+    @property
+    def size(self) -> int:
+        return self.artifact.size_bytes
+
+    @property
+    def standin(self) -> list[str]:
+        """The toolchain parts that were test stand-ins when this was made (empty for real tools):
+        the key's versions, or what the stage's probe found (a container's toolchain)."""
+        from trtbuild.host.toolchain import standin_parts
+
+        found = standin_parts(self.toolchain)
+        probed = self.summary.get("toolchain") if isinstance(self.summary.get("toolchain"), dict) else {}
+        return sorted(set(found) | set(standin_parts(probed)))
+
+
+class RefEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$", description="Artifact the ref pointed at from `time` on.")
+    key: str = Field(description="Action key that artifact was recorded under.")
+    time: str = Field(description="UTC time the ref was moved here (ISO 8601).")
+
+
+class Ref(BaseModel):
+    """refs/<recipe>/<target>: a mutable name, with its append-only history. A ref only ever names an
+    artifact that passed every validation its recipe asks of it."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_: int = Field(REF_SCHEMA, alias="schema", description="Version of this record's layout.")
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$", description="The artifact the name points at now.")
+    key: str = Field(description="Action key of that artifact.")
+    history: list[RefEntry] = Field(default_factory=list, description="Every artifact the ref pointed at, oldest first.")
+
+
+class RecipeClaim(BaseModel):
+    """refs/<recipe>/.recipe.json: which recipe owns the refs under a name, so two recipes that
+    share a `name:` cannot move each other's refs."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_: int = Field(1, alias="schema", description="Version of this record's layout.")
+    name: str = Field(description="The recipe's `name:`.")
+    identity: str = Field(description="Where the recipe lives: its path inside its git work tree (the same on "
+                                      "every CI checkout), else its absolute path; `embedded:` for the default.")
+
+
+def dump(model: BaseModel) -> dict:
+    return model.model_dump(mode="json", by_alias=True)
