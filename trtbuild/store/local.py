@@ -29,10 +29,11 @@ from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.keys import canonical_json
 from trtbuild.store.records import ActionRecord, Digest, RecipeClaim, Ref, RefEntry, dump
 from trtbuild.store.base import CorruptStore, Store, first_error, parse_record
+from trtbuild.store import ingest
 from trtbuild.store.hash import Progress, atomic_write, bytes_sha256, copy_with_sha256, file_sha256, fsync_dir, is_digest
 from trtbuild.store.location import store_url
 from trtbuild.store.state import StatCache
-from trtbuild.store.tree import BadTree, Manifest, build_manifest
+from trtbuild.store.tree import BadTree, Manifest
 
 if TYPE_CHECKING:
     from filelock import FileLock
@@ -404,33 +405,8 @@ class LocalStore(Store):
             if self.state.sha256(blob) == digest:
                 return
             self.remove_blob(digest)  # a damaged copy: the new bytes replace it
-        blob.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.root / "tmp" / f"blob-{digest[:16]}-{os.getpid()}-{os.urandom(4).hex()}"
-        try:
-            placed = False
-            if owned or link:
-                try:
-                    (os.replace if owned else os.link)(source, tmp)
-                    with open(tmp, "rb") as f:
-                        os.fsync(f.fileno())
-                    placed = True
-                except OSError:
-                    placed = False
-            if not placed:
-                try:
-                    copied = copy_with_sha256(source, tmp)
-                except OSError as exc:
-                    if not fsfaults.is_fault(exc):
-                        raise
-                    raise fsfaults.at(exc, blob) from exc  # the blob it would be, not the temp file
-                if copied != digest:
-                    raise CorruptStore(f"{source}: changed while it was stored (sha256 {copied}, expected {digest})")
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, blob)
-        finally:
-            tmp.unlink(missing_ok=True)
-        fsync_dir(blob.parent)
-        self.state.put(blob, blob.stat(), digest)  # after chmod and rename: both move the ctime
+        ingest.write_blob(source, digest, blob, tmp, self.state, owned=owned, link=link)
 
     _add_blob = put_blob
 
@@ -518,11 +494,7 @@ class LocalStore(Store):
         self._writing()
         folder = Path(os.path.abspath(folder))
         owned = not link and folder.is_relative_to(self.root / "tmp")
-        manifest, sources = build_manifest(folder, self.state, include=include, progress=progress,
-                                           links_within=links_within)
-        for entry in manifest.entries:
-            self.put_blob(sources[entry.path], entry.sha256, owned=owned, link=link)
-        return manifest
+        return ingest.ingest_folder(folder, self.state, self.put_blob, owned, progress, include, links_within, link)
 
     def put_manifest(self, manifest: Manifest) -> str:
         digest = manifest.digest
