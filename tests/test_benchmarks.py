@@ -279,10 +279,13 @@ def test_store_speed(tmp_path):
     text = bench("store_speed.py", "--smoke", tmp=tmp_path).stdout
     assert re.search(r"^checkpoint: 2 files, 0.0039\d* GiB, cores: \d+$", text, re.M)
     for row in ("sha256sum (sequential)", "tree digest, cold", "tree digest, cold, 1 thread", "tree digest, warm (stat)",
-                "openssl dgst -sha256", "cp -r + sha256sum", "cp -r + sync + sha256sum", "ingest into a new store",
+                "openssl dgst -sha256", "cp -r + openssl + sync", "ingest into a new store", "build --until source",
                 "python -c pass", "no-op trtbuild build", "  without cached byte code"):
         line = re.search(rf"^{re.escape(row)} +(\d+\.\d+) s(.*)$", text, re.M)
         assert line and positive(float(line.group(1))), row
         assert all(math.isfinite(x) for x in figures(line.group(2))), row
     assert re.search(r"^  load average \(1, 5, 15 min\) [\d./]+ -> [\d./]+$", text, re.M)
+    assert re.search(r"^  adopt runs: 1 in turn; load average \(1, 5, 15 min\) [\d./]+ -> [\d./]+$", text, re.M)
+    for row in ("ingest into a new store", "build --until source"):
+        assert re.search(rf"^{re.escape(row)} +\d+\.\d+ s +\d+\.\d+x cp\+openssl\+sync", text, re.M), row
     assert "smoke size: the goals are not judged" in text

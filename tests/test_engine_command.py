@@ -13,7 +13,7 @@ from trtbuild.plan import engine_command
 from trtbuild.plan import engine_flags
 from trtbuild.plan import estimate
 from trtbuild.host import hardware
-from trtbuild.facts import quantformats
+from trtbuild.facts import gpus, quantformats
 from trtbuild.plan.engine_command import FlagTableError, build_argv, parse_with_flag_table, shell_line, workers_for
 from trtbuild.build.graph import build_graph, twin_id
 from trtbuild.plan.expand import plan_recipe
@@ -25,7 +25,7 @@ FORMATS = {
     "sqkv": ("int8_sq", "int8"), "awq": ("int4_awq", None), "w4a8": ("w4a8_awq", None), "wo8": ("int8_wo", None),
     "wo4": ("int4_wo", None), "fp4": ("nvfp4", None),
 }
-SMS = list(hardware.SM_ARCHES)
+SMS = list(gpus.SM_ARCHES)
 FLAG_SETS = [
     {},
     {"gemm_plugin": "auto"},
@@ -131,7 +131,7 @@ def test_every_quantization_sm_and_flag_set_derives_a_command_the_flag_table_par
         for sm in SMS:
             target = plan.target(f"{vname}-tp1-{sm}")
             fmt = engine_flags.EngineFormat(quant, kv_cache, plan.dtype, sm)
-            unsupported = hardware.quant_unsupported_reason(quant, kv_cache, sm)
+            unsupported = quantformats.quant_unsupported_reason(quant, kv_cache, sm)
             problem = engine_flags.recipe_flag_problem(recipe_flags, fmt)
             checkpoint = plan.target(f"{vname}-tp1")  # an impossible checkpoint makes its engines impossible
             if not checkpoint.ok:

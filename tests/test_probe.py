@@ -13,6 +13,7 @@ import pytest
 from trtbuild.host import hardware
 
 from trtbuild.host import toolchain
+from trtbuild.facts import gpus
 from trtbuild.errors import TrtbuildError
 from trtbuild.host.hardware import DetectedGpu
 
@@ -33,7 +34,7 @@ DRIVERS = {"A100": ("535.104.05", "12.2"), "L40S": ("550.163.01", "12.4"), "H100
 @pytest.mark.parametrize("board, name, sm, product", BOARDS)
 def test_each_recorded_board_is_detected_with_its_name_sm_and_memory(recorded_gpu, board, name, sm, product):
     recorded_gpu(board)
-    memory = hardware.product(product).memory_bytes  # the catalogue's MiB total, as NVML reports it
+    memory = gpus.product(product).memory_bytes  # the catalogue's MiB total, as NVML reports it
     assert hardware.detect_gpus() == (DetectedGpu(0, name, sm, memory),)
 
 
@@ -76,7 +77,7 @@ def test_driver_info_reads_the_driver_and_cuda_driver_versions(recorded_gpu, boa
 
 def test_a_subprocess_sees_the_recorded_gpu_too(recorded_gpu):
     recorded_gpu("B200")
-    out = subprocess.run([sys.executable, "-c", "from trtbuild import hardware; g = hardware.detect_gpus(); "
+    out = subprocess.run([sys.executable, "-c", "from trtbuild.host import hardware; g = hardware.detect_gpus(); "
                           "print(len(g), g[0].name, g[0].sm, g[0].memory_bytes)"],
                          capture_output=True, text=True, check=True)
     assert out.stdout == f"1 NVIDIA B200 sm100 {183359 * 2**20}\n"

@@ -454,12 +454,12 @@ def test_pull_auto_reads_an_hf_checkpoints_format_from_the_stores_record_and_pri
 
 
 def test_pull_refuses_a_bad_gpu_or_target_with_exit_2(project, run):
-    from trtbuild.host import hardware
+    from trtbuild.facts import gpus
 
     project.add("base-tp1")
     project.write_lock()
     with pytest.raises(ValueError) as why:
-        hardware.resolve_gpu("sm99")
+        gpus.resolve_gpu("sm99")
     gpu = run("pull", project.lock_path, "--gpu", "sm99", "--store", project.local.root)
     assert (gpu.exit_code, gpu.stderr) == (2, f"--gpu: {why.value}\n")
     target = run("pull", project.lock_path, "--target", "nope", "--store", project.local.root)

@@ -70,10 +70,10 @@ def _parse_gpu(value: str | None):
     """`--gpu` of `plan`: None (all), or the one GpuChoice (an SM, or a product whose memory counts)."""
     if value is None or value == "all":
         return None
-    from trtbuild.host import hardware
+    from trtbuild.facts.gpus import resolve_gpu
 
     try:
-        return {hardware.resolve_gpu(value)}
+        return {resolve_gpu(value)}
     except ValueError as exc:
         raise InvalidInput(f"--gpu: {exc}") from None
 

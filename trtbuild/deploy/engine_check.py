@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtbuild.host import hardware
 from trtbuild.errors import InvalidInput
+from trtbuild.facts.gpus import sm_number
 from trtbuild.plan.estimate import format_bytes
 from trtbuild.host.toolchain import EngineToolchain, is_standin_version, probe_engine_toolchain
 
@@ -178,7 +179,7 @@ def differences(engine: EngineFacts, host: HostFacts) -> list[str]:
     if not host.gpus:
         lines.append(f"sm: the engine is for {engine.sm}; this host has no NVIDIA GPU (NVML sees none)")
     elif engine.sm not in {g.sm for g in host.gpus}:
-        sms = "/".join(sorted({g.sm for g in host.gpus}, key=hardware.sm_number))
+        sms = "/".join(sorted({g.sm for g in host.gpus}, key=sm_number))
         lines.append(f"sm: the engine is for {engine.sm}; this host has {sms} ({_gpu_summary(host.gpus)})")
     for name in ("tensorrt_llm", "tensorrt"):
         built, here = getattr(engine, name), getattr(host.toolchain, name)

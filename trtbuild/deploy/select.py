@@ -34,6 +34,7 @@ from trtbuild.facts import serving as serving_table  # _hf_candidate's local `se
 from trtbuild.deploy.engine_check import EngineFacts, HostFacts, differences
 from trtbuild.plan.estimate import format_bytes
 from trtbuild.lock.lockfile import LockedTarget, LockFile, targets_of
+from trtbuild.facts.gpus import resolve_gpu, sm_number
 from trtbuild.facts.nodeids import variant_of
 from trtbuild.facts.serving import serving_sms
 from trtbuild.host.toolchain import EngineToolchain, package_version, probe_engine_toolchain
@@ -94,7 +95,7 @@ def _parse_sm(value: str) -> str:
     from trtbuild.errors import InvalidInput
 
     try:
-        return hardware.resolve_gpu(value).sm
+        return resolve_gpu(value).sm
     except ValueError as exc:
         raise InvalidInput(f"--gpu: {exc}") from None
 
@@ -157,7 +158,7 @@ def _hf_candidate(cand: Candidate, target: LockedTarget, fmt: Optional[tuple[Opt
         cand.reasons.append("gpu: " + (f"this host has no {host.gpu_filter} GPU" if host.gpu_filter
                                        else "this host has no NVIDIA GPU (NVML sees none)"))
         return
-    sms = sorted({g.sm for g in host.gpus}, key=hardware.sm_number)
+    sms = sorted({g.sm for g in host.gpus}, key=sm_number)
     reasons = []
     for runtime in runtimes:
         problem = installed[runtime]
@@ -258,7 +259,7 @@ def build_hint(recipe: str, lock: LockFile, host: Host) -> str:
     if not host.gpus:
         return (f"to make one: on a host with an NVIDIA GPU and tensorrt_llm, run "
                 f"`trtbuild build{recipe} --gpu auto` (engines are built on the GPU they run on)")
-    sms = sorted({g.sm for g in host.gpus}, key=hardware.sm_number)
+    sms = sorted({g.sm for g in host.gpus}, key=sm_number)
     engine_sms = {t.platform.sm for _, t in targets_of(lock) if t.platform is not None}
     missing = [sm for sm in sms if sm not in engine_sms]
     command = f"`trtbuild build{recipe} --gpu auto`"

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from trtbuild.facts import gpus
+
 
 class QuantAlgo:
     """TensorRT-LLM's QuantAlgo names, as config.json's `quantization` spells them (the ones
@@ -35,6 +37,11 @@ KV_CACHE_ALGOS = (None, QuantAlgo.FP8, QuantAlgo.INT8, QuantAlgo.NVFP4)
 # Per-group int4 layouts: QuantConfig.group_size and pre_quant_scale apply.
 PER_GROUP_ALGOS = (QuantAlgo.W4A16_AWQ, QuantAlgo.W4A8_AWQ)
 TRTLLM_DEFAULT_GROUP_SIZE = 128  # QuantConfig.group_size's default (the docs table says 64; the code 128)
+# The quant_algos whose group size shapes the weights, so a deploy host compares it: the per-group
+# int4 layouts, W4A16 (QuantConfig.group_size) and NVFP4 (its fixed block, NVFP4_BLOCK).
+GROUP_SIZED_ALGOS = (*PER_GROUP_ALGOS, QuantAlgo.W4A16, QuantAlgo.NVFP4)
+NVFP4_BLOCK = 16  # FP4 values with an FP8 scale per 16 elements (ModelOpt NVFP4_DEFAULT_CFG's block_sizes)
+MODELOPT_INT4_BLOCK = 128  # the int4 configs' block_sizes {-1: 128} (INT4_AWQ_CFG, W4A8_AWQ_BETA_CFG, INT4_BLOCKWISE...)
 
 # ModelOpt 0.47's export_tensorrt_llm_checkpoint writes the unquantized tensors in float16 when
 # asked for any other dtype than these ("dtype ... not fully compatible with TensorRT-LLM
@@ -42,6 +49,8 @@ TRTLLM_DEFAULT_GROUP_SIZE = 128  # QuantConfig.group_size's default (the docs ta
 MODELOPT_TRTLLM_EXPORT_DTYPES = ("float16", "bfloat16")
 
 _SM100_INT = "'INT8/INT4 quantization is not supported on SM>=100.'"  # tensorrt_llm builder.build
+# The SMs those RuntimeErrors cover: builder.build checks 100 <= sm < 120 (sm120 is not rejected).
+TRTLLM_INT_REJECTED_SMS = (100, 120)
 
 
 @dataclass(frozen=True)
@@ -56,18 +65,24 @@ class SmRule:
         return self.low <= sm_number < self.high
 
 
-# The lower bounds come from the hardware (FP8 tensor cores from Ada, sm89; FP4 from Blackwell,
-# sm100); TensorRT-LLM leaves those to its kernels. The SM 100-119 rejections are the RuntimeErrors
+# The lower bounds are the hardware's (the tensor cores of trtbuild/data/gpus.json: FP8 from Ada,
+# FP4 from Blackwell); TensorRT-LLM leaves those to its kernels. The SM 100-119 rejections are the RuntimeErrors
 # of tensorrt_llm/builder.py build() (1.x; the source index serves it without a commit: builder.py@14e801d
 # is a 0.x version without these checks) for is_int8/int4_weight_only, has_int8_kv_cache and
 # has_act_and_weight_quant (SmoothQuant); both AWQ formats count as INT4 weight-only there
 # (quantization/mode.py: use_weight_only(use_int4_weights=True, per_group=True)).
+def _needs_tensor_cores(first_sm: str, what: str) -> SmRule:
+    """Below `first_sm` (gpus.FP8_TENSOR_CORES_FROM, ...): `what` ends the reason ({sm}: the SM)."""
+    return SmRule(0, gpus.sm_number(first_sm), what)
+
+
 def _needs_fp8(label: str) -> SmRule:
-    return SmRule(0, 89, f"{label} needs FP8 tensor cores (sm89 or newer); {{sm}} has none")
+    return _needs_tensor_cores(gpus.FP8_TENSOR_CORES_FROM,
+                               f"{label} needs FP8 tensor cores ({gpus.FP8_TENSOR_CORES_FROM} or newer); {{sm}} has none")
 
 
 def _rejected_on_blackwell(label: str, message: str = _SM100_INT) -> SmRule:
-    return SmRule(100, 120, f"{label} is rejected on {{sm}} by TensorRT-LLM: {message}")
+    return SmRule(*TRTLLM_INT_REJECTED_SMS, f"{label} is rejected on {{sm}} by TensorRT-LLM: {message}")
 
 
 @dataclass(frozen=True)
@@ -129,32 +144,35 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     QuantFormat("int8_sq", "INT8 SmoothQuant", "8bit", "INT8_SMOOTHQUANT_CFG", QuantAlgo.W8A8_SQ_PER_CHANNEL,
                 sm_rules=(_rejected_on_blackwell("SmoothQuant", "'SmoothQuant is not supported on SM>=100.'"),)),
     QuantFormat("int4_awq", "INT4 AWQ (W4A16)", "4bit", "INT4_AWQ_CFG", QuantAlgo.W4A16_AWQ,
-                grouped=True, default_group_size=128, awq=True,
+                grouped=True, default_group_size=MODELOPT_INT4_BLOCK, awq=True,
                 sm_rules=(_rejected_on_blackwell("INT4 AWQ (W4A16)"),)),
     QuantFormat("w4a8_awq", "W4A8 AWQ", "4bit", "W4A8_AWQ_BETA_CFG", QuantAlgo.W4A8_AWQ,
-                grouped=True, default_group_size=128, awq=True,
+                grouped=True, default_group_size=MODELOPT_INT4_BLOCK, awq=True,
                 sm_rules=(_needs_fp8("W4A8 AWQ"), _rejected_on_blackwell("W4A8 AWQ"))),
     QuantFormat("int8_wo", "INT8 weight-only", "8bit", "INT8_WEIGHT_ONLY_CFG", QuantAlgo.W8A16,
                 sm_rules=(_rejected_on_blackwell("INT8 weight-only"),), trtllm_loadtime=QuantAlgo.W8A16),
     # Per-group INT4 weights, max calibration, no activation quantization (INT4_AWQ_CFG's
     # quantizers without the AWQ search), exported as W4A16_AWQ with a pre_quant_scale of ones.
     QuantFormat("int4_wo", "INT4 weight-only", "4bit", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", QuantAlgo.W4A16_AWQ,
-                grouped=True, default_group_size=128,
+                grouped=True, default_group_size=MODELOPT_INT4_BLOCK,
                 sm_rules=(_rejected_on_blackwell("INT4 weight-only"),)),
-    QuantFormat("nvfp4", "NVFP4", "4bit", "NVFP4_DEFAULT_CFG", QuantAlgo.NVFP4, block=16,
+    QuantFormat("nvfp4", "NVFP4", "4bit", "NVFP4_DEFAULT_CFG", QuantAlgo.NVFP4, block=NVFP4_BLOCK,
                 cuda_only=_DYNAMIC_BLOCK_CUDA_ONLY,
-                sm_rules=(SmRule(0, 100, "NVFP4 needs FP4 tensor cores (sm100 or newer); {sm} has none"),)),
+                sm_rules=(_needs_tensor_cores(gpus.FP4_TENSOR_CORES_FROM, f"NVFP4 needs FP4 tensor cores "
+                                                                 f"({gpus.FP4_TENSOR_CORES_FROM} or newer); {{sm}} has none"),)),
 )}
 
 KV_FORMATS: dict[str, KvCacheFormat] = {f.name: f for f in (
     KvCacheFormat("fp8", "an FP8 KV cache", "8bit", "FP8_KV_CFG", QuantAlgo.FP8, (4, 3), hf_export=True,
-                  sm_rules=(SmRule(0, 89, "an FP8 KV cache needs sm89 or newer; {sm} has no FP8 support"),)),
+                  sm_rules=(_needs_tensor_cores(gpus.FP8_TENSOR_CORES_FROM, f"an FP8 KV cache needs "
+                                                                f"{gpus.FP8_TENSOR_CORES_FROM} or newer; {{sm}} has no FP8 support"),)),
     KvCacheFormat("int8", "an INT8 KV cache", "8bit", None, QuantAlgo.INT8, 8, hf_export=False,
                   sm_rules=(_rejected_on_blackwell("an INT8 KV cache"),)),
     KvCacheFormat("nvfp4", "an NVFP4 KV cache", "4bit", "NVFP4_KV_CFG", QuantAlgo.NVFP4, (2, 1), hf_export=True,
-                  block=16,
+                  block=NVFP4_BLOCK,
                   cuda_only=_DYNAMIC_BLOCK_CUDA_ONLY,
-                  sm_rules=(SmRule(0, 100, "an NVFP4 KV cache needs sm100 or newer; {sm} has no FP4 support"),)),
+                  sm_rules=(_needs_tensor_cores(gpus.FP4_TENSOR_CORES_FROM, f"an NVFP4 KV cache needs "
+                                                                f"{gpus.FP4_TENSOR_CORES_FROM} or newer; {{sm}} has no FP4 support"),)),
 )}
 
 QUANT_NAMES = tuple(FORMATS)
@@ -162,10 +180,12 @@ KV_CACHE_NAMES = tuple(KV_FORMATS)
 GROUPED = tuple(name for name, f in FORMATS.items() if f.grouped)
 
 
-def sm_unsupported_reason(quant: Optional[str], kv_cache: Optional[str], sm_number: int, sm: str) -> Optional[str]:
-    """The first SM rule of the weight format, then of the KV-cache format, that `sm` breaks."""
+def quant_unsupported_reason(quant: Optional[str], kv_cache: Optional[str], sm: str) -> Optional[str]:
+    """Why TensorRT-LLM cannot build `quant` / `kv_cache` for `sm`, or None if it can: the first SM
+    rule of the weight format, then of the KV-cache format, that `sm` breaks (sources above and in
+    reference/trtllm.md section 3)."""
     rules = (FORMATS[quant].sm_rules if quant else ()) + (KV_FORMATS[kv_cache].sm_rules if kv_cache else ())
-    return next((rule.reason.format(sm=sm) for rule in rules if rule.applies(sm_number)), None)
+    return next((rule.reason.format(sm=sm) for rule in rules if rule.applies(gpus.sm_number(sm))), None)
 
 
 def trtllm_loadtime_algo(quant: Optional[str]) -> Optional[str]:

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from trtbuild.host import hardware
-
-from trtbuild.facts import quantformats
+from trtbuild.facts import gpus, quantformats
 
 from trtbuild.facts import serving
 
@@ -53,7 +51,7 @@ def _row_text(row: dict, key: str) -> list[str]:
 
 def render() -> str:
     t = serving.table()
-    sms = list(hardware.SM_ARCHES)
+    sms = list(gpus.SM_ARCHES)
     lines = ["# Runtimes: who loads which Hugging Face checkpoint, on which GPU", "",
              "Generated from `trtbuild/data/runtime-support.json` (table version "
              f"{t['table_version']}) by `python -m trtbuild.facts.runtimes_doc`; do not edit by hand.", "",

@@ -17,9 +17,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Optional, Sequence
 
-from trtbuild.host import hardware
-
-from trtbuild.facts import quantformats
+from trtbuild.facts import gpus, quantformats
 from trtbuild.errors import InvalidInput
 
 TABLE_FILE = "runtime-support.json"
@@ -183,8 +181,8 @@ def support(runtime: str, quant: Optional[str], kv_cache: Optional[str], sm: str
     (quant, kv_cache) on `sm`, and why (not)."""
     if runtime not in RUNTIME_INFO:
         raise ValueError(f"unknown runtime {runtime!r}; one of {', '.join(RUNTIMES)}")
-    if sm not in hardware.SM_ARCHES:
-        raise ValueError(f"unknown SM {sm!r}; one of {', '.join(hardware.SM_ARCHES)}")
+    if sm not in gpus.SM_ARCHES:
+        raise ValueError(f"unknown SM {sm!r}; one of {', '.join(gpus.SM_ARCHES)}")
     version = resolve_version(runtime, version)
     if kv_cache is not None and not quantformats.KV_FORMATS[kv_cache].hf_export:
         return Support(runtime, sm, False, reason=f"{quantformats.KV_FORMATS[kv_cache].label} has no Hugging Face "
@@ -213,7 +211,7 @@ def options(runtime: str, quant: Optional[str], kv_cache: Optional[str], version
 
 def serves_somewhere(runtime: str, quant: Optional[str], kv_cache: Optional[str], version: Optional[str] = None) -> bool:
     """Whether the table has any SM on which `runtime` serves (quant, kv_cache)."""
-    return any(support(runtime, quant, kv_cache, sm, version).serves for sm in hardware.SM_ARCHES)
+    return any(support(runtime, quant, kv_cache, sm, version).serves for sm in gpus.SM_ARCHES)
 
 
 @lru_cache(maxsize=None)
@@ -227,7 +225,7 @@ def loader_algos(runtime: str, version: Optional[str] = None) -> tuple[tuple[str
 
 
 def _sorted(sms: Sequence[str]) -> list[str]:
-    return sorted(dict.fromkeys(sms), key=hardware.sm_number)
+    return sorted(dict.fromkeys(sms), key=gpus.sm_number)
 
 
 def serving_sms(runtime: str, quant: Optional[str], kv_cache: Optional[str], sms: Sequence[str],

@@ -168,3 +168,25 @@ def check_engine_toolchain(version: str) -> str | None:
                     "pin 1.2.x for engines or build the hf-checkpoint backend")
         return f"trtbuild builds engines with tensorrt_llm 1.2.x only; {version} has other flags and formats"
     return None
+
+
+# PluginConfig.validate rejects these plugins on SM 100 (NotImplementedError; plugin/plugin.py@c20322f,
+# reference/trtllm.md section 3).
+SM100_REJECTED_PLUGINS = (
+    "gemm_swiglu_plugin",
+    "fp8_rowwise_gemm_plugin",
+    "low_latency_gemm_plugin",
+    "low_latency_gemm_swiglu_plugin",
+    "bert_context_fmha_fp32_acc",
+)
+
+
+def plugin_unsupported_reason(flags: dict[str, object], sm: str) -> str | None:
+    """Why PluginConfig.validate refuses one of `flags` (canonical names) on `sm`, or None."""
+    if sm != "sm100":
+        return None
+    for name in SM100_REJECTED_PLUGINS:
+        value = flags.get(name)
+        if value not in (None, "disable"):
+            return f"engine.flags.{name}={value} is not supported on SM 100 (PluginConfig.validate)"
+    return None

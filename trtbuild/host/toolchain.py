@@ -18,6 +18,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from trtbuild.errors import TrtbuildError
+from trtbuild.host import hardware
 
 # Distribution names of the packages stages may depend on.
 DISTRIBUTIONS = {
@@ -50,24 +51,6 @@ def cuda_version() -> Optional[str]:
         digits = version.split("+cu", 1)[1]
         return f"{digits[:-1]}.{digits[-1]}" if digits.isdigit() and len(digits) >= 2 else digits
     return None
-
-
-@lru_cache(maxsize=1)
-def torch_has_cuda() -> bool:
-    """Whether the installed torch is a CUDA build, read from its torch/version.py without importing
-    it (the runner stays light). A CPU wheel says `cuda: Optional[str] = None`; NVIDIA's container
-    builds carry no `+cu` in their version, so the file, not the version string, decides."""
-    import importlib.util
-    import re
-
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    try:
-        text = (Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text()
-    except OSError:
-        return False
-    return re.search(r"^cuda(?::[^=]*)?=\s*['\"][^'\"]+['\"]", text, re.MULTILINE) is not None
 
 
 def fingerprint(parts: tuple[str, ...]) -> dict[str, Optional[str]]:
@@ -195,8 +178,6 @@ def probe_engine_toolchain(image: Optional[str] = None) -> EngineToolchain:
 
 def engine_host_problem(sm: str, version: str) -> Optional[str]:
     """Why this machine cannot build an engine for `sm` with tensorrt_llm `version`, or None."""
-    from trtbuild.host import hardware
-
     series = ".".join(version.split(".")[:2])
     installed = package_version("tensorrt_llm")  # not probe_engine_toolchain: its CUDA lookup is not cached
     sms = sorted({g.sm for g in hardware.detect_gpus()})
@@ -209,8 +190,6 @@ def engine_host_problem(sm: str, version: str) -> Optional[str]:
 
 def container_host_problem(sm: str, image: str) -> Optional[str]:
     """Why this machine cannot build an engine for `sm` in the container `image`, or None."""
-    from trtbuild.host import hardware
-
     sms = sorted({g.sm for g in hardware.detect_gpus()})
     if sm in sms and shutil.which("docker"):
         return None

@@ -17,9 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from trtbuild.host import hardware
-
-from trtbuild.facts import quantformats
+from trtbuild.facts import gpus, quantformats, serving
 
 from trtbuild.facts import trtllm
 from trtbuild.facts.quantformats import QuantAlgo
@@ -39,6 +37,10 @@ FP8_CONTEXT_FMHA_ALGOS = (QuantAlgo.FP8, QuantAlgo.W4A8_AWQ, QuantAlgo.NVFP4)
 FUSED_MLP_ALGOS = (None, QuantAlgo.FP8)
 # FP8 GEMM fusions: "FP8 on Hopper only" (gemm_swiglu_plugin's help, trtllm-build-flags.json).
 HOPPER_FP8_PLUGINS = ("gemm_swiglu_plugin", "low_latency_gemm_plugin", "low_latency_gemm_swiglu_plugin")
+HOPPER = "sm90"
+# FP8 GEMMs, FP8 context FMHA and a paged FP8 KV cache need FP8 tensor cores; NVFP4 GEMMs FP4 ones
+# (the SMs that have them: trtbuild/data/gpus.json).
+FP8_SM, FP4_SM = gpus.FP8_TENSOR_CORES_FROM, gpus.FP4_TENSOR_CORES_FROM
 
 
 @dataclass(frozen=True)
@@ -55,14 +57,15 @@ class EngineFormat:
         return quantformats.FORMATS[self.quant].quant_algo if self.quant else None
 
     @property
-    def sm_number(self) -> int:
-        return int(self.sm[2:])
+    def fp8_tensor_cores(self) -> bool:
+        return gpus.has_fp8_tensor_cores(self.sm)
+
+    @property
+    def fp4_tensor_cores(self) -> bool:
+        return gpus.has_fp4_tensor_cores(self.sm)
 
     def describe(self) -> str:
-        what = quantformats.FORMATS[self.quant].label if self.quant else "unquantized weights"
-        if self.kv_cache:
-            what += f" with {quantformats.KV_FORMATS[self.kv_cache].label}"
-        return f"{what} on {self.sm}"
+        return f"{serving.format_label(self.quant, self.kv_cache)} on {self.sm}"
 
 
 @dataclass(frozen=True)
@@ -76,14 +79,14 @@ class FlagValue:
 def gemm_plugin(fmt: EngineFormat) -> FlagValue:
     """The cuBLASLt GEMM plugin's precision."""
     algo = fmt.quant_algo
-    if algo == QuantAlgo.NVFP4 and fmt.sm_number >= 100:
+    if algo == QuantAlgo.NVFP4 and fmt.fp4_tensor_cores:
         # help: "NVFP4 checkpoints enable gemm_plugin=nvfp4 automatically unless explicitly 'disable'"
         return FlagValue("nvfp4", "rule: NVFP4 weights use the nvfp4 GEMM plugin, as trtllm-build picks it "
                          "for NVFP4 checkpoints (gemm_plugin help, trtllm-build-flags.json)")
-    if algo == QuantAlgo.FP8 and fmt.sm_number >= 89:
+    if algo == QuantAlgo.FP8 and fmt.fp8_tensor_cores:
         # help: the plugin "only affects non-quantized GEMMs (except FP8)"; FP8 needs sm89+ (section 3)
         return FlagValue("fp8", "rule: FP8 weights use the fp8 GEMM plugin, the one plugin precision that "
-                         f"runs FP8 GEMMs, on sm89 or newer ({REF} sections 1 and 3)")
+                         f"runs FP8 GEMMs, on {FP8_SM} or newer ({REF} sections 1 and 3)")
     # Unquantized, weight-only, AWQ and SmoothQuant: the plugin runs the non-quantized GEMMs in the
     # checkpoint dtype, which is what "auto" resolves to (PluginConfig.dtype = checkpoint dtype).
     return FlagValue(fmt.dtype, f"rule: the checkpoint dtype ({fmt.dtype}); 'auto' resolves to it "
@@ -91,18 +94,18 @@ def gemm_plugin(fmt: EngineFormat) -> FlagValue:
 
 
 def use_fp8_context_fmha(fmt: EngineFormat) -> FlagValue:
-    if fmt.quant_algo in FP8_CONTEXT_FMHA_ALGOS and fmt.sm_number >= 89:
-        return FlagValue("enable", f"rule: FP8 context FMHA for {fmt.quant_algo} on sm89 or newer ({REF} sections 1, 3)")
+    if fmt.quant_algo in FP8_CONTEXT_FMHA_ALGOS and fmt.fp8_tensor_cores:
+        return FlagValue("enable", f"rule: FP8 context FMHA for {fmt.quant_algo} on {FP8_SM} or newer ({REF} sections 1, 3)")
     return FlagValue("disable", f"rule: trtllm-build keeps FP8 context FMHA only for FP8, W4A8_AWQ or NVFP4 "
-                     f"on sm89 or newer; {fmt.describe()} ({REF} sections 1, 3)")
+                     f"on {FP8_SM} or newer; {fmt.describe()} ({REF} sections 1, 3)")
 
 
 def use_paged_context_fmha(fmt: EngineFormat) -> Optional[FlagValue]:
     if fmt.kv_cache == "int8":
         return FlagValue("disable", f"rule: builder.build disables paged context FMHA with an INT8 KV cache ({REF} section 3)")
-    if fmt.kv_cache == "fp8" and fmt.sm_number < 89:
+    if fmt.kv_cache == "fp8" and not fmt.fp8_tensor_cores:
         return FlagValue("disable", f"rule: builder.build disables paged context FMHA with an FP8 KV cache below "
-                         f"sm89 ({REF} section 3)")
+                         f"{FP8_SM} ({REF} section 3)")
     return None
 
 
@@ -151,7 +154,7 @@ def recipe_flag_problem(recipe_flags: dict[str, Any], fmt: EngineFormat, archite
     (config.json `architecture`); `gather`: why the engine is also built with --gather_context_logits
     (`validate.engines: twin`), None when it is not."""
     flags = trtllm.canonical_flags(recipe_flags)
-    algo, sm = fmt.quant_algo, fmt.sm_number
+    algo = fmt.quant_algo
 
     def at(name: str) -> str:
         return f"engine.flags.{name}={flags[name]}"
@@ -160,13 +163,13 @@ def recipe_flag_problem(recipe_flags: dict[str, Any], fmt: EngineFormat, archite
     if refused:
         return refused
     gemm = flags.get("gemm_plugin")
-    if gemm == "fp8" and not (algo == QuantAlgo.FP8 and sm >= 89):
-        return f"{at('gemm_plugin')} needs FP8 weights (quant: fp8) on sm89 or newer; the target has {fmt.describe()}"
-    if gemm == "nvfp4" and not (algo == QuantAlgo.NVFP4 and sm >= 100):
-        return f"{at('gemm_plugin')} needs NVFP4 weights (quant: nvfp4) on sm100 or newer; the target has {fmt.describe()}"
+    if gemm == "fp8" and not (algo == QuantAlgo.FP8 and fmt.fp8_tensor_cores):
+        return f"{at('gemm_plugin')} needs FP8 weights (quant: fp8) on {FP8_SM} or newer; the target has {fmt.describe()}"
+    if gemm == "nvfp4" and not (algo == QuantAlgo.NVFP4 and fmt.fp4_tensor_cores):
+        return f"{at('gemm_plugin')} needs NVFP4 weights (quant: nvfp4) on {FP4_SM} or newer; the target has {fmt.describe()}"
     for name in HOPPER_FP8_PLUGINS:
-        if flags.get(name) == "fp8" and not (algo == QuantAlgo.FP8 and fmt.sm == "sm90"):
-            return f"{at(name)} runs FP8 GEMMs on Hopper only (quant: fp8 on sm90); the target has {fmt.describe()}"
+        if flags.get(name) == "fp8" and not (algo == QuantAlgo.FP8 and fmt.sm == HOPPER):
+            return f"{at(name)} runs FP8 GEMMs on Hopper only (quant: fp8 on {HOPPER}); the target has {fmt.describe()}"
     # BUILDER_PY optimize_model_with_config(): RuntimeError "GemmSwiGLU plugin requires --use_fused_mlp flag".
     # After the Hopper rule: the swiglu plugins' one value is fp8, and use_fused_mlp is derived off only
     # for quantizations other than FP8, so only the recipe's own use_fused_mlp: disable reaches here.
@@ -175,8 +178,8 @@ def recipe_flag_problem(recipe_flags: dict[str, Any], fmt: EngineFormat, archite
         if flags.get(name, "disable") != "disable" and fused_mlp != "enable":
             return (f"{at(name)} requires use_fused_mlp, which engine.flags.use_fused_mlp disables "
                     f"({BUILDER_PY} optimize_model_with_config())")
-    if flags.get("use_fp8_context_fmha") == "enable" and not (algo in FP8_CONTEXT_FMHA_ALGOS and sm >= 89):
-        return (f"{at('use_fp8_context_fmha')} needs FP8, W4A8 AWQ or NVFP4 quantization on sm89 or newer "
+    if flags.get("use_fp8_context_fmha") == "enable" and not (algo in FP8_CONTEXT_FMHA_ALGOS and fmt.fp8_tensor_cores):
+        return (f"{at('use_fp8_context_fmha')} needs FP8, W4A8 AWQ or NVFP4 quantization on {FP8_SM} or newer "
                 f"(trtllm-build turns it off otherwise); the target has {fmt.describe()}")
     if flags.get("use_paged_context_fmha") == "enable" and use_paged_context_fmha(fmt) is not None:
         return (f"{at('use_paged_context_fmha')} is turned off by trtllm-build with {fmt.describe()} "
@@ -191,13 +194,13 @@ def trtllm_build_refusal(flags: dict[str, Any], fmt: EngineFormat, architecture:
                          gather: Optional[str]) -> Optional[str]:
     """The flag combinations trtllm-build itself refuses (raises on) for this target, each from its
     source; `flags` by canonical name. The SM rules of the quantization formats are in
-    quantformats.py (hardware.quant_unsupported_reason)."""
+    quantformats.py (quantformats.quant_unsupported_reason)."""
 
     def at(name: str) -> str:
         return f"engine.flags.{name}={flags[name]}"
 
     # PluginConfig.validate: a plugin of its SM-100 list on SM 100 (NotImplementedError) (PLUGIN_PY)
-    sm100 = hardware.plugin_unsupported_reason(flags, fmt.sm)
+    sm100 = trtllm.plugin_unsupported_reason(flags, fmt.sm)
     if sm100:
         return sm100
     draft = flags.get("max_draft_len", 0)

@@ -32,7 +32,7 @@ class Estimate:
     gpu_memory_bytes: Optional[int] = None
     activation_bytes: Optional[int] = None
     # Who chose gpu_product: "recipe" (the smallest card it names for the SM), "default" (the
-    # recipe named only the SM: hardware.DEFAULT_PRODUCT), "option" (`--gpu PRODUCT`).
+    # recipe named only the SM: gpus.DEFAULT_PRODUCT), "option" (`--gpu PRODUCT`).
     gpu_chosen_by: Optional[str] = None
 
     def gpu_label(self) -> Optional[str]:

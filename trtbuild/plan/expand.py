@@ -13,7 +13,7 @@ from trtbuild.plan import engine_flags
 
 from trtbuild.plan import estimate
 
-from trtbuild.host import hardware
+from trtbuild.facts import gpus as gpu_facts  # `gpus` is a recipe's list here
 
 from trtbuild.facts import nodeids
 
@@ -67,14 +67,14 @@ class Target:
         """`trtllm>=1.3 sm89 sm90; vllm sm89 sm90` (`none`), with fallback notes; None off hf-checkpoints."""
         if self.serves is None:
             return None
-        text = "; ".join(" ".join([serving.RUNTIME_INFO[r].label, *sms]) for r, sms in self.serves.items() if sms)
+        text = serving.served_text(self.serves)
         notes = []
         for runtime, by_sm in (self.serve_notes or {}).items():
             grouped: dict[str, list[str]] = {}
             for sm, note in by_sm.items():
                 grouped.setdefault(note, []).append(sm)
-            notes += [" ".join([serving.RUNTIME_INFO[runtime].label, *sms]) + f": {note}" for note, sms in grouped.items()]
-        return (text or "none") + (f" ({'; '.join(notes)})" if notes else "")
+            notes += [f"{serving.served_text({runtime: sms})}: {note}" for note, sms in grouped.items()]
+        return text + (f" ({'; '.join(notes)})" if notes else "")
 
 
 @dataclass
@@ -157,9 +157,9 @@ def find_model_config(loaded: LoadedRecipe, state=None) -> tuple[ModelSpec, str]
 # ---- expansion and rules -------------------------------------------------------------------------
 
 def plan_recipe(loaded: LoadedRecipe, model: Optional[ModelSpec] = None,
-                gpu_filter: Optional[Iterable[Union[str, hardware.GpuChoice]]] = None, state=None) -> Plan:
+                gpu_filter: Optional[Iterable[Union[str, gpu_facts.GpuChoice]]] = None, state=None) -> Plan:
     """`gpu_filter`: plan only engines for these GPUs, each an SM or a product (a name, or a
-    resolved `hardware.GpuChoice`). An SM keeps the cards the recipe names for it; a product is
+    resolved `gpu_facts.GpuChoice`). An SM keeps the cards the recipe names for it; a product is
     the card its SM's engine is estimated on (`--gpu L4` asks about the L4, not the recipe's L40S).
     `state`: a store's stat cache (find_model_config)."""
     recipe = loaded.recipe
@@ -194,14 +194,14 @@ class SmCards:
     """The cards one SM's engine must fit, and who chose them (Estimate.gpu_chosen_by)."""
 
     sm: str
-    products: tuple[hardware.GpuProduct, ...]
+    products: tuple[gpu_facts.GpuProduct, ...]
     chosen_by: str  # recipe | default (the recipe named only the SM) | option (--gpu PRODUCT)
 
 
 def _gpus_by_sm(recipe: Recipe) -> dict[str, SmCards]:
     """One engine per SM; the products named for it (or the SM's default) are the ones it must fit."""
-    named: dict[str, list[hardware.GpuProduct]] = {}
-    defaults: dict[str, hardware.GpuProduct] = {}
+    named: dict[str, list[gpu_facts.GpuProduct]] = {}
+    defaults: dict[str, gpu_facts.GpuProduct] = {}
     for choice in recipe.gpu_choices():
         products = named.setdefault(choice.sm, [])
         if choice.named_product and choice.product not in products:
@@ -213,8 +213,8 @@ def _gpus_by_sm(recipe: Recipe) -> dict[str, SmCards]:
 
 
 def _filter_gpus(loaded: LoadedRecipe, gpus: dict[str, SmCards],
-                 gpu_filter: Iterable[Union[str, hardware.GpuChoice]]) -> dict[str, SmCards]:
-    choices = [c if isinstance(c, hardware.GpuChoice) else hardware.resolve_gpu(c) for c in gpu_filter]
+                 gpu_filter: Iterable[Union[str, gpu_facts.GpuChoice]]) -> dict[str, SmCards]:
+    choices = [c if isinstance(c, gpu_facts.GpuChoice) else gpu_facts.resolve_gpu(c) for c in gpu_filter]
     unknown = sorted({c.product.name + f" ({c.sm})" if c.named_product else c.sm for c in choices if c.sm not in gpus})
     if unknown:
         listed = ", ".join(gpus) or "none"
@@ -338,7 +338,7 @@ def _engine_target(plan: Plan, ckpt: Target, variant: Variant, cards: SmCards) -
         # validate.engines twin/published builds an engine with --gather_context_logits (graph.engine)
         engines = recipe.validation.engines
         gather = f"validate.engines: {engines}" if engines != "none" else None
-        reason = (hardware.quant_unsupported_reason(variant.quant, variant.kv_cache, sm)
+        reason = (quantformats.quant_unsupported_reason(variant.quant, variant.kv_cache, sm)
                   or engine_flags.recipe_flag_problem(recipe.engine.flags, fmt, model.architecture, gather)
                   or _limit_rules(plan))
     if reason is None and not fits:
@@ -360,8 +360,8 @@ def _engine_target(plan: Plan, ckpt: Target, variant: Variant, cards: SmCards) -
 def serving_sms_of(recipe: Recipe) -> list[str]:
     """The SMs an hf-checkpoint must be served on: the recipe's `gpus:` (all of them, whatever
     `--gpu` filters: a checkpoint is built once, for every GPU), or every SM when it names none."""
-    sms = {c.sm for c in recipe.gpu_choices()} or set(hardware.SM_ARCHES)
-    return sorted(sms, key=hardware.sm_number)
+    sms = {c.sm for c in recipe.gpu_choices()} or set(gpu_facts.SM_ARCHES)
+    return sorted(sms, key=gpu_facts.sm_number)
 
 
 def _hf_target(plan: Plan, vname: str, variant: Variant) -> Target:
@@ -389,7 +389,7 @@ def _matches(rule, target: Target) -> bool:
         wanted = getattr(rule, attr)
         if wanted is not None and getattr(target, attr) != wanted:
             return False
-    if rule.gpu is not None and target.gpu != hardware.resolve_gpu(rule.gpu).sm:
+    if rule.gpu is not None and target.gpu != gpu_facts.resolve_gpu(rule.gpu).sm:
         return False
     return True
 

@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from trtbuild.host import hardware
+from trtbuild.facts import gpus as gpu_facts
 
 from trtbuild.facts import quantformats
 
@@ -39,7 +39,7 @@ IMAGE_PATTERN = r"^[^\s@]+@sha256:[0-9a-f]{64}$"
 
 
 def _known_gpu(name: str) -> str:
-    hardware.resolve_gpu(name)  # raises ValueError with the list of known names
+    gpu_facts.resolve_gpu(name)  # raises ValueError with the list of known names
     return name
 
 
@@ -344,8 +344,8 @@ class Recipe(_Strict):
             return self.calibration
         return self.calibration.model_copy(update=override.model_dump(exclude_none=True))
 
-    def gpu_choices(self) -> list[hardware.GpuChoice]:
-        return [hardware.resolve_gpu(g) for g in self.gpus]
+    def gpu_choices(self) -> list[gpu_facts.GpuChoice]:
+        return [gpu_facts.resolve_gpu(g) for g in self.gpus]
 
 
 DEFAULT_RECIPE = "smollm2-demo.yaml"

@@ -590,7 +590,7 @@ def check_checkpoint(folder: Path, runtimes: Sequence[str] = RUNTIMES, sms: Opti
     table's default version) or NAME==VERSION, a version the table covers. It accepts when its
     loader rules find nothing and the support table says it serves the format on every SM in
     `sms` (when given) or on at least one SM (when not)."""
-    from trtbuild.host.hardware import SM_ARCHES
+    from trtbuild.facts.gpus import SM_ARCHES
 
     versions = dict(serving.parse_runtime(spec) for spec in runtimes)  # InvalidInput: one line
     asked_sms = list(sms) if sms else list(SM_ARCHES)

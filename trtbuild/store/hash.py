@@ -12,35 +12,35 @@ CHUNK = 4 * 1024 * 1024
 Progress = Optional[Callable[[int], None]]  # called with the number of bytes just processed
 
 
+def _chunks(f, progress: Progress = None):
+    """The file's bytes in CHUNK-sized views of one reused buffer (each valid until the next)."""
+    buffer = bytearray(CHUNK)
+    view = memoryview(buffer)
+    while True:
+        n = f.readinto(buffer)
+        if not n:
+            return
+        yield view[:n]
+        if progress:
+            progress(n)
+
+
 def file_sha256(path: str | os.PathLike, progress: Progress = None) -> str:
     digest = hashlib.sha256()
     with open(path, "rb", buffering=0) as f:
-        buffer = bytearray(CHUNK)
-        view = memoryview(buffer)
-        while True:
-            n = f.readinto(buffer)
-            if not n:
-                break
-            digest.update(view[:n])
-            if progress:
-                progress(n)
+        for chunk in _chunks(f, progress):
+            digest.update(chunk)
     return digest.hexdigest()
 
 
 def copy_with_sha256(src: str | os.PathLike, dst: str | os.PathLike, progress: Progress = None) -> str:
-    """Copy src to dst (fsynced) and return the sha256 of what was written: one read, not two."""
+    """Copy src to dst (fsynced) and return the sha256 of what was written: one read, not two (the
+    bytes are hashed and written from the same buffer)."""
     digest = hashlib.sha256()
     with open(src, "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:
-        buffer = bytearray(CHUNK)
-        view = memoryview(buffer)
-        while True:
-            n = fin.readinto(buffer)
-            if not n:
-                break
-            digest.update(view[:n])
-            _write_all(fout, view[:n])
-            if progress:
-                progress(n)
+        for chunk in _chunks(fin, progress):
+            digest.update(chunk)
+            _write_all(fout, chunk)
         os.fsync(fout.fileno())
     return digest.hexdigest()
 
