@@ -67,17 +67,21 @@ def _each(remote: Store, work: Callable[[T], R], things: list[T]) -> list[R]:
         return list(pool.map(work, things))
 
 
-def _push_blobs(local: Store, remote: Store, manifest: Manifest, moved: Moved, progress=None) -> None:
-    missing = []
+def _to_move(manifest: Manifest, present: Callable[[list], list[bool]], moved: Moved, progress=None) -> list:
+    """The manifest's distinct blobs that `present` (one answer per entry) says the receiving store
+    lacks; the others are counted as skipped, and `progress` is told the bytes to come."""
     entries = list({e.sha256: e for e in manifest.entries}.values())
-    # content-addressed: there means whole (the store verifies its own)
-    for entry, there in zip(entries, _each(remote, lambda e: remote.has_blob(e.sha256), entries)):
-        if there:
-            moved.skipped_blobs += 1
-        else:
-            missing.append(entry)
+    missing = [entry for entry, there in zip(entries, present(entries)) if not there]
+    moved.skipped_blobs += len(entries) - len(missing)
     if progress is not None:
         progress.expect(sum(e.size for e in missing))
+    return missing
+
+
+def _push_blobs(local: Store, remote: Store, manifest: Manifest, moved: Moved, progress=None) -> None:
+    # content-addressed: there means whole (the store verifies its own)
+    missing = _to_move(manifest, lambda entries: _each(remote, lambda e: remote.has_blob(e.sha256), entries),
+                       moved, progress)
     work = local.tmpdir("push")
     try:
         staged = []
@@ -249,14 +253,7 @@ def pull_artifact(remote: Store, local: Store, digest: str, progress: Optional[B
     moved = Moved()
     manifest = remote.get_manifest(digest)  # checked against its digest and for unsafe paths
     local.create()
-    missing = []
-    for entry in {e.sha256: e for e in manifest.entries}.values():
-        if _local_has(local, entry.sha256):
-            moved.skipped_blobs += 1
-        else:
-            missing.append(entry)
-    if progress is not None:
-        progress.expect(sum(e.size for e in missing))
+    missing = _to_move(manifest, lambda entries: [_local_has(local, e.sha256) for e in entries], moved, progress)
     work = local.tmpdir("pull")
     try:
         fetched = [(entry.sha256, work / entry.sha256) for entry in missing]
