@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from trtbuild.build import graph as graphs
+from trtbuild.facts import gpus as gpu_facts
 from trtbuild.host import hardware
 from trtbuild.lock import lockfile
 from trtbuild.host import toolchain
@@ -59,7 +60,7 @@ def gpu_filter(loaded: LoadedRecipe, choice: str) -> Optional[set]:
     if choice == "auto":  # every engine is planned; the runner builds this host's SMs (RunOptions.host_sms)
         return None
     try:
-        return {hardware.resolve_gpu(choice)}
+        return {gpu_facts.resolve_gpu(choice)}
     except ValueError as exc:
         raise InvalidInput(f"--gpu: {exc}") from None
 
