@@ -163,7 +163,9 @@ def test_the_pytorch_backends_first_version_is_the_runtime_tables():
 
     from trtbuild.facts import serving
 
-    table = json.loads((Path(serving.__file__).parent / "data" / "runtime-support.json").read_text())
+    import trtbuild
+
+    table = json.loads((Path(trtbuild.__file__).parent / "data" / "runtime-support.json").read_text())
     assert (table["runtimes"]["trtllm"]["versions"], table["runtimes"]["trtllm"]["label"]) == (["1.3"], "trtllm>=1.3")
     assert serving.oldest_version("trtllm") == "1.3"
     assert str(pullselect.TRTLLM_PYTORCH_MIN) == "1.3"
