@@ -96,7 +96,7 @@ def test_host_b_pulls_every_node_host_a_pushed_and_builds_nothing(s3env, tmp_pat
     from trtbuild.store.s3 import S3Store
 
     # the lock file goes up last, so a remote `cache gc` keeps what it pins
-    assert S3Store(URL).read_object("locks/tiny.lock") == a.recipe.with_suffix(".lock").read_bytes()
+    assert S3Store(URL).transport.get("locks/tiny.lock").data == a.recipe.with_suffix(".lock").read_bytes()
 
     b = host(tmp_path, "b", monkeypatch)
     result = b.build(run, *FAST, "--store", URL)  # b's local store is new: pulled nodes are stored in it

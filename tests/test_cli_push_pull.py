@@ -12,7 +12,7 @@ import yaml
 
 from test_transfer import make_artifact, three_files
 from trtbuild.lock import lockfile
-from trtbuild.cli import default_recipe
+from trtbuild.recipe.schema import default_recipe
 from trtbuild.lock.lockfile import LockedRecipe, LockedTarget, LockFile
 from trtbuild.recipe.schema import load_recipe, recipe_identity
 from trtbuild.store.local import LocalStore
@@ -29,7 +29,7 @@ class Demo:
         self.local = LocalStore(tmp_path / "local")
         self.local.create()
         monkeypatch.setenv("TRTBUILD_CACHE", str(self.local.root))
-        self.lock_path = self.local.embedded_lock_path(DEMO)
+        self.lock_path = self.local.workspace().embedded_lock_path(DEMO)
         self.remote = tmp_path / "remote"
         self.targets: dict[str, LockedTarget] = {}
         self.digest = lockfile.recipe_digest(load_recipe(default_recipe()))
@@ -206,7 +206,7 @@ def test_pull_on_a_deploy_host_reads_the_lock_push_published(demo, run, bucket, 
     assert {p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()} == \
         three_files("base-tp1")
     assert deploy.get_record(demo.targets["base-tp1"].key).digest == demo.targets["base-tp1"].digest
-    assert not deploy.embedded_lock_path(DEMO).exists()  # read from the store on every pull, never kept
+    assert not deploy.workspace().embedded_lock_path(DEMO).exists()  # read from the store on every pull, never kept
     link = link_to_the_demo(demo.tmp / "checkout" / "recipes")  # the demo through a link: the same lock
     chosen = run("pull", link, "--store", bucket, "--target", "base-tp1", "--dry-run")
     assert (chosen.exit_code, chosen.stdout) == (0, f"would pull base-tp1: artifact {demo.targets['base-tp1'].digest}\n")
@@ -221,9 +221,9 @@ def test_pull_refuses_a_published_lock_of_another_version_of_the_recipe_naming_b
     other = "0" * 64  # the store's newest lock, pushed from another version of the recipe
     demo.write_lock(digest=other)
     from trtbuild.store.s3 import S3Store
-    from trtbuild.store.transfer import lock_object
+    from trtbuild.store.layout import pushed_lock
 
-    S3Store(bucket).write_object(lock_object(DEMO), demo.lock_path.read_bytes())
+    S3Store(bucket).transport.put(pushed_lock(DEMO), demo.lock_path.read_bytes())
     result = run("pull", "--store", bucket, "--target", "base-tp1", "--dry-run")  # read anew: never stale
     assert (result.exit_code, result.stdout) == (2, "")
     assert result.stderr == (f"{bucket}/locks/{DEMO}.lock: the lock push published is of recipe {other}; this "
@@ -232,15 +232,15 @@ def test_pull_refuses_a_published_lock_of_another_version_of_the_recipe_naming_b
 
 def test_pull_on_a_deploy_host_of_a_store_without_the_recipes_lock_is_one_line(demo, run, bucket, monkeypatch):
     from trtbuild.store.s3 import S3Store
-    from trtbuild.store.transfer import lock_object
+    from trtbuild.store.layout import pushed_lock
 
     demo.validated()
     assert run("push", "--store", bucket).exit_code == 0
-    S3Store(bucket).delete_object(lock_object(DEMO))  # its artifacts are there; the lock is not
+    S3Store(bucket).transport.delete(pushed_lock(DEMO))  # its artifacts are there; the lock is not
     deploy = deploy_host(demo, monkeypatch)
     result = run("pull", "--store", bucket, "--target", "base-tp1", "--dry-run")
     assert (result.exit_code, result.stdout) == (2, "")
-    assert result.stderr == (f"{deploy.embedded_lock_path(DEMO)}: no lock file, and {bucket} has none published "
+    assert result.stderr == (f"{deploy.workspace().embedded_lock_path(DEMO)}: no lock file, and {bucket} has none published "
                              f"({bucket}/locks/{DEMO}.lock): run `trtbuild build` and `trtbuild push` first\n")
 
 
@@ -266,9 +266,9 @@ def test_pull_of_the_demo_from_a_folder_store_reads_the_lock_push_published_ther
     assert (result.exit_code, result.stdout, result.stderr) == (0, f"{dest}\n", f"new store at {deploy.root}\n")
     assert {p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()} == \
         three_files("base-tp1")
-    assert not deploy.embedded_lock_path(DEMO).exists()  # read from the store on every pull, never kept
+    assert not deploy.workspace().embedded_lock_path(DEMO).exists()  # read from the store on every pull, never kept
     # the shared folder's gc keeps what the published lock names: it is that store's gc root
-    assert LocalStore(demo.remote).registered_lockfiles() == [published]
+    assert LocalStore(demo.remote).workspace().registered_lockfiles() == [published]
 
 
 def test_pull_of_the_demo_from_a_folder_store_nothing_was_pushed_to_is_one_line(demo, run, monkeypatch):
@@ -277,6 +277,6 @@ def test_pull_of_the_demo_from_a_folder_store_nothing_was_pushed_to_is_one_line(
     deploy = deploy_host(demo, monkeypatch)
     result = run("pull", "--store", demo.remote, "--target", "base-tp1", "--dry-run")
     assert (result.exit_code, result.stdout) == (2, "")
-    assert result.stderr == (f"{deploy.embedded_lock_path(DEMO)}: no lock file, and {demo.remote} has none published "
+    assert result.stderr == (f"{deploy.workspace().embedded_lock_path(DEMO)}: no lock file, and {demo.remote} has none published "
                              f"({demo.remote / 'published' / (DEMO + '.lock')}): run `trtbuild build` and "
                              "`trtbuild push` first\n")

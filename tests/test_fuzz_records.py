@@ -157,7 +157,7 @@ def test_a_manifest_listing_another_size_than_its_blob_is_refused_before_placing
         with pytest.raises(TrtbuildError) as caught:
             read()
         assert str(caught.value) == f"manifest {digest}: 'b' is listed with 5 bytes, its blob {sha(b'')} has 0"
-    assert not (root / "dest").exists() and not store.checkout_path(digest).exists()
+    assert not (root / "dest").exists() and not store.workspace().checkout_path(digest).exists()
 
 
 def test_a_link_in_the_destination_is_not_followed_out_of_it(world):

@@ -17,7 +17,11 @@ from trtbuild.store.s3 import S3Store
 
 
 def objects(store: S3Store) -> set[str]:
-    return {store.describe_object(rel) for rel in store.list_objects("")}
+    return {store.transport.describe(rel) for rel, _ in store.transport.list("")}
+
+
+def names(store: S3Store, prefix: str) -> list[str]:
+    return [rel for rel, _ in store.transport.list(prefix)]
 
 
 def blob_bytes(manifests) -> int:
@@ -76,7 +80,7 @@ def test_a_dry_run_by_default_lists_exactly_what_would_go_and_yes_removes_exactl
     assert store.read_ref("tiny", "base-tp1").digest == current
     assert (store.artifact_problem(current), store.artifact_problem(pinned)) == (None, None)
     assert store.get_record(orphan.key) is None
-    assert store.read_object("locks/tiny.lock") == project.lock_path.read_bytes()
+    assert store.transport.get("locks/tiny.lock").data == project.lock_path.read_bytes()
     again = run("cache", "gc", "--store", bucket, "--yes")
     assert again.stdout == f"removed 0 records, 0 manifests, 0 blobs (0 B), 0 checkouts; store now {format_bytes(blob_bytes(live))}\n"
 
@@ -95,7 +99,7 @@ def test_the_json_of_a_remote_dry_run_names_each_object(project, run, bucket):  
 
 def write_lease(store: S3Store, kind: str, expires: dt.datetime) -> str:
     rel = f"leases/{kind}-ci-7-0000abcd.json"
-    store.write_object(rel, lease.Lease(kind=kind, host="ci", pid=7, started="2026-12-01T00:00:00Z",
+    store.transport.put(rel, lease.Lease(kind=kind, host="ci", pid=7, started="2026-12-01T00:00:00Z",
                                         expires=expires.strftime("%Y-%m-%dT%H:%M:%SZ")).model_dump_json().encode())
     return rel
 
@@ -109,7 +113,7 @@ def test_gc_refuses_while_a_push_lease_is_unexpired_and_an_expired_one_does_not_
         refused = run("cache", "gc", "--store", bucket, *args)
         assert (refused.exit_code, refused.stdout) == (1, "")
         assert refused.stderr == (f"store {bucket}: a publish is in flight; cache gc removed nothing "
-                                  f"(lease {store.describe_object(rel)}, ci pid 7, until {until:%Y-%m-%dT%H:%M:%SZ})\n")
+                                  f"(lease {store.transport.describe(rel)}, ci pid 7, until {until:%Y-%m-%dT%H:%M:%SZ})\n")
         assert objects(store) == before  # and gc left no lease of its own
     write_lease(store, "push", until - dt.timedelta(hours=2))  # its holder died an hour ago
     done = run("cache", "gc", "--store", bucket, "--yes")
@@ -132,8 +136,8 @@ def test_push_writes_its_lease_and_removes_it_also_when_it_fails(project, bucket
     assert len(seen) == 1
     [(rel, kind, host, pid)] = seen[0]
     assert (rel.startswith("leases/push-"), kind, pid) == (True, "push", os.getpid())
-    assert store.list_objects("leases/") == []
-    assert store.read_object("locks/tiny.lock") == b"lock bytes\n"
+    assert names(store, "leases/") == []
+    assert store.transport.get("locks/tiny.lock").data == b"lock bytes\n"
 
     other = make_artifact(project.local, project.tmp / "b", three_files("b"), "fp8-tp1", 2)
 
@@ -144,7 +148,7 @@ def test_push_writes_its_lease_and_removes_it_also_when_it_fails(project, bucket
     monkeypatch.setattr(store, "put_manifest", broken)
     with pytest.raises(TrtbuildError, match="^the network went away$"):
         push(project.local, store, [PushItem(other, ("tiny", "fp8-tp1"))])
-    assert store.list_objects("leases/") == []
+    assert names(store, "leases/") == []
 
 
 def test_push_refuses_while_gc_holds_a_lease_and_sends_nothing(project, bucket):  # noqa: F811
@@ -155,8 +159,8 @@ def test_push_refuses_while_gc_holds_a_lease_and_sends_nothing(project, bucket):
     with pytest.raises(TrtbuildError) as caught:
         push(project.local, store, [PushItem(record, ("tiny", "base-tp1"))])
     assert str(caught.value) == (f"store {bucket}: cache gc is removing objects; push again when it ends "
-                                 f"(lease {store.describe_object(rel)}, ci pid 7, until {until:%Y-%m-%dT%H:%M:%SZ})")
-    assert store.list_objects("") == [rel]
+                                 f"(lease {store.transport.describe(rel)}, ci pid 7, until {until:%Y-%m-%dT%H:%M:%SZ})")
+    assert names(store, "") == [rel]
 
 
 def test_every_pushed_lock_keeps_its_pins_after_a_newer_lock_of_the_recipe_is_pushed(project, run, bucket):  # noqa: F811
@@ -178,9 +182,9 @@ def test_every_pushed_lock_keeps_its_pins_after_a_newer_lock_of_the_recipe_is_pu
     assert lock_b != lock_a
     assert run("push", project.recipe, "--store", bucket).exit_code == 0
     store = S3Store(bucket)
-    assert store.list_objects("locks/") == sorted([
+    assert names(store, "locks/") == sorted([
         "locks/tiny.lock", *(f"locks/tiny/{hashlib.sha256(data).hexdigest()}.lock" for data in (lock_a, lock_b))])
-    assert store.read_object("locks/tiny.lock") == lock_b
+    assert store.transport.get("locks/tiny.lock").data == lock_b
     real = run("cache", "gc", "--store", bucket, "--yes")
     assert (real.exit_code, real.stderr) == (0, "")
     live = [project.local.get_manifest(t.digest) for t in project.targets.values()] + [project.local.get_manifest(pinned_by_a)]
@@ -192,12 +196,12 @@ def test_every_pushed_lock_keeps_its_pins_after_a_newer_lock_of_the_recipe_is_pu
 def test_a_malformed_pushed_lock_of_the_history_makes_gc_refuse_and_remove_nothing(project, run, bucket):  # noqa: F811
     store, _, _, _ = published(project, run, bucket)
     rel = "locks/tiny/" + "0" * 64 + ".lock"
-    store.write_object(rel, b"schema: [\n")
+    store.transport.put(rel, b"schema: [\n")
     before = objects(store)
     for args in ((), ("--yes",)):
         refused = run("cache", "gc", "--store", bucket, *args)
         assert (refused.exit_code, refused.stdout) == (1, "")
-        assert refused.stderr == (f"{store.describe_object(rel)}: not a trtbuild lock file; cache gc removed nothing "
+        assert refused.stderr == (f"{store.transport.describe(rel)}: not a trtbuild lock file; cache gc removed nothing "
                                   "(what it pins is unknown): push that recipe again or remove it\n")
         assert objects(store) == before
 
@@ -207,8 +211,8 @@ def test_a_push_lease_is_rewritten_after_an_artifact_only_when_its_last_write_is
     clock = [dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.timezone.utc)]
     monkeypatch.setattr(lease, "_now", lambda: clock[0])
     writes = []
-    original = store.write_object
-    monkeypatch.setattr(store, "write_object", lambda rel, data: (writes.append(data), original(rel, data))[1])
+    original = store.transport.put
+    monkeypatch.setattr(store.transport, "put", lambda rel, data: (writes.append(data), original(rel, data))[1])
     held = lease.Held(store, "push", ttl_s=3600)
     clock[0] += dt.timedelta(seconds=lease.RENEW_AFTER_S - 1)
     held.renew()  # too soon: the lease written a moment ago still expires an hour out, less a minute at most
@@ -218,4 +222,4 @@ def test_a_push_lease_is_rewritten_after_an_artifact_only_when_its_last_write_is
     assert [lease.Lease.model_validate_json(w).expires for w in writes] == ["2026-12-01T13:00:00Z",
                                                                              "2026-12-01T13:01:00Z"]
     held.release()
-    assert store.list_objects("leases/") == []
+    assert names(store, "leases/") == []

@@ -14,9 +14,10 @@ from s3server import SECRET_KEY, SeaweedS3
 from trtbuild.errors import InvalidInput
 from trtbuild.keys import canonical_json
 from trtbuild.store.records import ActionRecord, Digest, Execution
-from trtbuild.store.base import CorruptStore
+from trtbuild.store.base import CorruptStore, NoWorkspace
 from trtbuild.store.local import LocalStore, open_store
 from trtbuild.store.s3 import MiB, S3Store
+from trtbuild.store.s3_client import S3BucketMissing, S3CredentialsError, S3Unreachable
 from trtbuild.store.tree import Entry, Manifest
 
 KEY = "a" * 64
@@ -58,13 +59,13 @@ def bucket(aws_env):
 
 @pytest.fixture
 def store(bucket, tmp_path) -> S3Store:
-    return S3Store(f"s3://{bucket}/team/store", part_size=5 * MiB, concurrency=4, local_root=tmp_path / "local")
+    return S3Store(f"s3://{bucket}/team/store", part_size=5 * MiB, concurrency=4)
 
 
 def calls(store: S3Store) -> list[tuple[str, dict]]:
     """Every S3 operation the store's client sends from now on, with its parameters."""
     seen: list[tuple[str, dict]] = []
-    store.client.meta.events.register("before-parameter-build.s3", lambda model, params, **_: seen.append((model.name, dict(params))))
+    store.transport.client.meta.events.register("before-parameter-build.s3", lambda model, params, **_: seen.append((model.name, dict(params))))
     return seen
 
 
@@ -89,7 +90,7 @@ def test_a_blob_round_trips_verified_and_lands_in_the_local_layout(store, bucket
     assert [p["ChecksumSHA256"] for p in puts] == [store_b64(digest)]  # the server checks the bytes against the name
     assert store.has_blob(digest)
     key = f"team/store/cas/sha256/{digest[:2]}/{digest}"
-    assert store.client.head_object(Bucket=bucket, Key=key)["ContentLength"] == 8000
+    assert store.transport.client.head_object(Bucket=bucket, Key=key)["ContentLength"] == 8000
     dest = tmp_path / "out" / "weights.bin"
     dest.parent.mkdir()
     store.place_blob(digest, dest, executable=False)
@@ -139,7 +140,7 @@ def test_a_re_put_of_an_existing_blob_sends_no_body(store, tmp_path):
     store.put_blob(source, digest)
     assert [name for name, _ in first if name in ("PutObject", "CreateMultipartUpload", "UploadPart")] == \
         ["CreateMultipartUpload", "UploadPart", "UploadPart"]
-    store2 = S3Store(store.url, part_size=5 * MiB, local_root=tmp_path / "local2")
+    store2 = S3Store(store.url, part_size=5 * MiB)
     again = calls(store2)
     store2.put_blob(source, digest)
     assert [name for name, _ in again] == ["HeadBucket", "HeadObject"]
@@ -176,7 +177,7 @@ def test_a_blob_altered_on_the_server_is_detected_and_nothing_is_materialized(st
     store.put_blob(source, digest)
     key = f"team/store/cas/sha256/{digest[:2]}/{digest}"
     altered = b"X" + source.read_bytes()[1:]
-    store.client.put_object(Bucket=bucket, Key=key, Body=altered)  # same size, other bytes
+    store.transport.client.put_object(Bucket=bucket, Key=key, Body=altered)  # same size, other bytes
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(CorruptStore) as caught:
@@ -194,7 +195,7 @@ def test_a_blob_altered_on_the_server_is_detected_and_nothing_is_materialized(st
 def test_a_reader_that_stops_at_the_blob_size_still_gets_the_corruption(store, bucket, tmp_path):
     source, digest = blob_file(tmp_path, b"exact " * 10)
     store.put_blob(source, digest)
-    store.client.put_object(Bucket=bucket, Key=f"team/store/cas/sha256/{digest[:2]}/{digest}", Body=b"EXACT " * 10)
+    store.transport.client.put_object(Bucket=bucket, Key=f"team/store/cas/sha256/{digest[:2]}/{digest}", Body=b"EXACT " * 10)
     with store.open_blob(digest) as f, pytest.raises(CorruptStore):
         f.read(60)
 
@@ -206,9 +207,9 @@ def test_an_empty_blob_round_trips_and_a_damaged_copy_of_the_same_size_is_replac
     assert (tmp_path / "e").read_bytes() == b""
     source, digest = blob_file(tmp_path, b"good bytes")
     key = f"team/store/cas/sha256/{digest[:2]}/{digest}"
-    store.client.put_object(Bucket=bucket, Key=key, Body=b"evil bytes", ChecksumAlgorithm="SHA256")
+    store.transport.client.put_object(Bucket=bucket, Key=key, Body=b"evil bytes", ChecksumAlgorithm="SHA256")
     store.put_blob(source, digest)  # its full-object SHA-256 says it is not this blob: uploaded again
-    assert store.client.get_object(Bucket=bucket, Key=key)["Body"].read() == b"good bytes"
+    assert store.transport.client.get_object(Bucket=bucket, Key=key)["Body"].read() == b"good bytes"
     store.verify_blob(digest)
 
 
@@ -244,10 +245,10 @@ def test_an_interrupted_download_resumes_with_a_ranged_get_and_reads_each_byte_o
             broken.append(True)
             parsed["Body"] = _BreaksAfter(parsed["Body"], cut)
 
-    store.client.meta.events.register("before-parameter-build.s3.GetObject", lambda params, **_: gets.append(dict(params)))
-    store.client.meta.events.register("after-call.s3.GetObject", after_get)
+    store.transport.client.meta.events.register("before-parameter-build.s3.GetObject", lambda params, **_: gets.append(dict(params)))
+    store.transport.client.meta.events.register("after-call.s3.GetObject", after_get)
     received = []
-    size = store.read_blob_into(digest, received.append)
+    size = store.transport.read_blob_into(digest, received.append)
     assert size == len(data)
     assert b"".join(received) == data
     assert [g.get("Range") for g in gets] == [None, f"bytes={cut}-"]
@@ -276,7 +277,7 @@ class Stalls:  # the connection hangs after `cut` bytes: the parent kills this p
         self.body.close()
 
 store = S3Store(url)
-store.client.meta.events.register("after-call.s3.GetObject", lambda parsed, **_: parsed.update(Body=Stalls(parsed["Body"])))
+store.transport.client.meta.events.register("after-call.s3.GetObject", lambda parsed, **_: parsed.update(Body=Stalls(parsed["Body"])))
 store.place_blob(digest, dest, executable=False)
 """
 
@@ -291,7 +292,7 @@ def test_a_download_killed_midway_resumes_from_its_partial_file_with_a_ranged_ge
     source, digest = blob_file(tmp_path, data)
     store.put_blob(source, digest)
     dest, cut = tmp_path / "dest", MiB + 5
-    partial = store.partial_path(digest, dest)
+    partial = store.transport.partial_path(digest, dest)
     child = subprocess.Popen([sys.executable, "-c", _KILLED_DOWNLOAD, store.url, digest, str(dest), str(cut)])
     try:
         deadline = time.monotonic() + 60
@@ -303,7 +304,7 @@ def test_a_download_killed_midway_resumes_from_its_partial_file_with_a_ranged_ge
         child.wait()
     assert not dest.exists()
     gets: list[dict] = []
-    store.client.meta.events.register("before-parameter-build.s3.GetObject", lambda params, **_: gets.append(dict(params)))
+    store.transport.client.meta.events.register("before-parameter-build.s3.GetObject", lambda params, **_: gets.append(dict(params)))
     store.place_blob(digest, dest, executable=False)
     assert [g.get("Range") for g in gets] == [f"bytes={cut}-"]
     assert dest.read_bytes() == data and not partial.exists()
@@ -314,17 +315,16 @@ def test_a_leftover_partial_file_of_other_bytes_is_discarded_and_the_blob_fetche
     source, digest = blob_file(tmp_path, data)
     store.put_blob(source, digest)
     dest = tmp_path / "dest"
-    store.partial_path(digest, dest).write_bytes(b"garbage")
+    store.transport.partial_path(digest, dest).write_bytes(b"garbage")
     gets: list[dict] = []
-    store.client.meta.events.register("before-parameter-build.s3.GetObject", lambda params, **_: gets.append(dict(params)))
+    store.transport.client.meta.events.register("before-parameter-build.s3.GetObject", lambda params, **_: gets.append(dict(params)))
     store.place_blob(digest, dest, executable=False)
     assert [g.get("Range") for g in gets] == ["bytes=7-", None]
-    assert dest.read_bytes() == data and not store.partial_path(digest, dest).exists()
+    assert dest.read_bytes() == data and not store.transport.partial_path(digest, dest).exists()
 
 
 def test_a_large_blob_comes_down_in_parallel_ranges_verified_and_a_broken_range_resumes(bucket, tmp_path):
-    store = S3Store(f"s3://{bucket}/big", part_size=5 * MiB, concurrency=3, download_chunk=2 * MiB,
-                    local_root=tmp_path / "local")
+    store = S3Store(f"s3://{bucket}/big", part_size=5 * MiB, concurrency=3, download_chunk=2 * MiB)
     data = os.urandom(7 * MiB + 11)
     source, digest = blob_file(tmp_path, data)
     store.put_blob(source, digest)
@@ -336,8 +336,8 @@ def test_a_large_blob_comes_down_in_parallel_ranges_verified_and_a_broken_range_
             broken.append(True)
             parsed["Body"] = _BreaksAfter(parsed["Body"], 1000)
 
-    store.client.meta.events.register("before-parameter-build.s3.GetObject", lambda params, **_: gets.append(params["Range"]))
-    store.client.meta.events.register("after-call.s3.GetObject", after_get)
+    store.transport.client.meta.events.register("before-parameter-build.s3.GetObject", lambda params, **_: gets.append(params["Range"]))
+    store.transport.client.meta.events.register("after-call.s3.GetObject", after_get)
     dest = tmp_path / "dest"
     store.place_blob(digest, dest, executable=False)
     assert dest.read_bytes() == data
@@ -345,7 +345,7 @@ def test_a_large_blob_comes_down_in_parallel_ranges_verified_and_a_broken_range_
     assert sorted(gets) == sorted(ranges + [f"bytes=1000-{2 * MiB - 1}"])
     altered = bytearray(data)
     altered[5 * MiB] ^= 1
-    store.client.put_object(Bucket=bucket, Key=f"big/cas/sha256/{digest[:2]}/{digest}", Body=bytes(altered))
+    store.transport.client.put_object(Bucket=bucket, Key=f"big/cas/sha256/{digest[:2]}/{digest}", Body=bytes(altered))
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(CorruptStore) as caught:
@@ -367,12 +367,12 @@ def test_manifests_round_trip_verified_and_unsafe_paths_are_rejected_on_read(sto
     for path in ("../outside", "/etc/passwd"):
         data = canonical_json([{"path": path, "size": 6, "sha256": digest, "executable": False}])
         key = f"team/store/manifests/{sha(data)}.json"
-        store.client.put_object(Bucket=bucket, Key=key, Body=data)
+        store.transport.client.put_object(Bucket=bucket, Key=key, Body=data)
         with pytest.raises(CorruptStore) as caught:
             store.get_manifest(sha(data))
         assert str(caught.value) == f"s3://{bucket}/{key}: unsafe path {path!r} (absolute, '..' or not normalized)"
     tampered = canonical_json([{"path": "x", "size": 6, "sha256": digest, "executable": False}])
-    store.client.put_object(Bucket=bucket, Key=f"team/store/manifests/{manifest.digest}.json", Body=tampered)
+    store.transport.client.put_object(Bucket=bucket, Key=f"team/store/manifests/{manifest.digest}.json", Body=tampered)
     with pytest.raises(CorruptStore) as caught:
         store.get_manifest(manifest.digest)
     assert str(caught.value) == (f"manifest s3://{bucket}/team/store/manifests/{manifest.digest}.json is corrupt or "
@@ -474,6 +474,7 @@ def test_wrong_credentials_are_one_line_naming_bucket_and_key_without_the_secret
     assert message == (f"s3://{bucket}/team/store/ac/{KEY}.json: access denied (403): "
                        "check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY and the bucket policy")
     assert "not-the-secret-xyz" not in message and SECRET_KEY not in message
+    assert isinstance(caught.value, S3CredentialsError) and caught.value.exit_code == 2
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "nobody")
     with pytest.raises(InvalidInput) as caught:
         S3Store(store.url).has_blob("c" * 64)
@@ -486,15 +487,16 @@ def test_a_missing_bucket_is_one_line_naming_it(aws_env):
     with pytest.raises(InvalidInput) as caught:
         store.has_blob("d" * 64)
     assert str(caught.value) == f"s3://no-such-bucket-here/p/cas/sha256/dd/{'d' * 64}: bucket no-such-bucket-here does not exist"
-    assert caught.value.exit_code == 2
+    assert caught.value.exit_code == 2 and isinstance(caught.value, S3BucketMissing)
 
 
-def test_an_unreachable_endpoint_is_one_line(aws_env):
+def test_an_unreachable_endpoint_is_one_typed_line_exit_1(aws_env):
     store = S3Store("s3://b/p", endpoint_url="http://127.0.0.1:9", max_attempts=1)
-    with pytest.raises(InvalidInput) as caught:
+    with pytest.raises(S3Unreachable) as caught:
         store.get_record(KEY)
     assert str(caught.value) == (f"s3://b/p/ac/{KEY}.json: cannot reach http://127.0.0.1:9 (EndpointConnectionError): "
                                  "check AWS_ENDPOINT_URL")
+    assert caught.value.exit_code == 1 and (caught.value.endpoint, caught.value.bucket) == ("http://127.0.0.1:9", "b")
 
 
 # ---- open_store and local concepts ---------------------------------------------------------------
@@ -513,15 +515,12 @@ def test_open_store_routes_s3_urls_and_keeps_folders_local(store, bucket, tmp_pa
     assert str(caught.value) == "--store gs://b/p: a store is a local folder or an s3://BUCKET/PREFIX URL"
 
 
-def test_local_concepts_use_a_local_folder_or_say_they_need_a_local_store(store, tmp_path):
-    work = store.tmpdir("stage")
-    assert work.is_dir() and work.is_relative_to(tmp_path / "local" / "tmp")
-    assert store.state_db_path() is None
-    with pytest.raises(Exception) as caught, store.using(exclusive=True):
+def test_an_s3_store_has_no_workspace_and_says_so_in_one_typed_line(store):
+    with pytest.raises(NoWorkspace) as caught, store.using(exclusive=True):
         pass
     assert str(caught.value) == f"{store.url}: exclusive use (cache gc, repair) needs a local store"
-    with pytest.raises(Exception) as caught:
-        store.checkout_path("e" * 64)
+    with pytest.raises(NoWorkspace) as caught:
+        store.workspace("checkout").checkout_path("e" * 64)
     assert str(caught.value) == f"{store.url}: checkout needs a local store"
     with store.using():
         pass
@@ -531,7 +530,7 @@ def test_a_bucket_in_another_region_is_one_line_naming_the_region(aws_env):
     from botocore.stub import Stubber
 
     store = S3Store("s3://far-bucket/p")
-    with Stubber(store.client) as stub:  # what AWS answers a client signing for the wrong region
+    with Stubber(store.transport.client) as stub:  # what AWS answers a client signing for the wrong region
         stub.add_client_error("head_bucket", service_error_code="PermanentRedirect", http_status_code=301,
                               response_meta={"HTTPHeaders": {"x-amz-bucket-region": "eu-west-1"}})
         with pytest.raises(InvalidInput) as caught:
@@ -552,7 +551,7 @@ import sys
 import trtbuild.cli, trtbuild.deploy.push, trtbuild.lock.lockfile, trtbuild.recipe.schema, trtbuild.store.configured
 import trtbuild.store.transfer
 from trtbuild.store.s3 import S3Store
-S3Store('s3://bucket/prefix', endpoint_url='http://127.0.0.1:9').client
+S3Store('s3://bucket/prefix', endpoint_url='http://127.0.0.1:9').transport.client
 print(sorted(m for m in ('trtbuild.build.graph', 'trtbuild.plan.expand', 'trtbuild.build.pipeline', 'boto3') if m in sys.modules))
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
@@ -573,12 +572,12 @@ def test_an_upload_over_http_is_hashed_once_by_its_checksum_not_again_to_sign_it
         if request.method == "PUT" and "partNumber=" in request.url:
             sent.append((request.headers["X-Amz-Content-SHA256"], request.headers["x-amz-checksum-sha256"]))  # bytes
 
-    store.client.meta.events.register("before-send.s3.UploadPart", seen)
+    store.transport.client.meta.events.register("before-send.s3.UploadPart", seen)
     data = os.urandom(6 * MiB)  # two parts: 5 MiB and 1 MiB
     source = tmp_path / "blob"
     source.write_bytes(data)
     digest = hashlib.sha256(data).hexdigest()
     store.put_blobs([(source, digest)])
-    assert store.blob_size(digest) == len(data)
+    assert store.transport.blob_size(digest) == len(data)
     parts = [data[:5 * MiB], data[5 * MiB:]]
     assert sorted(sent) == sorted((b"UNSIGNED-PAYLOAD", base64.b64encode(hashlib.sha256(p).digest())) for p in parts)

@@ -212,7 +212,7 @@ def test_a_changed_source_file_is_not_stored_under_its_old_digest(store, tmp_pat
     manifest, files = build_manifest(root, store.state)
     (root / "w.bin").write_bytes(b"y" * 1000)  # changed between hashing and storing
     with pytest.raises(CorruptStore, match="changed while it was stored"):
-        store._add_blob(files["w.bin"], manifest.entries[0].sha256, owned=False)
+        store.put_blob(files["w.bin"], manifest.entries[0].sha256, owned=False)
     assert not store.has_blob(manifest.entries[0].sha256)
 
 
@@ -448,7 +448,7 @@ def _assert_repaired(run, store, two_artifacts, first: list[str]) -> None:
     result = run("cache", "verify", "--repair", "--store", store.root)
     assert result.exit_code == 0, result.stderr
     removals = first + [
-        f"removed checkout {store.checkout_path(manifest.digest)} (its artifact is gone)",
+        f"removed checkout {store.workspace().checkout_path(manifest.digest)} (its artifact is gone)",
         f"dropped action record {store.record_path(key)} (its artifact {manifest.digest} is bad): the next build rebuilds it",
         f"dropped ref {store.ref_path('r', 'bad')} (points at artifact {manifest.digest}, which is bad): "
         "the next build points it again",
@@ -460,7 +460,7 @@ def _assert_repaired(run, store, two_artifacts, first: list[str]) -> None:
     assert again.stdout == f"store {store.root}: every blob, manifest, record and ref checks out\n"
     # what was dropped is what a build rebuilds; the other artifact is untouched
     assert store.get_record(key) is None and store.read_ref("r", "bad") is None
-    assert not store.checkout_path(manifest.digest).exists()
+    assert not store.workspace().checkout_path(manifest.digest).exists()
     good, good_key, _ = two_artifacts["good"]
     assert store.get_record(good_key).digest == good.digest and store.read_ref("r", "good").digest == good.digest
     assert (materialize(store, good.digest) / "rank0.safetensors").is_file()
@@ -521,10 +521,10 @@ def test_gc_dry_run_counts_exactly_what_the_sweep_removes(store, tmp_path):
     _record(store, "2" * 64, old.digest, "2026-01-02")
     materialize(store, old.digest)
     store.ingest(make_tree(tmp_path / "x", {"w": b"orphan"}))  # no record at all
-    (store.tmpdir("leftover") / "partial").write_bytes(b"x")
+    (store.workspace().tmpdir("leftover") / "partial").write_bytes(b"x")
     logs = make_tree(tmp_path / "logs", {"stage.log": b"failed once"})
-    store.keep_failure("1" * 64, logs)  # built since: its failure goes
-    store.keep_failure("3" * 64, logs)  # never built: kept
+    store.workspace().keep_failure("1" * 64, logs)  # built since: its failure goes
+    store.workspace().keep_failure("3" * 64, logs)  # never built: kept
     def contents() -> list[str]:  # (gc takes locks/store.lock; the stat cache is not content)
         return sorted(str(p.relative_to(store.root)) for p in store.root.rglob("*")
                       if "index.db" not in p.name and p.name != "store.lock")
@@ -536,7 +536,7 @@ def test_gc_dry_run_counts_exactly_what_the_sweep_removes(store, tmp_path):
     assert dry.as_json() == real.as_json()
     assert real.as_json() == {"records": ["2" * 64], "manifests": 2, "blobs": 2, "bytes_freed": 300 + 6,
                               "checkouts": 1, "tmp": 1, "failures": 1, "size_after": 400, "over_budget": False}
-    assert store.failures() == ["3" * 64] and store.manifest_digests() == [kept.digest]
+    assert store.workspace().failures() == ["3" * 64] and store.manifest_digests() == [kept.digest]
 
 
 def test_explain_on_a_store_nothing_was_built_into_creates_nothing(run, ws, tmp_path):
@@ -604,7 +604,7 @@ def test_blobs_of_an_owned_folder_stay_trusted_after_the_folder_is_removed(store
     their folder removed, a checkout hashes nothing again (a hard link dropping to one name moves
     the blob's ctime, which would make the stat cache re-hash every byte)."""
     store.create()
-    work = store.tmpdir("stage")
+    work = store.workspace().tmpdir("stage")
     out = make_tree(work / "out", {"a.bin": b"x" * 5000, "b.bin": b"y" * 7000})
     manifest = store.ingest(out)
     shutil.rmtree(work)

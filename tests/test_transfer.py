@@ -44,13 +44,13 @@ def three_files(tag: str) -> dict[str, bytes]:
 
 def count_put_blob(monkeypatch, store: LocalStore) -> list[str]:
     calls: list[str] = []
-    original = store.put_blob
+    original = store.transport.put_blob  # where every blob a store takes goes in (put_blobs too)
 
-    def counted(source, digest, owned=False):
+    def counted(source, digest, owned=False, link=False):
         calls.append(digest)
-        return original(source, digest, owned)
+        return original(source, digest, owned, link)
 
-    monkeypatch.setattr(store, "put_blob", counted)
+    monkeypatch.setattr(store.transport, "put_blob", counted)
     return calls
 
 
@@ -347,7 +347,7 @@ def test_pull_auto_on_a_recorded_h100_materializes_the_sm90_engine_into_dest(pro
     deploy = LocalStore(tmp_path / "deploy-store")
     assert deploy.get_record(project.targets["base-tp1-sm90"].key).digest == project.targets["base-tp1-sm90"].digest
     again = run("pull", project.recipe, "--store", project.remote)  # a recipe beside its lock; the store's checkout
-    assert (again.exit_code, again.stdout) == (0, f"{deploy.checkout_path(project.targets['base-tp1-sm90'].digest)}\n")
+    assert (again.exit_code, again.stdout) == (0, f"{deploy.workspace().checkout_path(project.targets['base-tp1-sm90'].digest)}\n")
 
 
 def test_pull_dry_run_prints_the_choice_and_downloads_nothing(project, run, recorded_gpu, installed_packages,
@@ -447,7 +447,7 @@ def test_pull_auto_reads_an_hf_checkpoints_format_from_the_stores_record_and_pri
     out = json.loads(result.stdout)
     digest = project.targets["fp8-hf"].digest
     assert (out["target"], out["runtime"], out["digest"]) == ("fp8-hf", "vllm", digest)
-    assert out["path"] == str(LocalStore(tmp_path / "deploy-store").checkout_path(digest))
+    assert out["path"] == str(LocalStore(tmp_path / "deploy-store").workspace().checkout_path(digest))
     assert [(c["target"], c["fits"], c["reasons"]) for c in out["candidates"]] == [
         ("awq-hf", False, ["trtllm: not installed", "vllm: does not serve int4_awq on sm80", "sglang: not installed"]),
         ("fp8-hf", True, [])]
@@ -535,7 +535,7 @@ def test_a_pull_from_s3_hashes_each_blob_once_in_the_stores_verifying_stream(sea
         monkeypatch.setenv(name, value)
     bucket = f"once-{uuid.uuid4().hex[:12]}"
     seaweed.client().create_bucket(Bucket=bucket)
-    remote = S3Store(f"s3://{bucket}/store", local_root=tmp_path / "s3-local")
+    remote = S3Store(f"s3://{bucket}/store")
     local = LocalStore(tmp_path / "local")
     record = make_artifact(local, tmp_path / "a", three_files("a"), "base-tp1", 1)
     push(local, remote, [PushItem(record)])
@@ -549,7 +549,7 @@ def test_a_pull_from_s3_hashes_each_blob_once_in_the_stores_verifying_stream(sea
     assert (digest, moved.blobs) == (record.digest, 3) and fresh.artifact_problem(digest) is None
 
     victim = next(e for e in local.get_manifest(record.digest).entries if e.path == "rank0.safetensors")
-    seaweed.client().put_object(Bucket=bucket, Key=remote.blob_key(victim.sha256), Body=b"X" * victim.size)
+    seaweed.client().put_object(Bucket=bucket, Key=remote.transport.blob_key(victim.sha256), Body=b"X" * victim.size)
     with pytest.raises(CorruptStore) as caught:
         pull(remote, LocalStore(tmp_path / "second"), record.key)
     actual = hashlib.sha256(b"X" * victim.size).hexdigest()
@@ -621,15 +621,15 @@ def test_large_blobs_go_up_in_parts_and_come_down_in_ranges_and_nothing_is_hashe
         monkeypatch.setenv(name, value)
     bucket = f"parts-{uuid.uuid4().hex[:12]}"
     seaweed.client().create_bucket(Bucket=bucket)
-    remote = S3Store(f"s3://{bucket}/store", local_root=tmp_path / "s3-local", part_size=5 * MiB, concurrency=4,
+    remote = S3Store(f"s3://{bucket}/store", part_size=5 * MiB, concurrency=4,
                      download_chunk=2 * MiB)
     local = LocalStore(tmp_path / "local")
     big = os.urandom(13 * MiB + 17)
     files = {"config.json": b'{"a": 1}', "rank0.safetensors": big, "rank1.safetensors": big[::-1]}
     record = make_artifact(local, tmp_path / "a", files, "base-tp1", 1)
     ranges = []
-    original_range = remote._get_range
-    monkeypatch.setattr(remote, "_get_range", lambda key, etag, first, last: ranges.append(last + 1 - first)
+    original_range = remote.transport._get_range
+    monkeypatch.setattr(remote.transport, "_get_range", lambda key, etag, first, last: ranges.append(last + 1 - first)
                         or original_range(key, etag, first, last))
     monkeypatch.setattr(state_module.time, "time_ns", lambda: 2**62)  # every stat cache entry is settled
     hashed = []
@@ -639,7 +639,7 @@ def test_large_blobs_go_up_in_parts_and_come_down_in_ranges_and_nothing_is_hashe
 
     moved = push(local, remote, [PushItem(record, ("tiny", "base-tp1"))])
     assert (moved.blobs, moved.bytes) == (3, sum(len(v) for v in files.values()))
-    head = seaweed.client().head_object(Bucket=bucket, Key=remote.blob_key(hashlib.sha256(big).hexdigest()),
+    head = seaweed.client().head_object(Bucket=bucket, Key=remote.transport.blob_key(hashlib.sha256(big).hexdigest()),
                                         ChecksumMode="ENABLED")
     assert head["ETag"].strip('"').endswith("-3")  # 13 MiB in 5 MiB parts
     for entry in local.get_manifest(record.digest).entries:
@@ -664,7 +664,7 @@ def test_a_re_push_sends_the_small_requests_of_all_its_artifacts_together(bucket
 
     from trtbuild.store.s3 import S3Store
 
-    remote = S3Store(bucket, local_root=tmp_path / "s3-local")
+    remote = S3Store(bucket)
     local = LocalStore(tmp_path / "local")
     items = [PushItem(make_artifact(local, tmp_path / f"a{i}", three_files(f"a{i}"), f"t{i}-tp1", i + 1), ("tiny", f"t{i}"))
              for i in range(4)]
@@ -695,20 +695,20 @@ def test_a_pull_asks_for_the_next_blobs_ranges_before_the_last_one_is_done_and_f
     both are in one window; each blob is fsynced (off the hashing thread) before it is recorded."""
     import threading
 
-    from trtbuild.store import s3 as s3_module
+    from trtbuild.store import s3_blobs as s3_module
     from trtbuild.store.s3 import S3Store
 
     MiB = 1024 * 1024
-    remote = S3Store(bucket, local_root=tmp_path / "s3-local", concurrency=4, download_chunk=MiB)
+    remote = S3Store(bucket, concurrency=4, download_chunk=MiB)
     local = LocalStore(tmp_path / "local")
     first_blob, second_blob = os.urandom(2 * MiB), os.urandom(2 * MiB)
     record = make_artifact(local, tmp_path / "a", {"a.safetensors": first_blob, "b.safetensors": second_blob},
                            "base-tp1", 1)
     push(local, remote, [PushItem(record)])
-    keys = {remote.blob_key(hashlib.sha256(first_blob).hexdigest()): "first",
-            remote.blob_key(hashlib.sha256(second_blob).hexdigest()): "second"}
+    keys = {remote.transport.blob_key(hashlib.sha256(first_blob).hexdigest()): "first",
+            remote.transport.blob_key(hashlib.sha256(second_blob).hexdigest()): "second"}
     second_began = threading.Event()
-    original_range = remote._get_range
+    original_range = remote.transport._get_range
 
     def held(key, etag, first, last):
         if keys[key] == "second":
@@ -717,7 +717,7 @@ def test_a_pull_asks_for_the_next_blobs_ranges_before_the_last_one_is_done_and_f
             assert second_began.wait(10), "the second blob's ranges were not asked for while the first's were out"
         return original_range(key, etag, first, last)
 
-    monkeypatch.setattr(remote, "_get_range", held)
+    monkeypatch.setattr(remote.transport, "_get_range", held)
     synced = []
     original_sync = s3_module._fsync_and_close
     monkeypatch.setattr(s3_module, "_fsync_and_close", lambda out: (synced.append(Path(out.name).name),

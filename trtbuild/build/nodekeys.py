@@ -49,10 +49,11 @@ class Lookup:
 def resolve_source(node: Node, store: LocalStore, progress=None, locked: Optional[dict] = None) -> Resolved:
     """Identify what a source node reads (hashes through the stat cache, hub or bucket metadata):
     nothing is copied or converted. The lock entry names the source as the recipe does."""
-    runtime = {**node.runtime, "downloads": str(store.downloads_dir())}
-    if store.state_db_path() is not None:  # a store not created yet (explain) has its stat cache in memory
-        runtime["state_db"] = str(store.state_db_path())
-    ctx = SourceContext(runtime=runtime, state=store.state, downloads=store.downloads_dir(), locked=locked,
+    work = store.workspace("a source's downloads")
+    runtime = {**node.runtime, "downloads": str(work.downloads_dir())}
+    if work.state_db_path() is not None:  # a store not created yet (explain) has its stat cache in memory
+        runtime["state_db"] = str(work.state_db_path())
+    ctx = SourceContext(runtime=runtime, state=store.state, downloads=work.downloads_dir(), locked=locked,
                         progress=progress)
     found = sources.resolve(ctx)
     lock = {"kind": runtime["kind"], "location": runtime["location"], "digest": found.digest, **found.lock}

@@ -111,7 +111,7 @@ def build(loaded: LoadedRecipe, store: LocalStore, request: BuildRequest, report
                        partial_of=lock_path if request.lock_out else None,
                        made_from={node.id: list(node.inputs.values()) for node in graph.nodes}, known=known,
                        pinned=pinned)
-        store.register_lockfile(written)
+        store.workspace().register_lockfile(written)
     return BuildOutcome(loaded.recipe.name, results, written, graph)
 
 

@@ -184,7 +184,7 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
     overlay stage's artifact is its input's plus what it wrote (_overlay)."""
     node, key = keyed.node, keyed.key
     stage = node.stage
-    work = store.tmpdir(f"{node.kind}-{key[:12]}")
+    work = store.workspace().tmpdir(f"{node.kind}-{key[:12]}")
     try:  # Ctrl-C before the stage's own try below: the folder goes all the same
         out = work / "out"
         out.mkdir()
@@ -214,9 +214,9 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
                 try:
                     reason = _failure_reason(log, returncode)
                 except InvalidInput as exc:  # still a stage that ran: its log is kept like any failure's
-                    raise InvalidInput(f"{exc} (log: {store.keep_failure(key, work / 'logs')})") from None
+                    raise InvalidInput(f"{exc} (log: {store.workspace().keep_failure(key, work / 'logs')})") from None
                 tail = _log_tail(log)
-                raise StageFailed(f"{reason} (log: {store.keep_failure(key, work / 'logs')})", tail)
+                raise StageFailed(f"{reason} (log: {store.workspace().keep_failure(key, work / 'logs')})", tail)
             measured = json.loads((work / "execution.json").read_text())
             peak_rss_mib, figures = measured["peak_rss_mib"], measured["figures"]
             summary = _summary(out, inputs[stage.overlay] if stage.overlay else None)
@@ -386,7 +386,7 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
                 return result
             if options.pinned:  # --locked: no stage runs under a key the lock does not record
                 options.pinned.before_building(node.id, keyed.key)
-            with store.key_lock(keyed.key, waiter=node.id, say=reporter.notice):
+            with store.workspace().key_lock(keyed.key, waiter=node.id, say=reporter.notice):
                 found = nodekeys.lookup(store, keyed.key)  # another process may have built it while we waited
                 if found.problem:  # never silent: a damaged store is something to look into
                     reporter.notice(f"{node.id}: rebuilding {found.record.digest[:12]}: the stored artifact is "

@@ -594,9 +594,8 @@ def _published_lock(remote, loaded, lock_path: Path):
     when it is of this recipe; else one line. `lock_path`: where this host would keep its own."""
     from trtbuild.lock import lockfile
     from trtbuild.recipe.schema import recipe_identity
-    from trtbuild.store.transfer import published_lock
 
-    where, raw = published_lock(remote, loaded.recipe.name)
+    where, raw = remote.published_lock(loaded.recipe.name)
     if raw is None:
         raise InvalidInput(f"{lock_path}: no lock file, and {remote.location} has none published ({where}): run "
                            f"`{_command('build', loaded)}` and `{_command('push', loaded)}` first")
@@ -730,6 +729,7 @@ def cache_gc(store_url, keep_last, max_size, dry_run, yes, as_json) -> None:
     release its pins); lists every object it would remove and removes them
     only with --yes; refuses while a push holds a lease there."""
     from trtbuild.lock import lockfile
+    from trtbuild.deploy import remote_cache
     from trtbuild.store.gc import gc, remote_gc
     from trtbuild.store.local import open_store
 
@@ -741,10 +741,11 @@ def cache_gc(store_url, keep_last, max_size, dry_run, yes, as_json) -> None:
             raise InvalidInput("--dry-run and --yes: pick one")
         dry_run = not yes
         doomed: list[str] = []
-        report = remote_gc(store, keep_last=keep_last, max_size=limit, dry_run=dry_run, named=doomed.append)
+        report = remote_gc(store, lambda: remote_cache.pushed_pins(store), keep_last=keep_last, max_size=limit,
+                           dry_run=dry_run, named=doomed.append)
     else:
         pinned: set[str] = set()
-        for path in store.registered_lockfiles():
+        for path in store.workspace().registered_lockfiles():
             if path.exists():
                 pinned |= lockfile.digests(path)
         report = gc(store, pinned, keep_last=keep_last, max_size=limit, dry_run=dry_run)
@@ -820,7 +821,7 @@ def report(recipe: Path | None, store_url, out_dir: Path | None) -> None:
     store = open_store(store_url, missing_ok=out_dir is not None)
     plan = plan_recipe(loaded)
     lock = lockfile.read(lockfile.lock_path_for(loaded, store), older_ok=True)
-    out_dir = out_dir or store.report_dir(loaded.recipe.name)
+    out_dir = out_dir or store.workspace("a report folder").report_dir(loaded.recipe.name)
     html, png = render_report(loaded.recipe.name, rows(plan, store, lock), out_dir)
     click.echo(f"{html}\n{png}")
 

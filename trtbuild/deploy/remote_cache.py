@@ -121,3 +121,24 @@ def publish_build(outcome, loaded, local: Store, remote: Store, patterns: list[s
         moved = push_build(remote, local, plan, lock.recipe.name, recipe_identity(loaded),
                            outcome.lock_path.read_bytes())
     return {"store": remote.location, "pushed": plan.targets, "refused": plan.refused, "moved": moved.as_json()}
+
+
+def pushed_pins(store: Store) -> set[str]:
+    """Every artifact any lock file push published to the shared `store` names (its pins for
+    remote `cache gc`): each push keeps its lock at locks/<recipe>/<sha256>.lock, so a newer push
+    of a recipe does not release what an older lock, still in use on some deploy host, pins. One
+    that cannot be read stops gc: what it pins is unknown."""
+    import yaml
+    from pydantic import ValidationError
+
+    from trtbuild.errors import TrtbuildError
+    from trtbuild.lock.lockfile import LockFile
+
+    pinned: set[str] = set()
+    for where, data in store.pushed_locks():
+        try:
+            pinned |= LockFile.model_validate(yaml.safe_load(data)).digests()
+        except (yaml.YAMLError, ValidationError, TypeError, ValueError):
+            raise TrtbuildError(f"{where}: not a trtbuild lock file; cache gc removed nothing "
+                                "(what it pins is unknown): push that recipe again or remove it") from None
+    return pinned

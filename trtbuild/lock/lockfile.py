@@ -122,7 +122,7 @@ def lock_path_for(loaded: LoadedRecipe, store: "Store") -> Path:
     """Beside the recipe (`recipes/x.yaml` -> `recipes/x.lock`); the embedded default recipe has no
     folder of its own (a link to its file is still it), so its lock lives in the store."""
     if loaded.embedded:
-        return store.embedded_lock_path(loaded.recipe.name)
+        return store.workspace("the embedded recipe's lock file").embedded_lock_path(loaded.recipe.name)
     return loaded.path.with_suffix(".lock")
 
 

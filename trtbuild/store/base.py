@@ -1,28 +1,47 @@
-"""The store interface: everything the runner, checkout, gc, verify and the report ask of a store.
+"""The store: one cache layer over a transport (store/transport.py: a folder, or S3), and, for a
+folder store only, its workspace (store/workspace.py).
 
-A store holds content-addressed blobs, manifests (an artifact is its manifest's digest), action
-records (key -> artifact), refs (recipe/target -> artifact and history), and working areas:
-downloads, kept failures, tmp work folders, checkouts and reports. Callers never build paths
-inside a store; they ask it. LocalStore (a folder) is the first implementation; an S3 store and a
-local store in front of a remote one are the next.
+The policy lives here once, for every backend: blobs before the manifest that names them, the
+manifest before the action record, the record before the ref; the first artifact recorded under a
+key wins and a different one is kept beside it as a divergence; a ref moves by compare-and-swap and
+keeps its history; refs under a recipe name belong to the first recipe that claimed it. The
+transport gives the conditional writes this needs (put_if_absent, put_if_match). Callers never
+build paths inside a store (store/layout.py does): they ask it.
 """
 
 from __future__ import annotations
 
-import abc
 import contextlib
+import json
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Optional, TypeVar
 
-from trtbuild.errors import TrtbuildError
-from trtbuild.store.records import ActionRecord, Digest, Ref
-from trtbuild.store.hash import Progress
+from pydantic import ValidationError
+
+from trtbuild.errors import InvalidInput, TrtbuildError
+from trtbuild.keys import canonical_json
+from trtbuild.store import layout
+from trtbuild.store.records import ActionRecord, Digest, RecipeClaim, Ref, RefEntry, dump
+from trtbuild.store.hash import Progress, bytes_sha256, is_digest
 from trtbuild.store.state import StatCache
-from trtbuild.store.tree import Manifest
+from trtbuild.store.transport import CONFLICT_RETRIES, Found, Transport
+from trtbuild.store.tree import BadTree, Manifest
+
+if TYPE_CHECKING:
+    from trtbuild.store.workspace import Workspace
+
+T, R = TypeVar("T"), TypeVar("R")
 
 
 class CorruptStore(TrtbuildError):
     """Bytes in the store do not match their digest."""
+
+
+class NoWorkspace(TrtbuildError):
+    """A local work area (tmp, checkouts, failures, locks) asked of a store that has none (S3)."""
 
 
 def first_error(exc) -> str:
@@ -35,12 +54,7 @@ def first_error(exc) -> str:
 
 def parse_record(key: str, data: bytes, where: str) -> Optional[ActionRecord]:
     """A stored action record's bytes, checked: None for a record of the unversioned layout (it is
-    rebuilt and replaced); CorruptStore naming `where` for one that does not parse or names another key.
-    One reader for every store, so a local and a remote record are judged alike."""
-    import json
-
-    from pydantic import ValidationError
-
+    rebuilt and replaced); CorruptStore naming `where` for one that does not parse or names another key."""
     try:
         raw = json.loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested past Python's stack
@@ -57,229 +71,400 @@ def parse_record(key: str, data: bytes, where: str) -> Optional[ActionRecord]:
     return record
 
 
-class Store(abc.ABC):
-    #: the stat cache the store's own reads go through (and stages hash their inputs with)
-    state: StatCache
-    #: small requests (is a blob there, a record, a ref) a caller may have in flight at once: on a
-    #: remote each one is a round trip, so a re-push of N artifacts waits for one round, not N
-    requests_at_once: int = 1
+def now_stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _json_line(value) -> bytes:
+    return canonical_json(value) + b"\n"
+
+
+def _backoff(attempt: int) -> None:
+    time.sleep(random.uniform(0, min(0.5, 0.01 * 2 ** min(attempt, 6))))
+
+
+class Store:
+    """A store: its transport (where the bytes live) and, on a folder, its workspace."""
+
+    def __init__(self, transport: Transport, workspace: Optional[Workspace] = None) -> None:
+        self.transport = transport
+        self._workspace = workspace
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.location})"
 
     @property
-    @abc.abstractmethod
     def location(self) -> str:
         """How messages name the store: its folder, or its s3:// URL."""
+        return self.transport.location
 
-    # ---- life --------------------------------------------------------------------------------------
-    @abc.abstractmethod
+    @property
+    def state(self) -> StatCache:
+        """The stat cache the store's own reads go through (and stages hash their inputs with)."""
+        return self.transport.state
+
+    @property
+    def requests_at_once(self) -> int:
+        return self.transport.requests_at_once
+
+    def each(self, work: Callable[[T], R], things: list[T]) -> list[R]:
+        """`work` over `things`, results in order: requests_at_once at a time (a remote's round trips)."""
+        workers = min(self.requests_at_once, len(things))
+        if workers <= 1:
+            return [work(thing) for thing in things]
+        with ThreadPoolExecutor(workers, thread_name_prefix="trtbuild-request") as pool:
+            return list(pool.map(work, things))
+
+    # ---- life and workspace ------------------------------------------------------------------------
     def exists(self) -> bool:
-        """Whether anything was ever written here (opening a store never creates it)."""
+        return self.transport.exists()
 
-    @abc.abstractmethod
+    def require(self) -> None:
+        """Refuse, in one line, a store that nothing was ever stored into."""
+        if not self.exists():
+            raise InvalidInput(self.transport.missing())
+
     def create(self) -> None:
-        """Make the store's layout; idempotent. Called by the first write (a build), never by a read."""
+        self.transport.create()
 
-    # ---- blobs -------------------------------------------------------------------------------------
-    @abc.abstractmethod
-    def has_blob(self, digest: str) -> bool: ...
+    @property
+    def has_workspace(self) -> bool:
+        return self._workspace is not None
 
-    @abc.abstractmethod
+    def workspace(self, operation: str = "a local work area") -> Workspace:
+        """This store's workspace; NoWorkspace ("<store>: <operation> needs a local store") on S3."""
+        if self._workspace is None:
+            raise NoWorkspace(f"{self.location}: {operation} needs a local store")
+        return self._workspace
+
+    def using(self, exclusive: bool = False, wait: bool = True, say=None) -> contextlib.AbstractContextManager:
+        """Builds hold a folder store shared (and create it); `cache gc` and repair hold it
+        exclusive. A store without a workspace has no lock to hold: its bucket is checked once."""
+        if self._workspace is not None:
+            return self._workspace.using(exclusive, wait, say)
+        if exclusive:
+            raise NoWorkspace(f"{self.location}: exclusive use (cache gc, repair) needs a local store")
+        self.create()
+        return contextlib.nullcontext()
+
+    def verify_hint(self) -> str:
+        return self.transport.verify_hint()
+
+    # ---- blobs (the transport's) --------------------------------------------------------------------
+    def has_blob(self, digest: str) -> bool:
+        return self.transport.has_blob(digest)
+
     def put_blob(self, source: Path, digest: str, owned: bool = False, link: bool = False) -> None:
-        """Store `source`, whose sha256 is `digest`, read-only; `owned`: the file is the store's own
-        and the store may take it (it may be gone from `source` afterwards); `link`: it may be
-        linked rather than copied, and stays."""
-
-    def blob_file(self, digest: str) -> Optional[Path]:
-        """A local file holding the blob's bytes, to read and never change (the local store's own
-        cas/ file), or None for a store without local files."""
-        return None
+        self.transport.put_blob(source, digest, owned, link)
 
     def put_blobs(self, sources: list[tuple[Path, str]], progress=None) -> None:
-        """Store several blobs, each (file, sha256) already verified by the caller (push checks its
-        local copy first); `progress` (transferbar.ByteProgress) hears the bytes as they go. One at
-        a time here; S3Store sends them through one transfer manager, all in flight together."""
-        for source, digest in sources:
-            size = Path(source).stat().st_size
-            self.put_blob(source, digest)
-            if progress is not None:
-                progress.advance(size)
+        self.transport.put_blobs(sources, progress)
 
-    @abc.abstractmethod
-    def open_blob(self, digest: str) -> BinaryIO: ...
+    def blob_file(self, digest: str) -> Optional[Path]:
+        return self.transport.blob_file(digest)
 
-    @abc.abstractmethod
+    def open_blob(self, digest: str) -> BinaryIO:
+        return self.transport.open_blob(digest)
+
     def verify_blob(self, digest: str, use_state: bool = True) -> None:
-        """Raise CorruptStore unless the blob exists and hashes to its name; `use_state`: a blob the
-        store wrote and protected, unchanged since (stat cache), is trusted without reading it."""
+        self.transport.verify_blob(digest, use_state)
 
-    @abc.abstractmethod
     def place_blob(self, digest: str, dest: Path, executable: bool) -> None:
-        """Put the blob's bytes at `dest`, read-only (a link where possible, else a verified copy)."""
+        self.transport.place_blob(digest, dest, executable)
 
-    @abc.abstractmethod
     def iter_blobs(self) -> Iterator[tuple[str, int]]:
-        """(name, size) of every stored blob; a name that is not a digest is listed as it is."""
+        return self.transport.iter_blobs()
 
-    @abc.abstractmethod
     def rehash_blob(self, name: str, progress: Progress = None) -> str:
-        """The blob's sha256 read from its bytes (no stat cache); a verified blob refreshes the cache."""
+        return self.transport.rehash_blob(name, progress)
 
-    @abc.abstractmethod
-    def remove_blob(self, name: str) -> None: ...
+    def remove_blob(self, name: str) -> None:
+        self.transport.remove_blob(name)
 
-    @abc.abstractmethod
     def describe_blob(self, name: str) -> str:
-        """How messages name a blob (its path, its URL)."""
+        return self.transport.describe(layout.blob(name))
 
-    # ---- manifests ---------------------------------------------------------------------------------
-    @abc.abstractmethod
-    def ingest(self, folder: Path, progress: Progress = None, include: Optional[Callable[[str], bool]] = None,
-               links_within: Optional[Path] = None, link: bool = False) -> Manifest:
-        """Store a folder's files and their manifest; returns the manifest (its digest names the artifact)."""
-
-    @abc.abstractmethod
-    def put_manifest(self, manifest: Manifest) -> str: ...
-
-    @abc.abstractmethod
-    def has_manifest(self, digest: str) -> bool: ...
-
-    @abc.abstractmethod
-    def get_manifest(self, digest: str) -> Manifest:
-        """The manifest, checked against its digest (CorruptStore when missing or tampered)."""
-
-    @abc.abstractmethod
-    def manifest_digests(self) -> list[str]: ...
-
-    @abc.abstractmethod
-    def artifact_problem(self, digest: str) -> Optional[str]:
-        """Why the artifact cannot be served as it is (a missing or corrupt manifest or blob), or None."""
-
-    @abc.abstractmethod
     def put_file_blob(self, path: Path) -> Digest:
         """Store one file (a stage's log) as a blob; its digest with its size."""
+        digest, size = self.state.sha256(path), Path(path).stat().st_size
+        owned = self._workspace is not None and self._workspace.folder.owns(path)
+        self.put_blob(Path(path), digest, owned=owned)
+        return Digest(hash=digest, size_bytes=size)
 
-    @abc.abstractmethod
+    # ---- manifests -----------------------------------------------------------------------------------
+    def ingest(self, folder: Path, progress: Progress = None, include=None, links_within: Optional[Path] = None,
+               link: bool = False) -> Manifest:
+        """Store a folder's files and their manifest; returns the manifest (its digest names the artifact)."""
+        manifest = self.ingest_files(folder, progress, include, links_within, link)
+        self.put_manifest(manifest)
+        return manifest
+
+    def ingest_files(self, folder: Path, progress: Progress = None, include=None,
+                     links_within: Optional[Path] = None, link: bool = False) -> Manifest:
+        """ingest without storing the manifest (an overlay stage stores another one holding these entries)."""
+        return self.transport.ingest_files(folder, progress, include, links_within, link)
+
+    def put_manifest(self, manifest: Manifest) -> str:
+        """Written after its blobs (checked: a manifest never names missing bytes), once."""
+        digest, rel = manifest.digest, layout.manifest(manifest.digest)
+        if self.transport.has(rel):
+            return digest
+        present = self.each(self.has_blob, [e.sha256 for e in manifest.entries])
+        missing = [e.path for e, there in zip(manifest.entries, present) if not there]
+        if missing:
+            raise CorruptStore(f"manifest {digest} names blobs the store lacks: {', '.join(missing[:3])}")
+        self.transport.put_if_absent(rel, manifest.to_bytes())
+        return digest
+
+    def has_manifest(self, digest: str) -> bool:
+        return self.transport.has(layout.manifest(digest))
+
+    def get_manifest(self, digest: str) -> Manifest:
+        """The manifest, checked against its digest (CorruptStore when missing or tampered)."""
+        rel = layout.manifest(digest)
+        found = self.transport.get(rel)
+        if found is None:
+            raise CorruptStore(f"manifest {digest} is missing from {self.transport.describe(layout.MANIFESTS[:-1])}")
+        if bytes_sha256(found.data) != digest:
+            raise CorruptStore(f"manifest {self.transport.describe(rel)} is corrupt or tampered: its content does not "
+                               "hash to its name")
+        try:
+            return Manifest.from_bytes(found.data, self.transport.describe(rel))
+        except BadTree as exc:
+            raise CorruptStore(str(exc)) from None
+
+    def manifest_digests(self) -> list[str]:
+        names = (layout.manifest_digest(rel) for rel, _ in self.transport.list(layout.MANIFESTS))
+        return sorted(name for name in names if name is not None and is_digest(name))
+
     def read_manifest_bytes(self, digest: str) -> bytes:
         """The stored bytes as they are, unchecked (for verify)."""
+        return self._read(layout.manifest(digest))
 
-    @abc.abstractmethod
-    def remove_manifest(self, digest: str) -> None: ...
+    def remove_manifest(self, digest: str) -> None:
+        self.transport.delete(layout.manifest(digest))
 
-    @abc.abstractmethod
-    def describe_manifest(self, digest: str) -> str: ...
+    def describe_manifest(self, digest: str) -> str:
+        return self.transport.describe(layout.manifest(digest))
 
-    # ---- action records ----------------------------------------------------------------------------
-    @abc.abstractmethod
-    def get_record(self, key: str) -> Optional[ActionRecord]: ...
+    def artifact_problem(self, digest: str) -> Optional[str]:
+        """Why the artifact cannot be served as it is (a missing or tampered manifest, a blob
+        missing, of the wrong size or known corrupt), or None."""
+        try:
+            manifest = self.get_manifest(digest)
+        except CorruptStore as exc:
+            return str(exc)
+        problems = self.each(lambda e: self.transport.blob_problem(e.sha256, e.size, e.path), manifest.entries)
+        return next((p for p in problems if p is not None), None)
 
-    @abc.abstractmethod
-    def put_record(self, record: ActionRecord, replace: bool = False) -> ActionRecord: ...
+    def _read(self, rel: str) -> bytes:
+        found = self.transport.get(rel)
+        if found is None:
+            raise FileNotFoundError(self.transport.describe(rel))
+        return found.data
 
-    @abc.abstractmethod
-    def records(self) -> list[ActionRecord]: ...
+    # ---- conditional writes --------------------------------------------------------------------------
+    def _settle(self, rel: str, decide: Callable[[Optional[Found]], Optional[bytes]], lost: str) -> None:
+        """Read `rel`, ask `decide` what it should hold (None: leave it), write that conditionally on
+        what was read; a write another writer beat is decided again on a fresh read."""
+        for attempt in range(CONFLICT_RETRIES):
+            found = self.transport.get(rel)
+            data = decide(found)
+            if data is None:
+                return
+            written = self.transport.put_if_match(rel, data, found.tag) if found is not None \
+                else self.transport.put_if_absent(rel, data)
+            if written:
+                return
+            _backoff(attempt)
+        raise TrtbuildError(f"{self.transport.describe(rel)}: {lost}")
 
-    @abc.abstractmethod
+    # ---- action records ------------------------------------------------------------------------------
+    def get_record(self, key: str) -> Optional[ActionRecord]:
+        """The record under `key`; None when there is none, or only one of an older layout (it is
+        rebuilt and replaced). A record that does not parse is a corrupt store."""
+        found = self.transport.get(layout.record(key))
+        return None if found is None else parse_record(key, found.data, self.describe_record(key))
+
+    def put_record(self, record: ActionRecord, replace: bool = False) -> ActionRecord:
+        """Record key -> artifact. The first artifact stored under a key stays; a later, different
+        one is kept as a divergence beside it, never written over it (design.md s.4); the stored
+        record is returned. `replace` (the first one is lost or damaged, or --rebuild) makes the
+        new one the record, keeping the old digest among the divergences."""
+        key, body = record.key, _json_line(dump(record))
+        kept: list[ActionRecord] = []
+
+        def decide(found: Optional[Found]) -> Optional[bytes]:
+            kept.clear()
+            existing = None
+            if found is not None:
+                try:
+                    existing = parse_record(key, found.data, self.describe_record(key))
+                except CorruptStore:
+                    if not replace:
+                        raise
+            if existing is not None and (existing.digest == record.digest or not replace):
+                if existing.digest != record.digest:
+                    self._note_divergence(key, record.digest, record.created)
+                kept.append(existing)
+                return None
+            if existing is not None:
+                self._note_divergence(key, existing.digest, existing.created)
+            return body
+
+        self._settle(layout.record(key), decide, f"kept changing during {CONFLICT_RETRIES} attempts to write it")
+        return kept[0] if kept else record
+
+    def _note_divergence(self, key: str, digest: str, created: str) -> None:
+        def decide(found: Optional[Found]) -> Optional[bytes]:
+            seen = json.loads(found.data) if found is not None else []
+            if digest in {d["digest"] for d in seen}:
+                return None
+            return _json_line([*seen, {"digest": digest, "created": created}])
+
+        self._settle(layout.divergence(key), decide, f"kept changing during {CONFLICT_RETRIES} attempts to write it")
+
+    def divergences(self, key: str) -> list[dict]:
+        """The other artifacts recorded for `key` ({digest, created}, in the order they came)."""
+        found = self.transport.get(layout.divergence(key))
+        return json.loads(found.data) if found is not None else []
+
     def record_keys(self) -> list[str]:
         """Every key with a record, readable or not (verify names the unreadable ones)."""
+        keys = (layout.record_key(rel) for rel, _ in self.transport.list(layout.AC))
+        return sorted(key for key in keys if key is not None)
 
-    @abc.abstractmethod
+    def records(self) -> list[ActionRecord]:
+        """Every readable record of the current layout (`cache verify` names the others)."""
+        out = []
+        for key in self.record_keys():
+            try:
+                record = self.get_record(key)
+            except CorruptStore:
+                continue
+            if record is not None:
+                out.append(record)
+        return out
+
     def read_record_bytes(self, key: str) -> bytes:
         """The stored record as it is, unchecked (for verify)."""
+        return self._read(layout.record(key))
 
-    @abc.abstractmethod
-    def delete_record(self, key: str) -> None: ...
+    def delete_record(self, key: str) -> None:
+        self.transport.delete(layout.record(key))
+        self.transport.delete(layout.divergence(key))
 
-    @abc.abstractmethod
-    def describe_record(self, key: str) -> str: ...
+    def describe_record(self, key: str) -> str:
+        return self.transport.describe(layout.record(key))
 
-    # ---- refs --------------------------------------------------------------------------------------
-    @abc.abstractmethod
-    def read_ref(self, recipe: str, target: str) -> Optional[Ref]: ...
+    # ---- refs ------------------------------------------------------------------------------------------
+    def _parse_ref(self, recipe: str, target: str, data: bytes) -> Ref:
+        try:
+            return Ref.model_validate_json(data, strict=True)
+        except ValidationError as exc:
+            raise CorruptStore(f"ref {self.describe_ref(recipe, target)} is malformed ({first_error(exc)}); "
+                               "run `trtbuild cache verify --repair`") from None
 
-    @abc.abstractmethod
-    def update_ref(self, recipe: str, target: str, digest: str, key: str) -> None: ...
+    def read_ref(self, recipe: str, target: str) -> Optional[Ref]:
+        found = self.transport.get(layout.ref(recipe, target))
+        return None if found is None else self._parse_ref(recipe, target, found.data)
 
-    @abc.abstractmethod
+    def update_ref(self, recipe: str, target: str, digest: str, key: str) -> None:
+        """Point the ref at `digest`, appending to its history, by compare-and-swap on what was
+        read (another writer's move is read again and kept). A ref already there (every ref of a
+        no-op build) is not written; a damaged one is replaced by the artifact that just passed."""
+        def decide(found: Optional[Found]) -> Optional[bytes]:
+            ref = None
+            if found is not None:
+                with contextlib.suppress(CorruptStore):
+                    ref = self._parse_ref(recipe, target, found.data)
+            if ref is not None and (ref.digest, ref.key) == (digest, key):
+                return None
+            history = [*(ref.history if ref else []), RefEntry(digest=digest, key=key, time=now_stamp())]
+            return _json_line(dump(Ref(digest=digest, key=key, history=history)))
+
+        self._settle(layout.ref(recipe, target), decide,
+                     f"other jobs moved it {CONFLICT_RETRIES} times in a row; try again")
+
     def refs(self, malformed: Optional[list] = None) -> Iterator[tuple[str, str, Ref]]:
         """Every ref that parses; one that does not is skipped, or appended to `malformed` as
         (recipe, target, why) for `cache verify` to name."""
+        for rel, _ in list(self.transport.list(layout.REFS)):
+            named = layout.ref_of(rel)
+            found = self.transport.get(rel) if named is not None else None
+            if found is None:
+                continue
+            try:
+                ref = Ref.model_validate_json(found.data, strict=True)
+            except ValidationError as exc:
+                if malformed is not None:
+                    malformed.append((*named, first_error(exc)))
+                continue
+            yield named[0], named[1], ref
 
-    @abc.abstractmethod
-    def delete_ref(self, recipe: str, target: str) -> None: ...
+    def delete_ref(self, recipe: str, target: str) -> None:
+        self.transport.delete(layout.ref(recipe, target))
 
-    @abc.abstractmethod
-    def claim_recipe(self, name: str, identity: str) -> None:
-        """Refs under a recipe name belong to one recipe identity; another is refused (InvalidInput)."""
+    def describe_ref(self, recipe: str, target: str) -> str:
+        return self.transport.describe(layout.ref(recipe, target))
 
-    @abc.abstractmethod
+    # ---- recipe claims -----------------------------------------------------------------------------------
     def check_claim(self, name: str, identity: str) -> None:
         """claim_recipe's refusal, writing nothing: checked before a command writes anything, the
         claim itself made only just before its first ref, so a command stopped earlier leaves none."""
+        found = self.transport.get(layout.claim(name))
+        if found is not None:
+            self._judge_claim(found.data, name, identity)
 
-    @abc.abstractmethod
-    def describe_ref(self, recipe: str, target: str) -> str: ...
+    def claim_recipe(self, name: str, identity: str) -> None:
+        """Refs under refs/<name>/ belong to one recipe: the first to claim the name (written once,
+        whole, if absent). Another recipe with the same `name:` is refused (InvalidInput), so it
+        cannot move the first one's refs."""
+        def decide(found: Optional[Found]) -> Optional[bytes]:
+            if found is not None:
+                self._judge_claim(found.data, name, identity)
+                return None
+            return _json_line(dump(RecipeClaim(name=name, identity=identity)))
 
-    # ---- lock files that pin artifacts (gc roots) --------------------------------------------------
-    @abc.abstractmethod
-    def register_lockfile(self, lock_path: Path) -> None: ...
+        self._settle(layout.claim(name), decide, f"kept changing during {CONFLICT_RETRIES} attempts to write it")
 
-    @abc.abstractmethod
-    def registered_lockfiles(self) -> list[Path]: ...
+    def _judge_claim(self, data: bytes, name: str, identity: str) -> None:
+        where = self.transport.describe(layout.claim(name))
+        try:
+            claim = RecipeClaim.model_validate_json(data)
+        except ValidationError:
+            raise CorruptStore(f"{where} is malformed; remove it to let a recipe claim the name {name!r}") from None
+        if claim.identity != identity:
+            raise InvalidInput(f"recipe {identity}: name {name!r} already belongs to {claim.identity} in store "
+                               f"{self.location}; give this recipe another `name:` (or remove {where} to hand the "
+                               "name over)")
 
-    @abc.abstractmethod
-    def embedded_lock_path(self, recipe: str) -> Path:
-        """Where the lock file of a recipe without a folder of its own (the embedded demo) lives."""
+    # ---- published lock files ------------------------------------------------------------------------------
+    def published_lock(self, recipe: str) -> tuple[str, Optional[bytes]]:
+        """Where push publishes the recipe's newest lock here, and its bytes (None: none yet). Read
+        on every call, never kept: the next push replaces it."""
+        if self._workspace is not None:
+            path = self._workspace.published_lock_path(recipe)
+            try:
+                return str(path), path.read_bytes()
+            except FileNotFoundError:
+                return str(path), None
+        found = self.transport.get(layout.pushed_lock(recipe))
+        return self.transport.describe(layout.pushed_lock(recipe)), None if found is None else found.data
 
-    # ---- locks -------------------------------------------------------------------------------------
-    @abc.abstractmethod
-    def using(self, exclusive: bool = False, wait: bool = True) -> contextlib.AbstractContextManager[None]:
-        """Builds hold the store shared (and create it); `cache gc` and repair hold it exclusive."""
+    def publish_lock(self, recipe: str, data: bytes) -> None:
+        """The lock a push's targets come from, for deploy hosts that have only the recipe. A folder
+        store keeps the newest, registered as a gc root; a shared one keeps every one under its
+        sha256 (remote gc keeps what each pins: written first, so the pins never lapse), then the newest."""
+        if self._workspace is not None:
+            self._workspace.publish_lock(recipe, data)
+            return
+        self.transport.put(layout.kept_pushed_lock(recipe, bytes_sha256(data)), data)
+        self.transport.put(layout.pushed_lock(recipe), data)
 
-    @abc.abstractmethod
-    def key_lock(self, key: str) -> contextlib.AbstractContextManager:
-        """Held while a key is built: a second process wanting the same key waits, then hits."""
-
-    @abc.abstractmethod
-    def checkout_lock(self, digest: str) -> contextlib.AbstractContextManager: ...
-
-    # ---- areas -------------------------------------------------------------------------------------
-    @abc.abstractmethod
-    def tmpdir(self, prefix: str) -> Path:
-        """A fresh work folder inside the store (stage outputs there are ingested by link)."""
-
-    @abc.abstractmethod
-    def clean_tmp(self, older_than_s: float = 24 * 3600, dry_run: bool = False) -> int:
-        """Remove (dry: count) work folders left in tmp for `older_than_s`."""
-
-    @abc.abstractmethod
-    def downloads_dir(self) -> Path:
-        """Where sources keep what they download (hub files, bucket objects)."""
-
-    @abc.abstractmethod
-    def state_db_path(self) -> Optional[Path]:
-        """The stat cache's database, for stage processes that hash with it (None: no cache)."""
-
-    @abc.abstractmethod
-    def keep_failure(self, key: str, logs: Path) -> Path:
-        """Keep a failed run's logs folder under the key (the latest failure only); returns where."""
-
-    @abc.abstractmethod
-    def failures(self) -> list[str]:
-        """Keys with a kept failure."""
-
-    @abc.abstractmethod
-    def remove_failure(self, key: str) -> None: ...
-
-    @abc.abstractmethod
-    def checkout_path(self, digest: str) -> Path:
-        """Where the artifact's read-only folder is (or will be) materialized."""
-
-    @abc.abstractmethod
-    def checkouts(self) -> list[str]:
-        """Names of the materialized folders (artifact digests, or leftovers to remove)."""
-
-    @abc.abstractmethod
-    def remove_checkout(self, name: str) -> None: ...
-
-    @abc.abstractmethod
-    def report_dir(self, recipe: str) -> Path:
-        """The default folder of a recipe's report."""
+    def pushed_locks(self) -> Iterator[tuple[str, bytes]]:
+        """(where, bytes) of every lock file push published to this shared store (gc's pins)."""
+        for rel, _ in list(self.transport.list(layout.PUSHED_LOCKS)):
+            found = self.transport.get(rel) if rel.endswith(".lock") else None
+            if found is not None:
+                yield self.transport.describe(rel), found.data

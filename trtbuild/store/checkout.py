@@ -46,15 +46,16 @@ def materialize(store: Store, digest: str) -> Path:
     assembled in a tmp work folder and renamed into place, so a checkout that exists is complete,
     and nothing is ever written into its files (they are the blobs themselves)."""
     manifest = _verified(store, digest)
-    final = store.checkout_path(digest)
+    work_area = store.workspace("checkout")
+    final = work_area.checkout_path(digest)
     if _whole(final, manifest):
         return final
-    with store.checkout_lock(digest):
+    with work_area.checkout_lock(digest):
         if _whole(final, manifest):  # another process finished it while we waited
             return final
         if final.exists():  # not made by this code (renames are atomic): rebuild it
-            store.remove_checkout(digest)
-        work = store.tmpdir(f"checkout-{digest[:12]}")
+            work_area.remove_checkout(digest)
+        work = work_area.tmpdir(f"checkout-{digest[:12]}")
         try:
             work.chmod(0o755)
             for entry in manifest.entries:

@@ -6,8 +6,11 @@ unprotected records go until the store fits) and gives the live set; `sweep` rem
 outside it: records, manifests, blobs, checkouts, tmp leftovers and failures of keys built since.
 `--dry-run` runs the same sweep, counting instead of removing.
 
-On a remote store (S3) `remote_gc` roots what refs point at now and every lock file push published
-(locks/<recipe>/<sha256>.lock, all of them), and takes a lease instead of the store lock (store/lease.py)."""
+The pins are the caller's (dvc-data's `gc(odb, used)`): what the lock files in use name is read
+by the command (cli), which knows lock files; this module knows only the store. On a remote store
+(S3) `remote_gc` roots what refs point at now and the pins of every lock file push published
+(read by the caller once the gc lease is held), and takes a lease instead of the store lock
+(store/lease.py)."""
 
 from __future__ import annotations
 
@@ -91,11 +94,10 @@ def select(store: Store, found: Roots, max_size: Optional[int] = None) -> Live:
     return Live(live, sorted(r.key for r in doomed), over_budget)
 
 
-def sweep(store: Store, live: Live, dry_run: bool = False, tmp: bool = True,
-          named: Optional[Callable[[str], None]] = None) -> GcReport:
-    """Remove (or, dry, count) everything outside the live set. Needs the store held exclusively
-    (or, remote, a gc lease). `tmp`: also clear tmp/ (a local store's own). `named` hears the
-    location of each object removed (or, dry, that would be)."""
+def sweep(store: Store, live: Live, dry_run: bool = False, named: Optional[Callable[[str], None]] = None) -> GcReport:
+    """Remove (or, dry, count) everything outside the live set, and a folder store's leftovers
+    (checkouts, tmp/, failures). Needs the store held exclusively (or, remote, a gc lease). `named`
+    hears the location of each object removed (or, dry, that would be)."""
     tell = named or (lambda where: None)
     report = GcReport(records=list(live.doomed), over_budget=live.over_budget)
     live_blobs: set[str] = set()
@@ -123,22 +125,28 @@ def sweep(store: Store, live: Live, dry_run: bool = False, tmp: bool = True,
             tell(store.describe_blob(name))
             if not dry_run:
                 store.remove_blob(name)
-    for name in store.checkouts():
+    if store.has_workspace:
+        _sweep_workspace(store, live, report, dry_run)
+    report.size_after = _size_of(store, live.digests)
+    return report
+
+
+def _sweep_workspace(store: Store, live: Live, report: GcReport, dry_run: bool) -> None:
+    """A folder store's own areas: checkouts of artifacts gone, tmp leftovers, failures of keys built since."""
+    work = store.workspace()
+    for name in work.checkouts():
         if name not in live.digests:
             report.checkouts += 1
             if not dry_run:
-                store.remove_checkout(name)
+                work.remove_checkout(name)
     # No build is running (the store is held exclusively): everything in tmp/ is a leftover.
-    if tmp:
-        report.tmp = store.clean_tmp(older_than_s=0, dry_run=dry_run)
+    report.tmp = work.clean_tmp(older_than_s=0, dry_run=dry_run)
     remaining = set(store.record_keys()) - (set(live.doomed) if dry_run else set())
-    for key in store.failures():
+    for key in work.failures():
         if key in remaining:  # the key has been built since
             report.failures += 1
             if not dry_run:
-                store.remove_failure(key)
-    report.size_after = _size_of(store, live.digests)
-    return report
+                work.remove_failure(key)
 
 
 def gc(store: Store, pinned: set[str], keep_last: Optional[int] = None, max_size: Optional[int] = None,
@@ -149,46 +157,23 @@ def gc(store: Store, pinned: set[str], keep_last: Optional[int] = None, max_size
 
 # ---- a remote store (S3): no lock any host could hold, so leases (store/lease.py) -------------------
 
-def pushed_pins(store: Store) -> set[str]:
-    """Every artifact any lock file push ever published names: each push keeps its lock at
-    locks/<recipe>/<sha256>.lock (and the newest at locks/<recipe>.lock), so a newer push of a
-    recipe does not release what an older lock, still in use on some deploy host, pins. One that
-    cannot be read stops gc: what it pins is unknown."""
-    import yaml
-    from pydantic import ValidationError
-
-    from trtbuild.lock.lockfile import LockFile
-
-    pinned: set[str] = set()
-    for rel in store.list_objects("locks/"):
-        if not rel.endswith(".lock"):
-            continue
-        data = store.read_object(rel)
-        if data is None:
-            continue
-        try:
-            pinned |= LockFile.model_validate(yaml.safe_load(data)).digests()
-        except (yaml.YAMLError, ValidationError, TypeError, ValueError):
-            raise TrtbuildError(f"{store.describe_object(rel)}: not a trtbuild lock file; cache gc removed nothing "
-                                "(what it pins is unknown): push that recipe again or remove it") from None
-    return pinned
-
-
-def remote_gc(store: Store, keep_last: Optional[int] = None, max_size: Optional[int] = None, dry_run: bool = True,
-              named: Optional[Callable[[str], None]] = None) -> GcReport:
+def remote_gc(store: Store, pins: Callable[[], set[str]], keep_last: Optional[int] = None,
+              max_size: Optional[int] = None, dry_run: bool = True, named: Optional[Callable[[str], None]] = None) -> GcReport:
     """gc of a shared store: what each ref points at now (and, with `keep_last`, the last N of its
-    history) and every pushed lock file's pins stay; refused while a push holds a lease. A real run
-    holds a gc lease itself, so a push that starts meanwhile refuses instead of racing the sweep."""
+    history) and `pins()` (every pushed lock file's digests, read by the caller once the lease is
+    held: a lock a push published before it is seen) stay; refused while a push holds a lease. A
+    real run holds a gc lease itself, so a push that starts meanwhile refuses instead of racing."""
     refusal = "a publish is in flight; cache gc removed nothing"
     if dry_run:
         found = lease.active(store, "push")
         if found:
             raise TrtbuildError(f"store {store.location}: {refusal} ({lease.describe(store, *found[0])})")
-        return _remote_sweep(store, keep_last, max_size, True, named)
+        return _remote_sweep(store, pins, keep_last, max_size, True, named)
     with lease.hold(store, "gc", blocked_by="push", refusal=refusal):
-        return _remote_sweep(store, keep_last, max_size, False, named)
+        return _remote_sweep(store, pins, keep_last, max_size, False, named)
 
 
-def _remote_sweep(store: Store, keep_last: Optional[int], max_size: Optional[int], dry_run: bool, named) -> GcReport:
-    found = roots(store, pushed_pins(store), keep_last or 1)  # the last 1 of a ref's history: where it points now
-    return sweep(store, select(store, found, max_size), dry_run, tmp=False, named=named)
+def _remote_sweep(store: Store, pins, keep_last: Optional[int], max_size: Optional[int], dry_run: bool,
+                  named) -> GcReport:
+    found = roots(store, pins(), keep_last or 1)  # the last 1 of a ref's history: where it points now
+    return sweep(store, select(store, found, max_size), dry_run, named=named)

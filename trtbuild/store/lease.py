@@ -8,8 +8,8 @@ gc in turn writes a `gc-...` lease before it deletes, then looks for push leases
 push that finds a gc lease after writing its own refuses: both write first and read second, so at
 least one of two that start together sees the other (S3 reads its writes).
 
-Stores without object methods (a folder) need none of this: there push holds the store's lock
-shared and gc holds it exclusively.
+A store with a workspace (a folder) needs none of this: there push holds the store's lock shared
+and gc holds it exclusively. Leases are small objects of the store's transport (store/transport.py).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Iterator, Optional
 from pydantic import BaseModel, ValidationError
 
 from trtbuild.errors import TrtbuildError
+from trtbuild.store import layout
 from trtbuild.store.base import Store
 
-FOLDER = "leases/"
 TTL_S = 2 * 3600  # renewed after each artifact: one artifact's transfer must fit in it
 RENEW_AFTER_S = 60  # a renewal rewrites the lease only when the last write is older: a request saved per artifact
 
@@ -54,22 +54,23 @@ def _parse(text: str) -> dt.datetime:
 
 
 def supported(store: Store) -> bool:
-    return hasattr(store, "write_object")
+    """Whether the store is shared without a lock any host could hold (it has no workspace)."""
+    return not store.has_workspace
 
 
 def active(store: Store, kind: str) -> list[tuple[str, Lease]]:
     """(object key relative to the store, lease) of every unexpired lease of `kind`. A lease that
     cannot be read counts as active: nobody can say when it ends."""
     now, found = _now(), []
-    for rel in store.list_objects(FOLDER):
-        name = rel[len(FOLDER):]
+    for rel, _ in list(store.transport.list(layout.LEASES)):
+        name = rel[len(layout.LEASES):]
         if not name.startswith(f"{kind}-") or not name.endswith(".json"):
             continue
-        data = store.read_object(rel)
-        if data is None:  # removed meanwhile
+        stored = store.transport.get(rel)
+        if stored is None:  # removed meanwhile
             continue
         try:
-            lease = Lease.model_validate_json(data)
+            lease = Lease.model_validate_json(stored.data)
         except ValidationError:
             lease = Lease(kind=kind, host="?", pid=0, started="?", expires="9999-12-31T23:59:59Z")
         if not lease.expired(now):
@@ -78,7 +79,7 @@ def active(store: Store, kind: str) -> list[tuple[str, Lease]]:
 
 
 def describe(store: Store, rel: str, lease: Lease) -> str:
-    return f"lease {store.describe_object(rel)}, {lease.host} pid {lease.pid}, until {lease.expires}"
+    return f"lease {store.transport.describe(rel)}, {lease.host} pid {lease.pid}, until {lease.expires}"
 
 
 class Held:
@@ -87,7 +88,7 @@ class Held:
     def __init__(self, store: Store, kind: str, ttl_s: float) -> None:
         self.store, self.kind, self.ttl_s = store, kind, ttl_s
         host = socket.gethostname() or "host"
-        self.rel = f"{FOLDER}{kind}-{host}-{os.getpid()}-{os.urandom(4).hex()}.json"
+        self.rel = layout.lease(f"{kind}-{host}-{os.getpid()}-{os.urandom(4).hex()}.json")
         self.lease = Lease(kind=kind, host=host, pid=os.getpid(), started=_stamp(_now()), expires="")
         self.written: Optional[dt.datetime] = None
         self.renew()
@@ -99,11 +100,11 @@ class Held:
         if self.written is not None and (now - self.written).total_seconds() < RENEW_AFTER_S:
             return
         self.lease.expires = _stamp(now + dt.timedelta(seconds=self.ttl_s))
-        self.store.write_object(self.rel, self.lease.model_dump_json().encode() + b"\n")
+        self.store.transport.put(self.rel, self.lease.model_dump_json().encode() + b"\n")
         self.written = now
 
     def release(self) -> None:
-        self.store.delete_object(self.rel)
+        self.store.transport.delete(self.rel)
 
 
 @contextlib.contextmanager

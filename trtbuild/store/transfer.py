@@ -14,10 +14,9 @@ import fcntl
 import hashlib
 import os
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, TypeVar
+from typing import Callable, Optional, Protocol, TypeVar
 
 from trtbuild import fsfaults
 from trtbuild.errors import InvalidInput, TrtbuildError
@@ -27,9 +26,17 @@ from trtbuild.store.base import CorruptStore, Store
 from trtbuild.store.checkout import checkout
 from trtbuild.store.hash import CHUNK, bytes_sha256
 from trtbuild.store.tree import Manifest
-from trtbuild.cli.transferbar import ByteProgress
 
 T, R = TypeVar("T"), TypeVar("R")
+
+
+class ByteProgress(Protocol):
+    """What hears a transfer's bytes (the CLI passes its bar, cli/transferbar.py): the total to
+    expect, then each piece as it moves."""
+
+    def expect(self, total: int) -> None: ...
+
+    def advance(self, size: int) -> None: ...
 
 
 @dataclass
@@ -58,15 +65,6 @@ class PushItem:
 
 # ---- push ------------------------------------------------------------------------------------------
 
-def _each(remote: Store, work: Callable[[T], R], things: list[T]) -> list[R]:
-    """`work` over `things`, results in order: `remote.requests_at_once` at a time (S3), else one by one."""
-    workers = min(remote.requests_at_once, len(things))
-    if workers <= 1:
-        return [work(thing) for thing in things]
-    with ThreadPoolExecutor(workers, thread_name_prefix="trtbuild-request") as pool:
-        return list(pool.map(work, things))
-
-
 def _to_move(manifest: Manifest, present: Callable[[list], list[bool]], moved: Moved, progress=None) -> list:
     """The manifest's distinct blobs that `present` (one answer per entry) says the receiving store
     lacks; the others are counted as skipped, and `progress` is told the bytes to come."""
@@ -80,9 +78,9 @@ def _to_move(manifest: Manifest, present: Callable[[list], list[bool]], moved: M
 
 def _push_blobs(local: Store, remote: Store, manifest: Manifest, moved: Moved, progress=None) -> None:
     # content-addressed: there means whole (the store verifies its own)
-    missing = _to_move(manifest, lambda entries: _each(remote, lambda e: remote.has_blob(e.sha256), entries),
+    missing = _to_move(manifest, lambda entries: remote.each(lambda e: remote.has_blob(e.sha256), entries),
                        moved, progress)
-    work = local.tmpdir("push")
+    work = local.workspace("staging blobs to push").tmpdir("push")
     try:
         staged = []
         for entry in missing:
@@ -99,49 +97,12 @@ def _push_blobs(local: Store, remote: Store, manifest: Manifest, moved: Moved, p
         shutil.rmtree(work, ignore_errors=True)
 
 
-def lock_object(recipe: str) -> str:
-    """Where push publishes a recipe's newest lock file in a remote store (overwritten by the next push)."""
-    return f"locks/{recipe}.lock"
-
-
-def kept_lock_object(recipe: str, data: bytes) -> str:
-    """Where every lock file push published stays, by its sha256: the next push of the recipe does
-    not overwrite it, so remote `cache gc` keeps what each one pins (a deploy host may still pull by it)."""
-    return f"locks/{recipe}/{bytes_sha256(data)}.lock"
-
-
-def published_lock(remote: Store, recipe: str) -> tuple[str, Optional[bytes]]:
-    """Where push publishes the recipe's newest lock in `remote` (the object's URL, or the folder
-    store's file) and its bytes (None when there is none yet). Read from the store on every call,
-    never kept: the next push replaces it."""
-    if not lease.supported(remote):  # a folder store
-        path = remote.published_lock_path(recipe)
-        try:
-            return str(path), path.read_bytes()
-        except FileNotFoundError:
-            return str(path), None
-    rel = lock_object(recipe)
-    return remote.describe_object(rel), remote.read_object(rel)
-
-
-def publish_lock(remote: Store, recipe: str, data: bytes) -> None:
-    """Publish the lock a push's targets come from, for deploy hosts that have only the recipe
-    (`pull` without a lock of its own). On S3: under its sha256 (kept: remote gc keeps what every
-    published lock pins), then as the recipe's newest. In a folder store: the recipe's newest lock,
-    one file, registered as a gc root (local gc keeps what it names while it is there)."""
-    if lease.supported(remote):
-        remote.write_object(kept_lock_object(recipe, data), data)  # the history first: gc's pins never lapse
-        remote.write_object(lock_object(recipe), data)
-        return
-    remote.publish_lock(recipe, data)
-
-
 def push(local: Store, remote: Store, items: list[PushItem], lock: Optional[tuple[str, bytes]] = None,
          progress: Optional[ByteProgress] = None, claim: Optional[tuple[str, str]] = None) -> Moved:
     """Publish each item's artifact, then its record, then its ref; returns what moved. A record
     the remote already holds for the key with another artifact stays there (first writer wins); the
     divergence is reported, and the ref still names the artifact pushed, whose bytes are there.
-    `lock` (recipe name, the lock file's bytes) is published last (publish_lock).
+    `lock` (recipe name, the lock file's bytes) is published last (Store.publish_lock).
     All of it under a push lease (store/lease.py), so a remote `cache gc` never runs meanwhile.
     `progress` hears the bytes of the blobs to send (expect) and of each one sent (advance).
     `claim` (recipe name, recipe identity): made only once the artifacts are there, before the first
@@ -152,7 +113,7 @@ def push(local: Store, remote: Store, items: list[PushItem], lock: Optional[tupl
                     refusal="cache gc is removing objects; push again when it ends") as held:
         moved = _push_items(local, remote, items, held, progress, claim)
         if lock is not None:
-            publish_lock(remote, *lock)
+            remote.publish_lock(*lock)
     return moved
 
 
@@ -160,10 +121,10 @@ def _push_items(local: Store, remote: Store, items: list[PushItem], held, progre
                 claim: Optional[tuple[str, str]] = None) -> Moved:
     """Artifacts first (blobs, then manifest, one artifact after another: each transfer uses the
     whole store's concurrency), then every record and its ref; the small requests of different
-    items go out together (`_each`), each item's record still before its ref."""
+    items go out together (Store.each), each item's record still before its ref."""
     moved = Moved()
     digests = list(dict.fromkeys(item.record.digest for item in items))
-    there = dict(zip(digests, _each(remote, remote.has_manifest, digests)))
+    there = dict(zip(digests, remote.each(remote.has_manifest, digests)))
     for item in items:
         digest = item.record.digest
         manifest = local.get_manifest(digest)
@@ -186,7 +147,7 @@ def _push_items(local: Store, remote: Store, items: list[PushItem], held, progre
             remote.update_ref(recipe, target, item.record.digest, item.record.key)
         return stored
 
-    for item, stored in zip(items, _each(remote, publish, items)):
+    for item, stored in zip(items, remote.each(publish, items)):
         record = item.record
         if stored.digest != record.digest:
             moved.divergences.append(
@@ -254,7 +215,7 @@ def pull_artifact(remote: Store, local: Store, digest: str, progress: Optional[B
     manifest = remote.get_manifest(digest)  # checked against its digest and for unsafe paths
     local.create()
     missing = _to_move(manifest, lambda entries: [_local_has(local, e.sha256) for e in entries], moved, progress)
-    work = local.tmpdir("pull")
+    work = local.workspace("pulling").tmpdir("pull")
     try:
         fetched = [(entry.sha256, work / entry.sha256) for entry in missing]
         try:

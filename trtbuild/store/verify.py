@@ -129,10 +129,10 @@ def _drop(store: Store, found: Scan) -> list[str]:
     for digest, why in sorted(found.bad_manifests.items()):
         store.remove_manifest(digest)
         done.append(f"removed manifest {store.describe_manifest(digest)} ({why})")
-    for name in store.checkouts():
+    for name in store.workspace().checkouts() if store.has_workspace else ():
         if name in found.bad_manifests or (is_digest(name) and name not in found.good_manifests):
-            store.remove_checkout(name)
-            done.append(f"removed checkout {store.checkout_path(name)} (its artifact is gone)")
+            store.workspace().remove_checkout(name)
+            done.append(f"removed checkout {store.workspace().checkout_path(name)} (its artifact is gone)")
     for key, why in sorted(found.bad_records.items()):
         store.delete_record(key)
         done.append(f"dropped action record {store.describe_record(key)} ({why}): the next build rebuilds it")

@@ -1,0 +1,158 @@
+"""The store's layout: the one module that knows where each thing lives in a store (cache/README.md).
+
+Every name here is relative to the store (a folder's root, an S3 prefix) and written with "/", so a
+folder and a bucket hold the same keys. The shared part (what push and pull move, what any store
+holds) comes first; the workspace part (a folder store's own work areas, never in a bucket) after.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+# ---- shared: what every store holds ------------------------------------------------------------------
+CAS = "cas/sha256/"
+MANIFESTS = "manifests/"
+AC = "ac/"
+REFS = "refs/"
+LEASES = "leases/"  # a shared store's push and gc leases (store/lease.py)
+PUSHED_LOCKS = "locks/"  # a bucket's published lock files (in a folder, locks/ holds flock files instead)
+#: the top-level folders of which one shows that something was ever stored
+STORED_ROOTS = ("cas/", "manifests/", "ac/", "refs/")
+
+_RECORD, _DIVERGENCE, _CLAIM = ".json", ".divergent.json", ".recipe.json"
+
+
+def blob(name: str) -> str:
+    """A digest's place in cas/, or a misplaced file named by its path under cas/sha256/."""
+    return f"{CAS}{name}" if "/" in name else f"{CAS}{name[:2]}/{name}"
+
+
+def blob_name(rel: str, is_digest) -> str:
+    """What iter_blobs calls the object at `rel` (under cas/sha256/): its digest when it sits where
+    blob() puts it, else its path under cas/sha256/."""
+    path = rel[len(CAS):]
+    folder, _, name = path.rpartition("/")
+    return name if is_digest(name) and folder == name[:2] else path
+
+
+def manifest(digest: str) -> str:
+    return f"{MANIFESTS}{digest}.json"
+
+
+def manifest_digest(rel: str) -> Optional[str]:
+    """The digest a manifests/ entry is named by, or None for another file."""
+    name = rel[len(MANIFESTS):]
+    return name[:-5] if name.endswith(".json") and "/" not in name else None
+
+
+def record(key: str) -> str:
+    return f"{AC}{key}{_RECORD}"
+
+
+def divergence(key: str) -> str:
+    """The other artifacts recorded for a key (first writer wins; these are kept beside it)."""
+    return f"{AC}{key}{_DIVERGENCE}"
+
+
+def record_key(rel: str) -> Optional[str]:
+    """The action key an ac/ entry records, or None for a divergence list or another file."""
+    name = rel[len(AC):]
+    if "/" in name or not name.endswith(_RECORD) or name.endswith(_DIVERGENCE):
+        return None
+    return name[:-len(_RECORD)]
+
+
+def ref(recipe: str, target: str) -> str:
+    return f"{REFS}{recipe}/{target}"
+
+
+def ref_of(rel: str) -> Optional[tuple[str, str]]:
+    """(recipe, target) of a refs/ entry, or None for a claim or another file."""
+    parts = rel[len(REFS):].split("/")
+    if len(parts) != 2 or parts[1].startswith("."):
+        return None
+    return parts[0], parts[1]
+
+
+def claim(recipe: str) -> str:
+    """Which recipe owns the refs under a recipe name."""
+    return f"{REFS}{recipe}/{_CLAIM}"
+
+
+def lease(name: str) -> str:
+    return f"{LEASES}{name}"
+
+
+def pushed_lock(recipe: str) -> str:
+    """Where push publishes a recipe's newest lock file in a bucket (overwritten by the next push)."""
+    return f"{PUSHED_LOCKS}{recipe}.lock"
+
+
+def kept_pushed_lock(recipe: str, sha256: str) -> str:
+    """Where every lock file push published to a bucket stays, by its sha256 (remote gc keeps its pins)."""
+    return f"{PUSHED_LOCKS}{recipe}/{sha256}.lock"
+
+
+# ---- workspace: a folder store's own areas -------------------------------------------------------------
+TMP = "tmp"
+LOCKS = "locks"
+CHECKOUTS = "checkouts"
+FAILED = "failed"
+DOWNLOADS = "downloads"
+REPORTS = "reports"
+ROOTS = "roots"
+PUBLISHED = "published"
+STATE_DB = "index.db"
+STATE_FILES = (STATE_DB, "index.db-wal", "index.db-shm")
+STORE_LOCK = f"{LOCKS}/store.lock"
+# cas/ comes last: a folder store exists once it has cas/, so a build that sees a store another
+# process is creating finds locks/ and the rest already there.
+FOLDER_LAYOUT = ("manifests", "ac", "refs", TMP, LOCKS, CHECKOUTS, "cas/sha256")
+
+
+def key_lock(key: str) -> str:
+    return f"{LOCKS}/{key}.lock"
+
+
+def checkout_lock(digest: str) -> str:
+    return f"{LOCKS}/checkout-{digest}.lock"
+
+
+def object_lock(name_sha256: str) -> str:
+    """The flock a folder store's conditional write of one object takes (by the sha256 of its name)."""
+    return f"{LOCKS}/object-{name_sha256[:32]}.lock"
+
+
+def checkout(name: str) -> str:
+    return f"{CHECKOUTS}/{name}"
+
+
+def failure(key: str) -> str:
+    return f"{FAILED}/{key}"
+
+
+def report(recipe: str) -> str:
+    return f"{REPORTS}/{recipe}"
+
+
+def root(lock_path_sha256: str) -> str:
+    """A registered lock file (a gc root), by the sha256 of its absolute path."""
+    return f"{ROOTS}/{lock_path_sha256[:32]}.json"
+
+
+def published_lock(recipe: str) -> str:
+    """Where push publishes a recipe's newest lock file into a folder store."""
+    return f"{PUBLISHED}/{recipe}.lock"
+
+
+def embedded_lock(recipe: str) -> str:
+    """The lock file of a recipe without a folder of its own (the embedded demo)."""
+    return f"{recipe}.lock"
+
+
+def is_workspace_leftover(parts: tuple[str, ...]) -> bool:
+    """Whether a file at `parts` (relative to the root) is one that opening and locking a store
+    writes (lock files, the stat cache, recipe claims): a store holding only these holds nothing."""
+    if parts[0] == LOCKS or (len(parts) == 1 and parts[0] in STATE_FILES):
+        return True
+    return len(parts) == 3 and parts[0] == REFS.rstrip("/") and parts[2] == _CLAIM

@@ -1,0 +1,375 @@
+"""Reading blobs from S3, verified: every byte is hashed as it streams down and a blob is never
+materialized unverified; a broken connection resumes with a ranged GET of the same ETag. Mixed into
+S3Transport (store/s3.py)."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import fcntl
+import hashlib
+import io
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import BinaryIO, Callable, Optional
+
+from trtbuild.errors import TrtbuildError
+from trtbuild.store import layout
+from trtbuild.store.base import CorruptStore
+from trtbuild.store.hash import CHUNK, Progress
+from trtbuild.store.s3_client import Absent as _Absent, full_sha256 as _full_sha256, is_conflict as _is_conflict
+
+RESUME_ATTEMPTS = 5  # a download interrupted this many times in a row fails
+
+
+def _interrupted_errors() -> tuple[type[BaseException], ...]:
+    """What a body stream raises when the connection breaks midway (a download resumes after these)."""
+    from botocore import exceptions as bex
+    from urllib3 import exceptions as uex
+
+    return (bex.ResponseStreamingError, bex.ReadTimeoutError, bex.IncompleteReadError, bex.ConnectionClosedError,
+            uex.ProtocolError, uex.ReadTimeoutError, ConnectionError, TimeoutError)
+
+
+def _fsync_and_close(out: BinaryIO) -> None:
+    try:
+        os.fsync(out.fileno())
+    finally:
+        out.close()
+
+
+class _VerifiedBlobReader(io.RawIOBase):
+    """The bytes of one blob as they stream down, hashed as they pass: at the end, bytes that do not
+    hash to the blob's name raise CorruptStore. A broken connection resumes with a ranged GET from
+    where it stopped, conditional on the same ETag (the object may not change underneath)."""
+
+    def __init__(self, store, digest: str, start: int = 0, hashed=None) -> None:
+        """`start`, `hashed`: continue after the first `start` bytes, already hashed into `hashed`
+        (a partial file left by a download that was killed)."""
+        self.store, self.digest = store, digest
+        self.key = store.blob_key(digest)
+        self.url = store.url_of(self.key)
+        self.hash = hashed if hashed is not None else hashlib.sha256()
+        self.position = start
+        self.size: Optional[int] = None
+        self.etag: Optional[str] = None
+        self.body = None
+        self.done = False
+        self.early_ends = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def _open(self) -> None:
+        if self.size is None and self.position:  # resuming another process's download: this object's ETag first
+            head = self.store._head(self.key)
+            if head is None:
+                raise CorruptStore(f"blob {self.digest} is missing from {self.store.describe('cas')}")
+            self.size, self.etag = head["ContentLength"], head["ETag"]
+        if self.size is not None and self.position >= self.size:
+            return  # nothing left to fetch
+        extra = {"IfMatch": self.etag} if self.etag else {}
+        if self.position:
+            extra["Range"] = f"bytes={self.position}-"
+        try:
+            response = self.store._call(self.key, self.store.client.get_object, Bucket=self.store.bucket,
+                                        Key=self.key, **extra)
+        except _Absent:
+            raise CorruptStore(f"blob {self.digest} is missing from {self.store.describe('cas')}") from None
+        except TrtbuildError:
+            raise
+        except Exception as exc:  # If-Match failed: the object was replaced between two ranges
+            if _is_conflict(exc):
+                raise CorruptStore(f"blob {self.url} changed on the server during its download") from None
+            raise self.store._error(self.url, exc) from None
+        if self.size is None:
+            self.size, self.etag = response["ContentLength"], response["ETag"]
+        self.body = response["Body"]
+
+    def readinto(self, buffer) -> int:
+        if self.done or not len(buffer):
+            return 0
+        failures = 0
+        while True:
+            if self.body is None:
+                self._open()
+            if self.body is None:  # the partial file already held every byte (or more)
+                self._finish()
+                return 0
+            try:
+                data = self.body.read(len(buffer))
+                break
+            except _interrupted_errors():
+                failures += 1
+                self._close_body()
+                if failures >= RESUME_ATTEMPTS:
+                    raise TrtbuildError(f"{self.url}: the download broke off {failures} times at byte {self.position}")
+        if not data:
+            if self.position < (self.size or 0):  # the stream ended early without an error: resume
+                self._close_body()
+                self.early_ends += 1
+                if self.early_ends >= RESUME_ATTEMPTS:
+                    raise TrtbuildError(f"{self.url}: the download ended early {self.early_ends} times at byte {self.position}")
+                return self.readinto(buffer)
+            self._finish()
+            return 0
+        self.hash.update(data)
+        self.position += len(data)
+        if self.size is not None and self.position >= self.size:
+            self._finish()  # verified before its last bytes are handed out: a reader that stops at the size is covered
+        buffer[:len(data)] = data
+        return len(data)
+
+    def _finish(self) -> None:
+        self.done = True
+        self._close_body()
+        actual = self.hash.hexdigest()
+        if actual != self.digest:
+            raise CorruptStore(f"blob {self.url} is corrupt: its sha256 is {actual}; {self.store.verify_hint()}")
+
+    def _close_body(self) -> None:
+        if self.body is not None:
+            with contextlib.suppress(Exception):
+                self.body.close()
+            self.body = None
+
+    def close(self) -> None:
+        self._close_body()
+        super().close()
+
+
+
+class S3BlobReads:
+    """The verified reads of S3Transport's blobs."""
+
+    def open_blob(self, digest: str) -> BinaryIO:
+        """A reader of the blob that verifies it while it streams: reading to the end raises
+        CorruptStore if the bytes do not hash to `digest`."""
+        return io.BufferedReader(_VerifiedBlobReader(self, digest), buffer_size=CHUNK)
+
+    def read_blob_into(self, digest: str, sink: Callable[[bytes], None], progress: Progress = None) -> int:
+        """Stream the blob through `sink`, verified at the end (CorruptStore); returns its size."""
+        return self._stream(_VerifiedBlobReader(self, digest), sink, progress)
+
+    @staticmethod
+    def _stream(reader: "_VerifiedBlobReader", sink: Callable[[bytes], None], progress: Progress = None) -> int:
+        buffer = bytearray(CHUNK)
+        total = 0
+        try:
+            while True:
+                n = reader.readinto(buffer)
+                if not n:
+                    return total
+                sink(bytes(memoryview(buffer)[:n]))
+                total += n
+                if progress:
+                    progress(n)
+        finally:
+            reader.close()
+
+    def verify_blob(self, digest: str, use_state: bool = True) -> None:
+        """`use_state`: a full-object SHA-256 the server checked on upload and equal to the name is
+        trusted (one HEAD); otherwise (or for multipart blobs) the bytes are streamed and hashed."""
+        head = self._head(self.blob_key(digest))
+        if head is None:
+            raise CorruptStore(f"blob {digest} is missing from {self.describe('cas')}")
+        if use_state and _full_sha256(head) == digest:
+            return
+        self.read_blob_into(digest, lambda data: None)
+
+    def partial_path(self, digest: str, dest: Path) -> Path:
+        """Where place_blob keeps the bytes of a download in progress (a killed one resumes from it)."""
+        return Path(dest).with_name(f".{Path(dest).name}.{digest[:16]}.part")
+
+    def place_blob(self, digest: str, dest: Path, executable: bool) -> None:
+        """Download into a partial file beside `dest`, verifying while streaming; `dest` appears
+        (read-only) only when the bytes hash to `digest`, and nothing is left there when they do not.
+        A partial file left by a killed download is hashed and continued with a ranged GET; if the
+        result does not verify, the blob is fetched once more from its first byte."""
+        dest = Path(dest)
+        partial = self.partial_path(digest, dest)
+        with open(partial, "a+b") as out:
+            fcntl.flock(out, fcntl.LOCK_EX)  # one process fetches to one place at a time
+            try:
+                current = os.stat(partial).st_ino
+            except FileNotFoundError:
+                current = None
+            if current != os.fstat(out.fileno()).st_ino:  # the process we waited for finished (or gave up)
+                fcntl.flock(out, fcntl.LOCK_UN)
+                if not dest.exists():
+                    self.place_blob(digest, dest, executable)
+                return
+            try:
+                out.seek(0)
+                hashed, start = hashlib.sha256(), 0
+                for chunk in iter(lambda: out.read(CHUNK), b""):
+                    hashed.update(chunk)
+                    start += len(chunk)
+                try:
+                    self._fetch(digest, out, start, hashed)
+                except CorruptStore:
+                    if not start:
+                        raise
+                    out.truncate(0)  # the leftover was not this blob's beginning: start over
+                    self._fetch(digest, out, 0, hashlib.sha256())
+                out.flush()
+                os.fsync(out.fileno())
+                os.chmod(partial, 0o555 if executable else 0o444)
+                os.replace(partial, dest)
+            except CorruptStore:
+                partial.unlink(missing_ok=True)  # bad bytes are not kept (an interrupted download's are)
+                raise
+            finally:
+                fcntl.flock(out, fcntl.LOCK_UN)
+
+    def download_blob(self, digest: str, dest: Path, progress: Progress = None) -> int:
+        """Write the blob into `dest` (a new file), verified while it arrives (download_blobs)."""
+        return self.download_blobs([(digest, dest)], progress)[0]
+
+    def download_blobs(self, blobs: list[tuple[str, Path]], progress: Progress = None) -> list[int]:
+        """Write each (digest, new file) verified while it arrives, and durable (fsynced) when this
+        returns; their sizes. Every blob's ranges (`download_chunk` bytes, one per small blob) go
+        through one window of `concurrency` ranged GETs of the ETag the HEAD saw, hashed and written
+        in order as they arrive (each byte read once): the next blob's bytes are already coming
+        while one's last ranges are hashed, and each file is fsynced by a thread of its own while
+        the next one is written. CorruptStore, naming the blob, for one missing or one whose bytes
+        do not hash to its name."""
+        if not blobs:
+            return []
+        keys = [self.blob_key(digest) for digest, _ in blobs]
+        heads = self._heads(keys)
+        for (digest, _), head in zip(blobs, heads):
+            if head is None:
+                raise CorruptStore(f"blob {digest} is missing from {self.describe('cas')}")
+        ranges = [(i, offset, min(offset + self.download_chunk, head["ContentLength"]) - 1)
+                  for i, head in enumerate(heads) for offset in range(0, head["ContentLength"], self.download_chunk)]
+        pending = iter(ranges)
+        with ThreadPoolExecutor(max_workers=max(1, self.concurrency), thread_name_prefix="trtbuild-get") as pool, \
+                ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtbuild-fsync") as syncer:
+            window: collections.deque = collections.deque()
+
+            def refill() -> None:
+                while len(window) < max(1, self.concurrency):
+                    item = next(pending, None)
+                    if item is None:
+                        return
+                    i, first, last = item
+                    window.append(pool.submit(self._get_range, keys[i], heads[i]["ETag"], first, last))
+
+            synced = []
+            try:
+                refill()
+                for i, (digest, dest) in enumerate(blobs):
+                    out, hashed, left = open(dest, "wb"), hashlib.sha256(), heads[i]["ContentLength"]
+                    try:
+                        while left > 0:
+                            pieces = window.popleft().result()
+                            refill()
+                            for piece in pieces:
+                                hashed.update(piece)
+                                out.write(piece)
+                                left -= len(piece)
+                                if progress:
+                                    progress(len(piece))
+                        actual = hashed.hexdigest()
+                        if actual != digest:
+                            raise CorruptStore(f"blob {self.url_of(keys[i])} is corrupt: its sha256 is {actual}; "
+                                               f"{self.verify_hint()}")
+                        out.flush()
+                    except BaseException:
+                        out.close()
+                        raise
+                    synced.append(syncer.submit(_fsync_and_close, out))
+            finally:
+                for future in window:
+                    future.cancel()
+            for future in synced:
+                future.result()
+        return [head["ContentLength"] for head in heads]
+
+    def _heads(self, keys: list[str]) -> list[Optional[dict]]:
+        """HEAD of each key (None: not there), `concurrency` requests at once."""
+        if len(keys) <= 1 or self.concurrency < 2:
+            return [self._head(key) for key in keys]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(keys)), thread_name_prefix="trtbuild-head") as pool:
+            return list(pool.map(self._head, keys))
+
+    def _fetch(self, digest: str, out: BinaryIO, start: int, hashed, progress: Progress = None) -> None:
+        """Append the blob's bytes after `start` to `out`, verified: small ones in one stream, large
+        ones in parallel ranged GETs of one ETag, hashed and written in order as they arrive."""
+        key = self.blob_key(digest)
+        head = self._head(key)
+        if head is None:
+            raise CorruptStore(f"blob {digest} is missing from {self.describe('cas')}")
+        size, etag = head["ContentLength"], head["ETag"]
+        if size - start <= self.download_chunk or self.concurrency < 2:
+            reader = _VerifiedBlobReader(self, digest, start, hashed)
+            reader.size, reader.etag = size, etag
+            self._stream(reader, out.write, progress)
+            return
+        offsets = iter(range(start, size, self.download_chunk))
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            window: list = []
+
+            def refill() -> None:
+                for offset in offsets:
+                    window.append(pool.submit(self._get_range, key, etag, offset,
+                                              min(offset + self.download_chunk, size) - 1))
+                    if len(window) >= self.concurrency:
+                        return
+
+            refill()
+            try:
+                while window:
+                    pieces = window.pop(0).result()
+                    refill()
+                    for piece in pieces:
+                        hashed.update(piece)
+                        out.write(piece)
+                        if progress:
+                            progress(len(piece))
+            finally:
+                for future in window:
+                    future.cancel()
+        actual = hashed.hexdigest()
+        if actual != digest:
+            raise CorruptStore(f"blob {self.url_of(key)} is corrupt: its sha256 is {actual}; {self.verify_hint()}")
+
+    def _get_range(self, key: str, etag: str, first: int, last: int) -> list[bytes]:
+        """Bytes first..last of the object as it was (If-Match), as the pieces read (joining them
+        would copy every byte pulled once more), resuming within the range when the connection breaks."""
+        pieces: list[bytes] = []
+        got = 0
+        failures = 0
+        while first + got <= last:
+            try:
+                body = self._call(key, self.client.get_object, Bucket=self.bucket, Key=key,
+                                  Range=f"bytes={first + got}-{last}", IfMatch=etag)["Body"]
+            except _Absent:
+                raise CorruptStore(f"blob {self.url_of(key)} disappeared during its download") from None
+            except TrtbuildError:
+                raise
+            except Exception as exc:
+                if _is_conflict(exc):
+                    raise CorruptStore(f"blob {self.url_of(key)} changed on the server during its download") from None
+                raise
+            try:
+                while first + got <= last:
+                    piece = body.read(min(CHUNK, last + 1 - first - got))
+                    if not piece:
+                        break
+                    pieces.append(piece)
+                    got += len(piece)
+            except _interrupted_errors():
+                pass  # resumed below from the first byte not received
+            finally:
+                with contextlib.suppress(Exception):
+                    body.close()
+            if first + got <= last:
+                failures += 1
+                if failures >= RESUME_ATTEMPTS:
+                    raise TrtbuildError(f"{self.url_of(key)}: the download broke off {failures} times at byte "
+                                        f"{first + got}")
+        return pieces
+
