@@ -13,8 +13,33 @@ from pathlib import Path
 
 from dataclasses import dataclass
 
+from typing import Literal
+
+from pydantic import Field
+
 from trtbuild.build.graph import Graph, HostNeed, Node, Param
 from trtbuild.build.stages.base import Stage, StageContext
+from trtbuild.store.summaries import StageSummary, register_summary
+
+from summarykit import validation_summary
+
+
+class UpperSummary(StageSummary):
+    """The report of the test kit's `upper` stage (a kind trtbuild does not have)."""
+
+    kind: Literal["upper"] = Field("upper", exclude=True, description="Always `upper`.")
+    chars: int = Field(ge=0, description="Characters of its input's text.")
+
+
+class OverlaySummary(StageSummary):
+    """The test kit's overlay stage's summary: its input's report (an `upper` one) and nothing of its own."""
+
+    kind: Literal["overlay"] = Field("overlay", exclude=True, description="Always `overlay`.")
+    chars: int = Field(ge=0, description="The input's `chars`.")
+
+
+register_summary(UpperSummary)
+register_summary(OverlaySummary)
 
 
 @dataclass(frozen=True)
@@ -45,7 +70,7 @@ def upper(ctx: StageContext) -> None:
     _count(ctx)
     text = (ctx.inputs["src"] / "text.txt").read_text()
     (ctx.out / "text.txt").write_text(text.upper() + ctx.params.get("suffix", ""))
-    ctx.report({"chars": len(text)})
+    ctx.report(UpperSummary(chars=len(text)))
 
 
 def concat(ctx: StageContext) -> None:
@@ -119,8 +144,14 @@ def gated(ctx: StageContext) -> None:
     _count(ctx)
     (ctx.out / "seen.txt").write_text((ctx.inputs["src"] / "text.txt").read_text())
     kl = ctx.params["kl"]
-    ctx.report({"metrics": {"kld_mean": kl}, "gates": {"kld_mean": {"value": kl, "limit": 0.1, "passed": kl <= 0.1}},
-                "runner": ctx.params["runner"], "device": ctx.params.get("device", "cpu")})
+    ctx.report(validation_summary(kl, gates={"kld_mean": {"value": kl, "limit": 0.1, "passed": kl <= 0.1}},
+                                  runner=ctx.params["runner"], device=ctx.params.get("device", "cpu")))
+
+
+def half_report(ctx: StageContext) -> None:
+    """A validation whose report lacks all but one metric (what its kind's summary model refuses)."""
+    (ctx.out / "seen.txt").write_text("x")
+    ctx.report({"metrics": {"kld_mean": 0.5}})
 
 
 WRITE = Stage("write", 1, "stagekit:write_text")
@@ -131,6 +162,7 @@ FAIL = Stage("fail", 1, "stagekit:fail")
 DIE = Stage("die", 1, "stagekit:die")
 UPPER_INPROCESS = Stage("upper", 1, "stagekit:upper", isolated=False)
 GATED = Stage("validate", 1, "stagekit:gated", isolated=False)
+HALF_REPORT = Stage("validate", 1, "stagekit:half_report", isolated=False)
 OVERLAY = Stage("overlay", 1, "stagekit:add_file", isolated=False, overlay="base")
 OVERLAY_ISOLATED = Stage("overlay", 1, "stagekit:add_file", overlay="base")
 # the same stages in the build's shared worker process (worker_pool.py)

@@ -294,15 +294,16 @@ def test_the_install_hint_names_the_extra_that_holds_each_package_and_readmes_to
 
 
 def _validation(node_id, kld_mean, top1, ppl_delta_pct, passed=True):
+    from summarykit import validation_summary
     from trtbuild.build.runner import NodeResult
+    from trtbuild.store.summaries import parse_summary
 
-    metrics = {"kld_mean": kld_mean, "kld_p99": 10 * kld_mean, "top1_agreement": top1, "ppl_reference": 10.0,
-               "ppl": 10.0 * (1 + ppl_delta_pct / 100), "ppl_delta_pct": ppl_delta_pct, "tokens": 1024, "windows": 4}
     gates = {"kld_mean": {"value": kld_mean, "limit": 0.15, "passed": passed},
              "top1_agreement": {"value": top1, "limit": 0.8, "passed": True}}
+    summary = validation_summary(kld_mean, top1, ppl_delta_pct, kld_p99=10 * kld_mean, gates=gates)
     return NodeResult(node_id, "validate", "validate", "built" if passed else "failed", key="k" * 64, digest="d" * 64,
                       seconds=2.5, reason=None if passed else "gate kld_mean: 0.312 > 0.15",
-                      summary={"metrics": metrics, "gates": gates, "warnings": []})
+                      summary=parse_summary("validate", summary))
 
 
 def test_build_table_shows_each_validations_kl_top1_and_perplexity_change():

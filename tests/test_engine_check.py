@@ -14,6 +14,7 @@ from conftest import minimal
 from trtbuild.lock import lockfile
 from trtbuild.host import toolchain
 from trtbuild.recipe.schema import load_recipe
+from trtbuild.plan.platform import EnginePlatform
 
 FP8 = {"quant_algo": "FP8", "kv_cache_quant_algo": None}
 INT4_AWQ = {"quant_algo": "W4A16_AWQ", "kv_cache_quant_algo": None, "group_size": 128}
@@ -54,9 +55,9 @@ def platform(sm: str, tp: int = 1, pp: int = 1, quantization: dict = FP8, tensor
 def write_lock(ws, engines: dict[str, dict]) -> Path:
     """A lock written by lockfile.write from runner-like results whose engines carry `platform`."""
     loaded = load_recipe(ws.recipe(minimal(gpus="[sm80, sm90]")))
-    results = [SimpleNamespace(id=target_id, stage="engine", key="1" * 64, digest=f"{n:064x}", size=16, summary={},
-                               platform=facts) for n, (target_id, facts) in enumerate(engines.items(), start=1)]
-    results.append(SimpleNamespace(id="fp8-tp1", stage="checkpoint", key="2" * 64, digest="3" * 64, size=16, summary={}))
+    results = [SimpleNamespace(id=target_id, stage="engine", key="1" * 64, digest=f"{n:064x}", size=16, summary=None,
+                               platform=EnginePlatform(**facts)) for n, (target_id, facts) in enumerate(engines.items(), start=1)]
+    results.append(SimpleNamespace(id="fp8-tp1", stage="checkpoint", key="2" * 64, digest="3" * 64, size=16, summary=None))
     path = ws.root / "recipe.lock"
     lockfile.write(path, loaded, None, results, {})
     return path

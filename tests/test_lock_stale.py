@@ -20,6 +20,9 @@ from tinymodels import make_model, make_tokenizer
 from trtbuild.lock import lockfile
 from trtbuild.recipe.schema import load_recipe
 from trtbuild.store.local import LocalStore
+from trtbuild.store.summaries import parse_summary
+
+from summarykit import validation_summary
 
 D = {name: name * 64 for name in "0123456789abcdef"}  # digests and keys by one hex digit
 
@@ -29,14 +32,13 @@ MADE_FROM = {"source": [], "reference": ["source"], "fp8-hf": ["source"],
              "fp8-hf:validate": ["fp8-hf", "reference"], "fp8-hf:validate-vllm": ["fp8-hf", "reference"]}
 
 
-def result(node_id: str, stage: str, digest: str, key: str, **summary) -> SimpleNamespace:
+def result(node_id: str, stage: str, digest: str, key: str, summary: dict | None = None) -> SimpleNamespace:
     return SimpleNamespace(id=node_id, stage=stage, key=D[key], digest=D[digest] if digest else None, size=8,
-                           summary=summary)
+                           summary=parse_summary(stage, summary or {}))
 
 
 def validation(node_id: str, digest: str, key: str, runner: str) -> SimpleNamespace:
-    return result(node_id, "validate", digest, key, gates={"kld_mean": {"passed": True}}, metrics={"kld_mean": 0.01},
-                  runner=runner, device="cpu")
+    return result(node_id, "validate", digest, key, validation_summary(0.01, runner=runner, device="cpu"))
 
 
 def first_build(source: str = "1", checkpoint: str = "2") -> list:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import summarykit
 from conftest import minimal, needs_no_trtllm
 from trtbuild.deploy import listing as published
 from trtbuild.store.records import ActionRecord, Digest, Execution
@@ -19,14 +20,21 @@ from trtbuild.store.transfer import PushItem, push
 TRTLLM, TRT = "1.2.1", "10.13.2"
 NOW = dt.datetime(2026, 12, 3, 12, 0, 0, tzinfo=dt.timezone.utc)
 CHECKPOINT_TOOLS = {"modelopt": "0.47.0", "torch": "2.13.0", "transformers": "4.57.6"}
-ENGINE_FACTS = {"sm": "sm90", "tp": 1, "pp": 1, "world_size": 1, "toolchain": {"tensorrt_llm": TRTLLM, "tensorrt": TRT},
-                "memory": {"engine_bytes_per_rank": 4096}}
+ENGINE_FACTS = {"schema": 1, "kind": "engine", "sm": "sm90", "tp": 1, "pp": 1, "world_size": 1, "quantization": None,
+                "checkpoint": "ab" * 32, "toolchain": {"tensorrt_llm": TRTLLM, "tensorrt": TRT, "image": None},
+                "standin": False, "command": ["trtllm-build"], "memory": {"engine_bytes_per_rank": 4096}}
 
 
 def validation_summary(kl: float, top1: float, ppl: float, passed: bool = True, runner: str = "torch",
                        device: str = "cpu") -> dict:
-    return {"metrics": {"kld_mean": kl, "kld_p99": kl * 10, "top1_agreement": top1, "ppl_delta_pct": ppl, "tokens": 4096},
-            "gates": {"kld_mean": {"value": kl, "limit": 0.05, "passed": passed}}, "runner": runner, "device": device}
+    return summarykit.validation_summary(kl, top1, ppl, kld_p99=kl * 10, runner=runner, device=device,
+                                         gates={"kld_mean": {"value": kl, "limit": 0.05, "passed": passed}})
+
+
+def serving_summary(serves: dict[str, list[str]]) -> dict:
+    """An hf-checkpoint's package summary (its export wrote no report) serving `serves`."""
+    return {"serving": {"files": ["serving/README.md"], "runtimes": dict.fromkeys(serves, "1.0"),
+                        "check": dict.fromkeys(serves, True), "serves": serves}}
 
 
 class Published:
@@ -63,7 +71,7 @@ class Published:
         self.add("base-tp1-sm90:validate", "validate", "2026-12-03T09:20:00Z", 2048, {"tensorrt_llm": TRTLLM},
                  validation_summary(0.0021, 0.97, -0.05, runner=f"tensorrt_llm {TRTLLM}", device="cuda:0"))
         self.add("fp8-hf", "hf-checkpoint:package", "2026-12-03T11:59:30Z", 1536, {"modelopt": "0.47.0+standin"},
-                 {"serving": {"serves": {"trtllm": ["sm89", "sm90"], "vllm": ["sm89", "sm90"]}}},
+                 serving_summary({"trtllm": ["sm89", "sm90"], "vllm": ["sm89", "sm90"]}),
                  fields={"params": {"quant": "fp8", "kv_cache": None}})
         self.add("fp8-hf:validate", "validate", "2026-12-03T11:59:40Z", 2048, CHECKPOINT_TOOLS,
                  validation_summary(0.0025, 0.975, 0.3))
@@ -179,7 +187,7 @@ def test_ls_names_who_measured_an_engines_checkpoints_figures_and_never_fits_wha
     made.add("base-tp1-sm90", "engine", "2026-12-03T09:15:00Z", 4096, {"tensorrt_llm": TRTLLM, "tensorrt": TRT},
              ENGINE_FACTS)  # not validated itself (validate.engines: none)
     made.add("fp8-hf", "hf-checkpoint:package", "2026-12-03T11:00:00Z", 2048, CHECKPOINT_TOOLS,
-             {"serving": {"serves": {"vllm": ["sm90"]}}}, fields={"params": {"quant": "fp8", "kv_cache": None}})
+             serving_summary({"vllm": ["sm90"]}), fields={"params": {"quant": "fp8", "kv_cache": None}})
     made.add("fp8-hf:validate", "validate", "2026-12-03T11:10:00Z", 2048, CHECKPOINT_TOOLS,
              validation_summary(0.002, 0.98, 0.2))
     made.add("fp8-hf:validate-vllm", "validate:vllm", "2026-12-03T11:20:00Z", 2048, {"vllm": "0.33.0+standin"},

@@ -16,6 +16,9 @@ from trtbuild.build.pipeline import BuildOutcome
 from trtbuild.cli.progress import ConsoleReporter
 from trtbuild.cli.render import print_build, print_build_plain
 from trtbuild.build.runner import NodeResult
+from trtbuild.store.summaries import parse_summary
+
+from summarykit import validation_summary
 
 
 @pytest.fixture(autouse=True)
@@ -92,12 +95,13 @@ def test_lines_are_richs_lines(text):
 
 
 def outcome(reason: str, tail_of: str = "fp8-tp1") -> BuildOutcome:
-    metrics = {"kld_mean": 0.312, "top1_agreement": 0.902, "ppl_delta_pct": 12.0}
+    failed_kl = {"kld_mean": {"value": 0.312, "limit": 0.15, "passed": False}}
+    summary = parse_summary("validate", validation_summary(0.312, 0.902, 12.0, gates=failed_kl))
     return BuildOutcome("demo", [
         NodeResult("source", "source", "source", "cached", key="a" * 64, digest="b" * 64, seconds=0.01),
         NodeResult("fp8-tp1:validate", "validate", "validate", "failed", key="c" * 64, digest="d" * 64, seconds=12.5,
                    reason="failed its gates: kld_mean; report: /store/checkouts/dd/report.md",
-                   summary={"metrics": metrics, "gates": {"kld_mean": {"passed": False}}}),
+                   summary=summary),
         NodeResult(tail_of, "checkpoint", "checkpoint", "failed", seconds=3.0, reason="stage process exited with status 1",
                    log_tail=["Traceback (most recent call last):", "ValueError: a value"]),
         NodeResult("fp8-tp1-sm90", "engine", "engine", "skipped", reason=reason),

@@ -263,9 +263,10 @@ def _gates(kl_limit, top1_limit, ppl_limit, passed=True):
 
 def _figure_of(rows):
     pytest.importorskip("matplotlib")
-    from trtbuild.report.html import _plot_points, accuracy_figure
+    from trtbuild.report.collect import ReportRow
+    from trtbuild.report.plot import accuracy_figure, plot_points
 
-    points, _ = _plot_points(rows)
+    points, _ = plot_points([ReportRow.model_validate(row) for row in rows])
     return accuracy_figure("demo", points)
 
 
@@ -320,6 +321,7 @@ def test_the_rows_fail_a_target_any_validation_of_which_failed_and_say_which_run
     from trtbuild.store.records import ActionRecord, Digest, Execution
     from trtbuild.report.collect import rows
     from trtbuild.store.local import LocalStore
+    from summarykit import validation_summary
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps(TINY_LLAMA))
@@ -346,8 +348,7 @@ def test_the_rows_fail_a_target_any_validation_of_which_failed_and_say_which_run
                                      digest=manifest.digest, size=manifest.size, gates_passed=passed)
 
     def validation(kl: float, runner: str, device: str) -> dict:
-        return {"metrics": {"kld_mean": kl}, "gates": {"kld_mean": {"value": kl, "limit": 0.05, "passed": kl <= 0.05}},
-                "runner": runner, "device": device}
+        return validation_summary(kl, runner=runner, device=device)
 
     add("bf16-hf", {})
     add("bf16-hf:validate", validation(0.001, "torch", "cpu"))
@@ -358,11 +359,11 @@ def test_the_rows_fail_a_target_any_validation_of_which_failed_and_say_which_run
     add("fp8-hf:validate-vllm", validation(0.09, "vllm 0.26.0", "cuda:0"))  # fails, though TensorRT-LLM's passed
     lock = LockFile(recipe=LockedRecipe(name="r", digest="d"), source=None, toolchain={}, targets=targets,
                     validation="run")
-    shown = {row["target"]: (row["status"], row["kld_mean"], row["measured_by"]) for row in rows(plan, store, lock)}
+    shown = {row.target: (row.status, row.kld_mean, row.measured_by) for row in rows(plan, store, lock)}
     assert shown == {"bf16-hf": ("built", 0.002, "vllm 0.26.0 on cuda:0"),
                      "fp8-hf": ("failed", 0.09, "vllm 0.26.0 on cuda:0")}
     del lock.targets["fp8-hf:validate-vllm"]  # TensorRT-LLM's figures come first
-    shown = {row["target"]: (row["status"], row["kld_mean"], row["measured_by"]) for row in rows(plan, store, lock)}
+    shown = {row.target: (row.status, row.kld_mean, row.measured_by) for row in rows(plan, store, lock)}
     assert shown["fp8-hf"] == ("built", 0.02, "tensorrt_llm 1.3.0 on cuda:0")
 
 
@@ -393,10 +394,42 @@ def test_serves_names_the_recipes_sms_as_plan_does_with_the_builds_loader_verdic
     lock = LockFile(recipe=LockedRecipe(name="r", digest="d"), source=None, toolchain={}, validation="run",
                     targets={name: LockedTarget(stage="hf-checkpoint", key=f"{i:064x}", digest=f"{i:064x}", size=1,
                                                 serves=serves) for i, (name, serves) in enumerate(checked.items(), 1)})
-    shown = {row["target"]: row["serves"] for row in rows(plan, store, lock)}
+    shown = {row.target: row.serves for row in rows(plan, store, lock)}
     assert shown == {"bf16-hf": "trtllm>=1.3 sm89 sm90; vllm sm89 sm90; sglang sm89 sm90",
                      "fp8-hf": "trtllm>=1.3 sm89 sm90; vllm sm90"}
-    unbuilt = {row["target"]: row["serves"] for row in rows(plan, store, None)}  # the plan's own line
+    unbuilt = {row.target: row.serves for row in rows(plan, store, None)}  # the plan's own line
     assert unbuilt == {t.name: t.serves_line() for t in plan.targets} == {
         "bf16-hf": "trtllm>=1.3 sm89 sm90; vllm sm89 sm90; sglang sm89 sm90",
         "fp8-hf": "trtllm>=1.3 sm89 sm90; vllm sm89 sm90; sglang sm89 sm90"}
+
+
+def _gates_cell(tmp_path, row) -> str:
+    pytest.importorskip("matplotlib")
+    html_path, _ = render_report("t", [row], tmp_path)
+    page = Page()
+    page.feed(html_path.read_text(encoding="utf-8"))
+    page.close()
+    return dict(zip(page.header, page.rows[0]))["gates"]
+
+
+def test_the_report_shows_the_stored_gate_verdict_and_never_compares_a_value_with_its_limit(tmp_path):
+    """Gates are decided once (validate.gates.judge, when the validation ran): a gate stored as passed
+    shows passed even where its value is past its limit, and a target whose stored verdict failed
+    (the lock's gates_passed: another validation of it failed) shows FAILED though the gates shown passed."""
+    past_the_limit = {"kld_mean": {"value": 0.5, "limit": 0.1, "passed": True}}
+    row = _row("fp8", "checkpoint", "fp8", "built", kld_mean=0.5, gates=past_the_limit)
+    assert _gates_cell(tmp_path / "a", row).startswith("passed")
+    failed_elsewhere = _row("fp8", "checkpoint", "fp8", "failed", kld_mean=0.01, gates=GATES_OK, gates_passed=False)
+    assert _gates_cell(tmp_path / "b", failed_elsewhere).startswith("FAILED")
+
+
+def test_the_report_module_holds_no_gate_decision_of_its_own():
+    """No comparison of a metric with a limit and no table of which limits are minimums in report/:
+    validate/gates.py has both."""
+    import inspect
+
+    from trtbuild.report import html
+
+    source = inspect.getsource(html)
+    assert "HIGHER_IS_BETTER" not in source and "is_min" not in source
+    assert not any(op in source for op in ('["value"] <', '["value"] >', "value <=", "value >="))

@@ -21,6 +21,7 @@ from trtbuild.build.runner import RunOptions, Silent, run_graph
 from trtbuild.store.checkout import materialize
 from trtbuild.store.local import LocalStore
 from trtbuild.store.verify import verify
+from trtbuild.store.summaries import dump_summary
 
 
 def statuses(results) -> dict[str, str]:
@@ -449,7 +450,7 @@ def test_an_overlay_stages_artifact_is_its_inputs_files_plus_what_it_wrote(store
     assert [e for e in merged.entries if e.path != "extra/note.txt"] == list(base.entries)
     out = materialize(store, results["b"].digest)
     assert ((out / "text.txt").read_text(), (out / "extra/note.txt").read_text()) == ("ALPHA", "hi")
-    assert results["b"].summary == {"chars": 5}  # the input's report (the stage wrote no serving/report.json)
+    assert dump_summary(results["b"].summary) == {"chars": 5}  # the input's report (the stage wrote no serving/report.json)
     assert verify(store) == []
     # the files it wrote went in as blobs only: no manifest of extra/ alone that nothing names (issue #23)
     assert set(store.manifest_digests()) == {results[n].digest for n in "wab"}
@@ -464,3 +465,13 @@ def test_an_overlay_stage_may_not_replace_a_file_of_its_input(store, tmp_path):
         "failed", f"the stage wrote text.txt, which its input {base[:16]}... already has; "
                   "an overlay may add files, never replace them")
     assert store.read_ref("g", "b") is None
+
+
+def test_a_report_its_stage_kinds_summary_refuses_fails_the_stage_and_nothing_is_stored(store, tmp_path):
+    """store.summaries types every record's summary: a stage whose report is not its kind's (a field
+    missing) fails in one line naming the field, and no record of it is written."""
+    graph = Graph("g", [node("v", stagekit.HALF_REPORT, None)])
+    result = run_graph(graph, store).results[0]
+    assert (result.status, result.reason) == ("failed", "the stage's report is not a validate summary: "
+                                                        "metrics.kld_p99: Field required")
+    assert store.get_record(result.key) is None

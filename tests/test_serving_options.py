@@ -254,7 +254,7 @@ def test_the_loader_checks_verdict_reaches_the_artifact_the_lock_and_ls(tmp_path
     check = json.loads(next(store.open_blob(e.sha256).read() for e in store.get_manifest(package.digest).entries
                             if e.path == "serving/check.json"))
     assert {r: v["accepted"] for r, v in check["runtimes"].items()} == {"trtllm": True, "vllm": True, "sglang": True}
-    assert package.summary["serving"]["serves"] == served
+    assert package.summary.serving.serves == served
 
     lock = lockfile.write(tmp_path / "r.lock", loaded, None, list(results.values()), {})
     assert lock.targets["base-hf"].serves == served and lock.targets["base-hf-export"].serves is None

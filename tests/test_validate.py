@@ -208,7 +208,7 @@ def test_top1_gate_warns_when_the_sample_cannot_detect_a_drop_of_its_margin():
     # many windows: enough effective tokens, no such warning
     many = _metrics([1.0, 0.8] * 200, 100)
     gates, warnings, tests = metrics.evaluate_gates(many, {"top1_agreement": 0.85})
-    assert gates["top1_agreement"]["passed"] and tests["top1_agreement"]["theta"] < 0.15
+    assert gates["top1_agreement"].passed and tests["top1_agreement"]["theta"] < 0.15
     assert not any("two-sample" in w for w in warnings)
     # neighbouring tokens are not independent: the effective n comes from the spread over windows
     assert tests["top1_agreement"]["n"] < many.tokens

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from pydantic import ValidationError
+
 from trtbuild.build import nodekeys
 
 from trtbuild.lock import publication
@@ -22,7 +24,10 @@ from trtbuild.build import timingcache
 from trtbuild.errors import InvalidInput, TrtbuildError, Unreachable
 from trtbuild.build.graph import STAGE_ORDER, Blocker, Graph, Node
 from trtbuild.facts.nodeids import TARGET_STAGES
-from trtbuild.store.records import ActionRecord, Digest, Execution
+from trtbuild.plan.platform import EnginePlatform
+from trtbuild.store.base import first_error
+from trtbuild.store.records import ActionRecord, Digest, Execution, utc_now
+from trtbuild.store.summaries import EngineSummary, StageSummary, UnknownSummary, ValidationSummary, parse_summary
 from trtbuild.build.stages.base import OVERLAY_SUMMARY, SUMMARY_FILES, StageContext
 from trtbuild.build.stages.source import Resolved
 from trtbuild.build.stages.worker import ERROR_PREFIX, INPUT_ERROR_PREFIX, PROGRESS_PREFIX, load_entry
@@ -61,13 +66,13 @@ class NodeResult:
     seconds: float = 0.0
     reason: Optional[str] = None
     path: Optional[str] = None
-    summary: dict = field(default_factory=dict)
+    summary: Optional[StageSummary] = None  # the record's typed summary (store.summaries)
     ref: Optional[str] = None  # a done target held back from publishing: why (publication.held_back)
     decided_by: list[dict] = field(default_factory=list)  # the validations whose figures moved its ref, deciding first
     blocker: Optional[Blocker] = None  # a node this host could not run: why (Blocker.HOST: no GPU or runtime here)
     log_tail: list[str] = field(default_factory=list)  # a failed stage's last log lines
     standin: list[str] = field(default_factory=list)  # toolchain parts that are test stand-ins (never real)
-    platform: dict = field(default_factory=dict)  # what the artifact is for (an engine's SM, parallelism, toolchain)
+    platform: Optional[EnginePlatform] = None  # an engine's: what it is for (SM, parallelism, toolchain)
     origin: Optional[str] = None  # a done node's artifact: "built" here, "local" store, or "remote" (pulled, verified)
     pulled: Optional[dict] = None  # origin "remote": the store pulled from and what moved
     note: Optional[str] = None  # e.g. why the remote's artifact was not used
@@ -82,9 +87,10 @@ class NodeResult:
                "ref": self.ref, "decided_by": self.decided_by, "standin": self.standin, "origin": self.origin, "pulled": self.pulled, "note": self.note}
         if self.log_tail:
             out["log_tail"] = self.log_tail
-        if "metrics" in self.summary:  # validation entries
-            out.update(metrics=self.summary["metrics"], gates=self.summary.get("gates"),
-                       warnings=self.summary.get("warnings", []))
+        if isinstance(self.summary, ValidationSummary):  # validation entries
+            out.update(metrics=self.summary.metrics.model_dump(mode="json"),
+                       gates={name: gate.model_dump(mode="json") for name, gate in self.summary.gates.items()},
+                       warnings=self.summary.warnings)
         return out
 
 
@@ -144,7 +150,7 @@ class Silent:
 @dataclass
 class Executed:
     manifest: Manifest
-    summary: dict
+    summary: Optional[StageSummary]
     execution: Execution
 
 
@@ -230,7 +236,7 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
             except Exception as exc:
                 raise StageFailed(" ".join(f"{type(exc).__name__}: {exc}".split())) from exc
             figures = ctx.figures
-            summary = _summary(out, inputs[stage.overlay] if stage.overlay else None)
+            summary = _typed_summary(stage.ident, out, inputs[stage.overlay] if stage.overlay else None)
             if ctx.adopted is not None:
                 manifest = ingest(ctx.adopted["folder"], progress=reporter.advance, include=ctx.adopted["include"],
                                   links_within=ctx.adopted["links_within"], link=ctx.adopted["link"])
@@ -248,6 +254,16 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
         return Executed(manifest, summary, execution)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _typed_summary(stage_id: str, out: Path, overlaid: Optional[Path] = None) -> Optional[StageSummary]:
+    """The artifact's report as its stage kind's summary: a report the kind's model refuses fails
+    the stage, in one line, before anything is stored."""
+    try:
+        return parse_summary(stage_id, _summary(out, overlaid))
+    except (UnknownSummary, ValidationError) as exc:
+        problem = first_error(exc) if isinstance(exc, ValidationError) else str(exc)
+        raise StageFailed(f"the stage's report is not a {stage_id} summary: {problem}") from None
 
 
 def _summary(out: Path, overlaid: Optional[Path] = None) -> dict:
@@ -399,7 +415,7 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
                         key=keyed.key, artifact=Digest(hash=done.manifest.digest, size_bytes=done.manifest.size),
                         stage=node.stage.ident, stage_version=node.stage.version, target=node.id,
                         recipe=options.recipe_name or graph.recipe,
-                        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        created=utc_now(),
                         toolchain=keyed.fields["toolchain"], summary=done.summary, fields=keyed.fields,
                         execution=done.execution)
                     # a damaged or unwanted first artifact gives way; otherwise the first one stays
@@ -414,7 +430,7 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
             options.pinned.done(node.id, keyed.key, result.digest, how)
         result.summary = found.record.summary
         result.standin = found.record.standin
-        result.platform = _platform_facts(node, found.record)
+        result.platform = _platform(node, found.record)
         failed_gates = gates.failed_gates(result.summary)
         target = node.kind in TARGET_STAGES and node.serves is None  # a plain build prints where each target is
         if options.materialize or target or failed_gates:  # checked out once (then a stat), for the path
@@ -434,16 +450,11 @@ def _run_node(graph: Graph, node: Node, store: LocalStore, options: RunOptions, 
     return result
 
 
-def _platform_facts(node: Node, record: ActionRecord) -> dict:
+def _platform(node: Node, record: ActionRecord) -> Optional[EnginePlatform]:
     """What a deploy host compares with itself before using an engine (the lock file keeps it)."""
-    if node.kind != "engine":
-        return {}
-    summary = record.summary
-    facts = {name: summary.get(name) for name in ("sm", "tp", "pp", "world_size", "quantization")}
-    facts.update({name: (summary.get("toolchain") or {}).get(name) for name in ("tensorrt_llm", "tensorrt", "image")})
-    facts["engine_bytes_per_rank"] = (summary.get("memory") or {}).get("engine_bytes_per_rank")
-    facts["standin"] = bool(record.standin)
-    return facts
+    if node.kind != "engine" or not isinstance(record.summary, EngineSummary):
+        return None
+    return record.summary.platform(standin=bool(record.standin))
 
 
 # The order in which validations' figures decide (and head `ls` and the report): what the serving
@@ -518,8 +529,9 @@ def _move_refs(graph: Graph, store: LocalStore, results: dict[str, NodeResult], 
         for validation in decided:
             done = results[validation.id]
             store.update_ref(graph.recipe, validation.id, done.digest, done.key)
-            result.decided_by.append({"validation": validation.id, "runner": done.summary.get("runner"),
-                                      "device": done.summary.get("device")})
+            said = done.summary if isinstance(done.summary, ValidationSummary) else None
+            result.decided_by.append({"validation": validation.id, "runner": said.runner if said else None,
+                                      "device": said.device if said else None})
         for validation in elsewhere:
             if not _validates(store, graph.recipe, validation, results):
                 store.delete_ref(graph.recipe, validation.id)
@@ -535,6 +547,6 @@ def _validates(store: LocalStore, recipe: str, validation: Node, results: dict[s
     record = store.get_record(ref.key) if ref is not None else None
     if record is None:
         return False
-    inputs = record.fields.get("inputs") if isinstance(record.fields, dict) else None
+    inputs = record.fields.get("inputs")
     return isinstance(inputs, dict) and all(inputs.get(role) == results[dep].digest
                                             for role, dep in validation.inputs.items())

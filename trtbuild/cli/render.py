@@ -9,6 +9,8 @@ from typing import Iterable, Optional
 
 from trtbuild.plan.estimate import build_memory_needs, format_bytes
 from trtbuild.plan.expand import ENGINE, Plan
+from trtbuild.store.records import format_utc
+from trtbuild.store.summaries import ValidationSummary
 
 
 def plans_json(plans: list[Plan]) -> str:
@@ -95,15 +97,13 @@ ACCURACY_COLUMNS = (
 
 def _accuracy_cells(result) -> list[tuple[str, str]]:
     """A validation's headline metrics (red where its gate failed); empty for other nodes."""
-    metrics = result.summary.get("metrics") or {}
-    gates = result.summary.get("gates") or {}
+    summary = result.summary
+    if not isinstance(summary, ValidationSummary):
+        return [("", "")] * len(ACCURACY_COLUMNS)
     cells = []
     for name, _, fmt in ACCURACY_COLUMNS:
-        value = metrics.get(name)
-        if value is None:
-            cells.append(("", ""))
-            continue
-        failed = gates.get(name, {}).get("passed") is False
+        value = getattr(summary.metrics, name)
+        failed = name in summary.gates and not summary.gates[name].passed  # the stored verdict
         cells.append((f"[red]{fmt(value)}[/]" if failed else fmt(value), fmt(value)))
     return cells
 
@@ -258,7 +258,7 @@ def _record_rows(records) -> list[list[tuple[str, str]]]:
         if r.standin:  # never mistaken for an artifact of the real tools
             standin = f"STAND-IN ({', '.join(r.standin)}): {made_with}"
             toolchain = (f"[bold red]STAND-IN[/]{standin[len('STAND-IN'):]}", standin)
-        rows.append([*map(_same, (r.key[:12], r.recipe, r.target, r.stage, r.created, format_bytes(r.size),
+        rows.append([*map(_same, (r.key[:12], r.recipe, r.target, r.stage, format_utc(r.created), format_bytes(r.size),
                                   f"{r.execution.seconds:.1f}")), toolchain, _same(r.digest[:12])])
     return rows
 

@@ -18,61 +18,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from trtbuild.host import hardware
 from trtbuild.errors import InvalidInput
 from trtbuild.facts.gpus import sm_number
 from trtbuild.plan.estimate import format_bytes
+from trtbuild.plan.platform import EnginePlatform
+from trtbuild.store.summaries import EngineSummary
 from trtbuild.host.toolchain import EngineToolchain, is_standin_version, probe_engine_toolchain
 
 
-class _RecordedToolchain(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    tensorrt_llm: Optional[str] = None
-    tensorrt: Optional[str] = None
-    image: Optional[str] = None
-
-
-class _RecordedMemory(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    engine_bytes_per_rank: Optional[int] = Field(None, ge=0)
-
-
-class EngineRecord(BaseModel):
-    """The part of `trtbuild.json` (written by the engine stage) that a deploy host checks."""
-
-    model_config = ConfigDict(extra="ignore")  # the build records more (command, checkpoint, ...)
-    schema_: int = Field(alias="schema")
-    kind: str = Field(pattern=r"^engine$")
-    sm: str = Field(pattern=r"^sm\d+$")
-    tp: int = Field(ge=1)
-    pp: int = Field(ge=1)
-    world_size: int = Field(ge=1)
-    toolchain: _RecordedToolchain = _RecordedToolchain()
-    standin: bool = False
-    memory: _RecordedMemory = _RecordedMemory()
-
-
-@dataclass(frozen=True)
-class EngineFacts:
-    """What an engine is tied to: read from an engine folder, or from a lock file's target."""
-
-    sm: str
-    tp: int
-    pp: int
-    world_size: int
-    tensorrt_llm: Optional[str]
-    tensorrt: Optional[str]
-    engine_bytes_per_rank: Optional[int]
-    standin: bool
-    quantization: Optional[dict] = None
-
-    def as_json(self) -> dict:
-        return {"sm": self.sm, "tp": self.tp, "pp": self.pp, "world_size": self.world_size,
-                "tensorrt_llm": self.tensorrt_llm, "tensorrt": self.tensorrt,
-                "engine_bytes_per_rank": self.engine_bytes_per_rank, "standin": self.standin,
-                "quantization": self.quantization}
+def engine_json(engine: EnginePlatform) -> dict[str, Any]:
+    """`check --json`'s `engine` (docs/schemas/check.schema.json): the platform without the image,
+    which a deploy host does not compare."""
+    return engine.model_dump(mode="json", exclude={"image"})
 
 
 @dataclass(frozen=True)
@@ -103,7 +63,7 @@ def _read_json(path: Path, what: str) -> dict:
     return data
 
 
-def read_engine(engine_dir: Path) -> EngineFacts:
+def read_engine(engine_dir: Path) -> EnginePlatform:
     """The facts of the engine in `engine_dir`; anything that is not an engine trtbuild built is
     one line naming the file."""
     if not engine_dir.is_dir():
@@ -127,8 +87,8 @@ def read_engine(engine_dir: Path) -> EngineFacts:
 
     record_path = engine_dir / "trtbuild.json"
     raw = _read_json(record_path, "an engine trtbuild built (trtbuild.json records its SM, which config.json does not)")
-    try:
-        record = EngineRecord.model_validate(raw)
+    try:  # the engine stage's summary, as strict as the record that holds it
+        record = EngineSummary.model_validate({**raw, "kind": raw.get("kind", "engine")})
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(p) for p in error["loc"])
@@ -141,11 +101,10 @@ def read_engine(engine_dir: Path) -> EngineFacts:
     version = str(config["version"])  # what TensorRT-LLM wrote: the one that built it
     standin = record.standin or any(is_standin_version(v) for v in (version, record.toolchain.tensorrt_llm,
                                                                      record.toolchain.tensorrt))
-    per_rank = record.memory.engine_bytes_per_rank
-    if per_rank is None:  # not recorded: the largest rank file is what one GPU must hold
-        per_rank = max(p.stat().st_size for p in ranks)
     quantization = pretrained.get("quantization") if isinstance(pretrained.get("quantization"), dict) else None
-    return EngineFacts(record.sm, tp, pp, world_size, version, record.toolchain.tensorrt, per_rank, standin, quantization)
+    return EnginePlatform(sm=record.sm, tp=tp, pp=pp, world_size=world_size, tensorrt_llm=version,
+                          tensorrt=record.toolchain.tensorrt, image=record.toolchain.image, quantization=quantization,
+                          engine_bytes_per_rank=record.memory.engine_bytes_per_rank, standin=standin)
 
 
 def is_hf_checkpoint(folder: Path) -> bool:
@@ -170,7 +129,7 @@ def _gpu_summary(gpus) -> str:
     return ", ".join(f"{n}x {name}" for name, n in names.items())
 
 
-def differences(engine: EngineFacts, host: HostFacts) -> list[str]:
+def differences(engine: EnginePlatform, host: HostFacts) -> list[str]:
     """One line per way `engine` does not fit `host`; empty when it fits."""
     lines = []
     if engine.standin:
@@ -199,7 +158,7 @@ def differences(engine: EngineFacts, host: HostFacts) -> list[str]:
     return lines
 
 
-def fitting_lock_targets(lock, engine: EngineFacts, host: HostFacts) -> list[str]:
+def fitting_lock_targets(lock, engine: EnginePlatform, host: HostFacts) -> list[str]:
     """Engine targets of `lock` that fit `host`, of the same quantization as `engine` where both
     record it (another quantization is another model, not a substitute). Stand-ins never qualify."""
     fits = []
@@ -209,8 +168,7 @@ def fitting_lock_targets(lock, engine: EngineFacts, host: HostFacts) -> list[str
             continue
         if engine.quantization is not None and p.quantization is not None and p.quantization != engine.quantization:
             continue
-        facts = EngineFacts(p.sm, p.tp, p.pp, p.world_size, p.tensorrt_llm, p.tensorrt, p.engine_bytes_per_rank, False)
-        if not differences(facts, host):
+        if not differences(p, host):
             fits.append(target_id)
     return fits
 
@@ -218,7 +176,7 @@ def fitting_lock_targets(lock, engine: EngineFacts, host: HostFacts) -> list[str
 @dataclass
 class CheckResult:
     engine_dir: Path
-    engine: EngineFacts
+    engine: EnginePlatform
     host: HostFacts
     differences: list[str]
     lock_path: Optional[Path] = None
@@ -248,7 +206,7 @@ class CheckResult:
     def as_json(self) -> dict[str, Any]:
         return {"engine_dir": str(self.engine_dir), "fits": self.fits, "standin": self.engine.standin,
                 "differences": self.differences, "lock": str(self.lock_path) if self.lock_path else None,
-                "instead": self.instead, "engine": self.engine.as_json(), "host": self.host.as_json()}
+                "instead": self.instead, "engine": engine_json(self.engine), "host": self.host.as_json()}
 
 
 def check(engine_dir: Path, lock_path: Optional[Path] = None, host: Optional[HostFacts] = None) -> CheckResult:

@@ -13,15 +13,15 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Optional
 
-from pydantic import ValidationError
-
 from trtbuild.facts import serving
 from trtbuild.plan.estimate import format_bytes
-from trtbuild.lock.lockfile import LockedPlatform, LockedRecipe, LockedTarget, LockFile
+from trtbuild.lock.lockfile import LockedRecipe, LockedTarget, LockFile
 from trtbuild.facts.nodeids import (checkpoint_of_engine, is_target, trtllm_validate_id, validate_id, variant_of,
                               vllm_validate_id)
 from trtbuild.deploy.select import Host, choose
-from trtbuild.store.records import ActionRecord, Ref
+from trtbuild.plan.platform import EnginePlatform
+from trtbuild.store.records import ActionRecord, Ref, format_utc
+from trtbuild.store.summaries import EngineSummary, HfCheckpointSummary, ValidationSummary, kind_of
 from trtbuild.store.base import Store
 from trtbuild.validate import gates
 
@@ -60,15 +60,15 @@ class Published:
     @property
     def stage(self) -> Optional[str]:
         # a record's stage is the registry id (`checkpoint:export`); the kind is what comes before ':'
-        return self.record.stage.split(":")[0] if self.record else None
+        return kind_of(self.record.stage) if self.record else None
 
     @property
     def toolchain(self) -> dict[str, str]:
         """The versions that made it: the key's, and what the stage's probe found (an image's)."""
         if self.record is None:
             return {}
-        probed = self.record.summary.get("toolchain")
-        merged = {**self.record.toolchain, **(probed if isinstance(probed, dict) else {})}
+        probed = self.record.summary.toolchain.model_dump() if isinstance(self.record.summary, EngineSummary) else {}
+        merged = {**self.record.toolchain, **probed}
         return {k: str(v) for k, v in sorted(merged.items()) if v is not None}
 
     @property
@@ -79,21 +79,19 @@ class Published:
     def serves(self) -> Optional[dict[str, list[str]]]:
         """An hf-checkpoint's loader check: runtime -> the SMs it serves it on (its package record);
         an engine's SM under `trtllm-engine`."""
-        if self.record is None:
-            return None
-        if self.stage == "engine" and isinstance(self.record.summary.get("sm"), str):
-            return {"trtllm-engine": [self.record.summary["sm"]]}
-        serving = self.record.summary.get("serving")
-        found = serving.get("serves") if isinstance(serving, dict) else None
-        return found if isinstance(found, dict) else None
+        summary = self.record.summary if self.record is not None else None
+        if isinstance(summary, EngineSummary):
+            return {"trtllm-engine": [summary.sm]}
+        return summary.serving.serves if isinstance(summary, HfCheckpointSummary) else None
 
     @property
-    def created(self) -> Optional[str]:
+    def created(self) -> Optional[dt.datetime]:
         return self.record.created if self.record else None
 
     def as_json(self, now: dt.datetime) -> dict:
         return {"recipe": self.recipe, "target": self.target, "stage": self.stage, "digest": self.ref.digest,
-                "key": self.ref.key, "size_bytes": self.size, "created": self.created,
+                "key": self.ref.key, "size_bytes": self.size,
+                "created": format_utc(self.created) if self.created else None,
                 "age_seconds": _age_seconds(self.created, now), "toolchain": self.toolchain, "standin": self.standin,
                 "serves": self.serves, "validations": [v.as_json() for v in self.validations], "fits": self.fits, "runtime": self.runtime,
                 "world_size": self.world_size, "reasons": self.reasons}
@@ -105,17 +103,11 @@ def _is_target(target: str, record: Optional[ActionRecord]) -> bool:
     return is_target(target, record.stage.split(":")[0]) if record else variant_of(target) is not None
 
 
-def platform_of(record: ActionRecord) -> Optional[LockedPlatform]:
-    """An engine's platform facts from its record's summary (its trtbuild.json), as a lock keeps them."""
-    s = record.summary
-    facts = {name: s.get(name) for name in ("sm", "tp", "pp", "world_size", "quantization")}
-    facts.update({name: (s.get("toolchain") or {}).get(name) for name in ("tensorrt_llm", "tensorrt", "image")})
-    facts["engine_bytes_per_rank"] = (s.get("memory") or {}).get("engine_bytes_per_rank")
-    facts["standin"] = bool(record.standin)
-    try:
-        return LockedPlatform.model_validate(facts)
-    except ValidationError:
+def platform_of(record: ActionRecord) -> Optional[EnginePlatform]:
+    """An engine's platform from its record's summary (its trtbuild.json), as a lock keeps it."""
+    if not isinstance(record.summary, EngineSummary):
         return None  # a record without those facts: choose() says the platform is unknown
+    return record.summary.platform(standin=bool(record.standin))
 
 
 def _validation_ids(target: str, record: Optional[ActionRecord]) -> list[str]:
@@ -131,10 +123,11 @@ def _validation_ids(target: str, record: Optional[ActionRecord]) -> list[str]:
 
 def _validation(vid: str, record: ActionRecord) -> Validation:
     summary = record.summary
-    metrics = summary.get("metrics") if isinstance(summary.get("metrics"), dict) else {}
-    said = {name: summary.get(name) if isinstance(summary.get(name), str) else None for name in ("runner", "device")}
-    return Validation(vid, {name: metrics.get(name) for name in HEADLINE}, not gates.failed_gates(summary),
-                      **said, standin=record.standin)
+    if not isinstance(summary, ValidationSummary):  # a validation that wrote no report
+        return Validation(vid, dict.fromkeys(HEADLINE), True, standin=record.standin)
+    metrics = summary.metrics.model_dump()
+    return Validation(vid, {name: metrics[name] for name in HEADLINE}, not gates.failed_gates(summary),
+                      summary.runner, summary.device, standin=record.standin)
 
 
 def list_published(store: Store, recipe: Optional[str] = None) -> list[Published]:
@@ -209,14 +202,8 @@ def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def _age_seconds(created: Optional[str], now: dt.datetime) -> Optional[int]:
-    if created is None:
-        return None
-    try:
-        then = dt.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
-    except ValueError:
-        return None
-    return max(0, int((now - then).total_seconds()))
+def _age_seconds(created: Optional[dt.datetime], now: dt.datetime) -> Optional[int]:
+    return None if created is None else max(0, int((now - created).total_seconds()))
 
 
 def format_age(seconds: Optional[int]) -> str:

@@ -31,7 +31,7 @@ from trtbuild.lock import publication
 
 from trtbuild.facts import serving
 from trtbuild.facts import serving as serving_table  # _hf_candidate's local `serving` is a list of SMs
-from trtbuild.deploy.engine_check import EngineFacts, HostFacts, differences
+from trtbuild.deploy.engine_check import HostFacts, differences
 from trtbuild.plan.estimate import format_bytes
 from trtbuild.lock.lockfile import LockedTarget, LockFile, targets_of
 from trtbuild.facts.gpus import resolve_gpu, sm_number
@@ -191,8 +191,7 @@ def _engine_candidate(cand: Candidate, target: LockedTarget, host: Host) -> None
     if p is None:
         cand.reasons.append("platform: the lock records none for this engine (written before trtbuild recorded it); rebuild it")
         return
-    facts = EngineFacts(p.sm, p.tp, p.pp, p.world_size, p.tensorrt_llm, p.tensorrt, p.engine_bytes_per_rank, p.standin)
-    cand.reasons.extend(differences(facts, host.engine_host()))
+    cand.reasons.extend(differences(p, host.engine_host()))
     cand.runtime, cand.world_size = "trtllm-engine", p.world_size
 
 

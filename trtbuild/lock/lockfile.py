@@ -17,6 +17,7 @@ from trtbuild.errors import InvalidInput
 from trtbuild.validate import gates
 from trtbuild.keys import canonical_json
 from trtbuild.facts.nodeids import is_target
+from trtbuild.plan.platform import EnginePlatform
 from trtbuild.store.hash import atomic_write, bytes_sha256
 
 if TYPE_CHECKING:  # the recipe's models are not needed to read or choose from a lock
@@ -42,21 +43,9 @@ class LockedRecipe(BaseModel):
                                          "No action key holds it; absent when the recipe sets none.")
 
 
-class LockedPlatform(BaseModel):
-    """What an engine target is tied to, so that `trtbuild check --lock` can name the target that
-    fits a deploy host without opening the store: the engine's trtbuild.json facts."""
-
-    model_config = ConfigDict(extra="forbid")
-    sm: str = Field(pattern=r"^sm\d+$", description="The SM the engine was built for.")
-    tp: int = Field(ge=1, description="Tensor parallelism.")
-    pp: int = Field(ge=1, description="Pipeline parallelism.")
-    world_size: int = Field(ge=1, description="GPUs the engine needs (tp x pp).")
-    tensorrt_llm: Optional[str] = Field(description="The tensorrt_llm version that built it (engines load only there).")
-    tensorrt: Optional[str] = Field(description="The TensorRT version that built it.")
-    image: Optional[str] = Field(None, description="The container image it was built in, if any.")
-    quantization: Optional[dict[str, Any]] = Field(None, description="config.json's quantization (quant_algo, ...).")
-    engine_bytes_per_rank: Optional[int] = Field(None, ge=0, description="The largest rank's engine, in bytes.")
-    standin: bool = Field(False, description="Made by a stand-in toolchain (tests): never for real use.")
+# What an engine target is tied to, so that `trtbuild check --lock` can name the target that fits a
+# deploy host without opening the store: the engine's trtbuild.json facts (the one platform model).
+LockedPlatform = EnginePlatform
 
 
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
@@ -242,15 +231,18 @@ def write(path: Path, loaded: LoadedRecipe, source: Optional[dict], results: lis
             deps = list(made_from.get(r.id, ()))
             if deps:  # every input of a done node is done: its digest is this run's
                 entry.inputs = {dep: by_id[dep] for dep in deps}
-            if "gates" in r.summary:  # validation: the headline numbers and whether the gates passed
-                entry.metrics = {k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in r.summary["metrics"].items()}
-                entry.gates_passed = not gates.failed_gates(r.summary)
-                entry.runner, entry.device = r.summary.get("runner"), r.summary.get("device")
+            summary = r.summary  # the record's typed summary (store.summaries), None when the stage wrote none
+            kind = summary.kind if summary is not None else None
+            if kind == "validate":  # the headline numbers and whether the gates passed
+                entry.metrics = {k: float(f"{v:.6g}") if isinstance(v, float) else v
+                                 for k, v in summary.metrics.model_dump().items()}
+                entry.gates_passed = not gates.failed_gates(summary)
+                entry.runner, entry.device = summary.runner, summary.device
             platform = getattr(r, "platform", None)  # engine results carry their trtbuild.json facts
-            if platform:
-                entry.platform = LockedPlatform.model_validate(platform)
-            if r.stage == "hf-checkpoint" and isinstance(r.summary.get("serving"), dict):
-                entry.serves = r.summary["serving"].get("serves")
+            if platform is not None:
+                entry.platform = platform
+            if kind == "hf-checkpoint":
+                entry.serves = summary.serving.serves
             if is_target(r.id, r.stage):  # the build's publication verdict (publication.py)
                 entry.held_back = getattr(r, "ref", None)
             fresh[r.id] = entry

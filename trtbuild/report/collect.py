@@ -4,23 +4,72 @@ the lock file know of it (size on disk, validation metrics, gates)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trtbuild.facts.nodeids import trtllm_validate_id, validate_id, vllm_validate_id
 from trtbuild.lock.lockfile import LockedTarget, LockFile
 from trtbuild.plan.expand import Plan, Target, serving_sms_of
 from trtbuild.store.local import LocalStore
+from trtbuild.store.summaries import GateResult, ValidationSummary
+from trtbuild.validate import gates as gate_rules
 
 
-def _summary(store: LocalStore, entry: Optional[LockedTarget]) -> dict:
+class ReportRow(BaseModel):
+    """One target of the report's build matrix: what the plan, the store and the lock know of it.
+    Missing values are None (a dash on the page)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    target: str = Field(description="The target's name.")
+    kind: str = Field(description="checkpoint, hf-checkpoint or engine.")
+    variant: Optional[str] = Field(None, description="The recipe variant it belongs to.")
+    quant: Optional[str] = Field(None, description="The variant's weight quantization.")
+    kv_cache: Optional[str] = Field(None, description="The variant's KV-cache quantization.")
+    tp: Optional[int] = Field(None, description="Tensor parallelism.")
+    pp: Optional[int] = Field(None, description="Pipeline parallelism.")
+    gpu: Optional[str] = Field(None, description="An engine's SM.")
+    status: str = Field(description="built, cached, failed, skipped, impossible or planned.")
+    size_bytes: Optional[int] = Field(None, description="Size on disk of the built artifact.")
+    weights_bytes_per_gpu: Optional[int] = Field(None, description="The plan's estimate of weights per GPU.")
+    kv_tokens: Optional[int] = Field(None, description="The plan's estimate of KV-cache tokens.")
+    kld_mean: Optional[float] = Field(None, description="The deciding validation's mean KL divergence.")
+    kld_p99: Optional[float] = Field(None, description="Its KL divergence p99.")
+    top1_agreement: Optional[float] = Field(None, description="Its top-1 agreement (0..1).")
+    ppl_delta_pct: Optional[float] = Field(None, description="Its perplexity change, percent.")
+    gates: Optional[dict[str, GateResult]] = Field(None, description="The shown validation's gates as stored.")
+    gates_passed: Optional[bool] = Field(None, description="The target's gate verdict as decided when its validations "
+                                                           "ran (the lock's); None: not validated.")
+    measured_by: Optional[str] = Field(None, description="`RUNNER on DEVICE` of the numbers shown.")
+    serves: Optional[str] = Field(None, description="An hf-checkpoint's runtimes and SMs.")
+    reason: Optional[str] = Field(None, description="Why it is failed, skipped or impossible.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _verdict_of_the_gates(cls, data: Any) -> Any:
+        """A row given gates and no verdict takes the one stored in its gates (gates.verdict)."""
+        if isinstance(data, dict) and data.get("gates_passed") is None and data.get("gates"):
+            shown = {name: GateResult.model_validate(g) for name, g in data["gates"].items()}
+            data = {**data, "gates_passed": gate_rules.verdict(shown) == gate_rules.PASSED}
+        return data
+
+    @property
+    def gate_state(self) -> str:
+        """gates.PASSED, FAILED or NOT_VALIDATED: the stored verdict, never recomputed."""
+        if self.gates_passed is None:
+            return gate_rules.NOT_VALIDATED
+        return gate_rules.PASSED if self.gates_passed else gate_rules.FAILED
+
+
+def _summary(store: LocalStore, entry: Optional[LockedTarget]) -> Optional[ValidationSummary]:
     record = store.get_record(entry.key) if entry else None
-    return record.summary if record else {}
+    return record.summary if record is not None and isinstance(record.summary, ValidationSummary) else None
 
 
-def _measured_by(summary: dict, of: Optional[str] = None) -> str:
+def _measured_by(summary: ValidationSummary, of: Optional[str] = None) -> str:
     """`RUNNER on DEVICE` as the validation's report names them, `(of CHECKPOINT)` for an engine
     that shares its checkpoint's numbers."""
-    by = str(summary.get("runner") or "?") + (f" on {summary['device']}" if summary.get("device") else "")
+    by = f"{summary.runner} on {summary.device}"
     return f"{by} (of {of})" if of else by
 
 
@@ -37,7 +86,7 @@ def _judged(target: Target, checked: Optional[dict[str, list[str]]], sms: list[s
     return replace(target, serves=serves, serve_notes={runtime: by_sm for runtime, by_sm in notes.items() if by_sm})
 
 
-def rows(plan: Plan, store: LocalStore, lock: Optional[LockFile]) -> list[dict]:
+def rows(plan: Plan, store: LocalStore, lock: Optional[LockFile]) -> list[ReportRow]:
     locked = lock.targets if lock else {}
     serving_sms = serving_sms_of(plan.recipe)
     out = []
@@ -58,25 +107,28 @@ def rows(plan: Plan, store: LocalStore, lock: Optional[LockFile]) -> list[dict]:
             status = "planned"
         else:  # any validation that ran and failed its gates fails the target, whichever shows its numbers
             status = "failed" if any(v.gates_passed is False for v in ran) else "built"
-        metrics = summary.get("metrics", {})
-        measured_by = _measured_by(summary) if metrics else None
-        if target.kind == "engine" and not metrics:  # an engine shares its checkpoint's numbers until validated itself
+        shown, measured_by = summary, _measured_by(summary) if summary else None
+        if target.kind == "engine" and summary is None:  # an engine shares its checkpoint's numbers until validated itself
             checkpoint = locked.get(validate_id(target.depends_on[0]))
-            inherited = _summary(store, checkpoint)
-            metrics = inherited.get("metrics", {})
-            measured_by = _measured_by(inherited, target.depends_on[0]) if metrics else None
+            shown = _summary(store, checkpoint)
+            measured_by = _measured_by(shown, target.depends_on[0]) if shown else None
+        metrics = shown.metrics if shown else None
         est = target.estimate
         serves = None
         if target.kind == "hf-checkpoint" and target.ok:  # the build's loader check, else the plan's table
             serves = _judged(target, entry.serves if entry is not None else None, serving_sms).serves_line()
-        out.append({
-            "target": target.name, "kind": target.kind, "variant": target.variant, "quant": variant.quant,
-            "kv_cache": variant.kv_cache, "tp": target.tp, "pp": target.pp, "gpu": target.gpu, "status": status,
-            "size_bytes": record.size if record else None,
-            "weights_bytes_per_gpu": est.weights_bytes_per_gpu if est else None,
-            "kv_tokens": est.kv_tokens if est else None,
-            "kld_mean": metrics.get("kld_mean"), "kld_p99": metrics.get("kld_p99"),
-            "top1_agreement": metrics.get("top1_agreement"), "ppl_delta_pct": metrics.get("ppl_delta_pct"),
-            "gates": summary.get("gates"), "measured_by": measured_by, "serves": serves, "reason": target.reason,
-        })
+        # the verdict decided when the validations ran (the lock's gates_passed): failed when any of them failed
+        verdict = not any(v.gates_passed is False for v in ran)
+        out.append(ReportRow(
+            target=target.name, kind=target.kind, variant=target.variant, quant=variant.quant,
+            kv_cache=variant.kv_cache, tp=target.tp, pp=target.pp, gpu=target.gpu, status=status,
+            size_bytes=record.size if record else None,
+            weights_bytes_per_gpu=est.weights_bytes_per_gpu if est else None,
+            kv_tokens=est.kv_tokens if est else None,
+            kld_mean=metrics.kld_mean if metrics else None, kld_p99=metrics.kld_p99 if metrics else None,
+            top1_agreement=metrics.top1_agreement if metrics else None,
+            ppl_delta_pct=metrics.ppl_delta_pct if metrics else None,
+            gates=summary.gates if summary else None, gates_passed=verdict if summary else None,
+            measured_by=measured_by, serves=serves, reason=target.reason,
+        ))
     return out

@@ -9,12 +9,46 @@ belong here and never in the artifact, whose bytes must be a function of the key
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import datetime as dt
+from typing import Annotated, Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, AwareDatetime, BeforeValidator, BaseModel, ConfigDict, Field, PlainSerializer, ValidationInfo, \
+    field_serializer, field_validator
+
+from trtbuild.store.summaries import StageSummary, dump_summary, parse_summary
 
 RECORD_SCHEMA = 1
 REF_SCHEMA = 1
+
+
+def _utc(moment: dt.datetime) -> dt.datetime:
+    return moment.astimezone(dt.timezone.utc)
+
+
+def _parsed(value: Any) -> Any:
+    """RFC 3339 text as a datetime (JSON has no datetime of its own, and records are read strictly)."""
+    if isinstance(value, str):
+        try:
+            return dt.datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an RFC 3339 time") from None
+    return value
+
+
+# A moment in UTC: read from RFC 3339 text with any offset, written as `2026-12-01T19:22:01Z`
+# (whole seconds, as every record and ref has been written).
+UtcTime = Annotated[AwareDatetime, BeforeValidator(_parsed), AfterValidator(_utc),
+                    PlainSerializer(lambda moment: format_utc(moment), return_type=str, when_used="json")]
+
+
+def format_utc(moment: dt.datetime) -> str:
+    """A moment as records, refs and `--json` outputs write it (RFC 3339, UTC, `Z`)."""
+    return moment.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def utc_now() -> dt.datetime:
+    """Now, in UTC, to the second (a record's `created`, a ref's `time`)."""
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
 
 
 class Digest(BaseModel):
@@ -51,13 +85,24 @@ class ActionRecord(BaseModel):
     stage_version: int = Field(description="Version of the stage's code, part of the key.")
     target: str = Field(description="Graph node it was built for, in the recipe that first built it.")
     recipe: str = Field(description="Name of the recipe that first built it.")
-    created: str = Field(description="UTC time the record was written (ISO 8601).")
+    created: UtcTime = Field(description="UTC time the record was written (RFC 3339, `Z`).")
     toolchain: dict[str, Optional[str]] = Field(default_factory=dict,
                                                 description="Package versions the key holds for this stage.")
-    summary: dict[str, Any] = Field(default_factory=dict,
-                                    description="The stage's report.json (deterministic: part of the artifact too).")
+    summary: Optional[StageSummary] = Field(None, description="The stage's report (report.json, an engine's "
+                                            "trtbuild.json; part of the artifact too), typed by the stage's kind "
+                                            "(store.summaries); None, `{}` on disk, for a stage that wrote none.")
     fields: dict[str, Any] = Field(description="Everything the key was computed from (see keys.KEY_FIELDS).")
     execution: Execution = Field(description="How the run went (timings, memory, host, logs).")
+
+    @field_validator("summary", mode="before")
+    @classmethod
+    def _typed_summary(cls, summary: Any, info: ValidationInfo) -> Any:
+        """The summary's model is the record's stage kind's (summaries.parse_summary)."""
+        return parse_summary(str(info.data.get("stage")), summary)
+
+    @field_serializer("summary")
+    def _summary_as_written(self, summary: Optional[StageSummary]) -> dict[str, Any]:
+        return dump_summary(summary)
 
     @property
     def digest(self) -> str:
@@ -74,15 +119,15 @@ class ActionRecord(BaseModel):
         from trtbuild.host.toolchain import standin_parts
 
         found = standin_parts(self.toolchain)
-        probed = self.summary.get("toolchain") if isinstance(self.summary.get("toolchain"), dict) else {}
-        return sorted(set(found) | set(standin_parts(probed)))
+        probed = getattr(self.summary, "toolchain", None)  # an engine's: what its build probed
+        return sorted(set(found) | set(standin_parts(probed.model_dump() if probed is not None else {})))
 
 
 class RefEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
     digest: str = Field(pattern=r"^[0-9a-f]{64}$", description="Artifact the ref pointed at from `time` on.")
     key: str = Field(description="Action key that artifact was recorded under.")
-    time: str = Field(description="UTC time the ref was moved here (ISO 8601).")
+    time: UtcTime = Field(description="UTC time the ref was moved here (RFC 3339, `Z`).")
 
 
 class Ref(BaseModel):

@@ -4,9 +4,10 @@ a validation report failed."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional
 
 from trtbuild.facts import quantformats
+from trtbuild.store.summaries import GateResult, StageSummary, ValidationSummary
 
 TOP_K = 256  # top-64 underestimated KL by 15% on SmolLM2 FP8; 256 costs 2 MB (benchmarks/RESULTS.md)
 
@@ -29,9 +30,32 @@ def default_gates(quant: Optional[str], kv_cache: Optional[str]) -> dict[str, fl
     return dict(DEFAULT_GATES[family])
 
 
-def failed_gates(summary: dict) -> list[str]:
+def judge(name: str, value: float, limit: float) -> GateResult:
+    """The one place a gate is decided: `value` against `limit`, a minimum for the metrics where
+    higher is better, else a maximum. The verdict is stored in the validation's report; every
+    reader (the runner, the lock, `ls`, the report) shows it and none compares again."""
+    passed = value >= limit if is_minimum(name) else value <= limit
+    return GateResult(value=value, limit=limit, passed=bool(passed))
+
+
+def failed_gates(summary: Optional[StageSummary]) -> list[str]:
     """`name value (limit L)` for each gate a validation report's summary failed; [] when none did
-    (or the summary has no gates)."""
-    gates = summary.get("gates") if isinstance(summary, dict) else None
-    return [f"{name} {g['value']:.4g} (limit {g['limit']:g})"
-            for name, g in (gates or {}).items() if not g["passed"]]
+    (or the summary is not a validation's)."""
+    gates = summary.gates if isinstance(summary, ValidationSummary) else {}
+    return [f"{name} {g.value:.4g} (limit {g.limit:g})" for name, g in gates.items() if not g.passed]
+
+
+PASSED, FAILED, NOT_VALIDATED = "passed", "failed", "none"
+
+
+def verdict(gates: Optional[Mapping[str, GateResult]]) -> str:
+    """PASSED, FAILED (a stored gate failed) or NOT_VALIDATED (no gates): from the verdicts stored
+    per gate, never from the values."""
+    if not gates:
+        return NOT_VALIDATED
+    return FAILED if any(not g.passed for g in gates.values()) else PASSED
+
+
+def is_minimum(name: str) -> bool:
+    """Whether the gate's limit is a minimum (higher is better), else a maximum: for how people read it."""
+    return name in HIGHER_IS_BETTER

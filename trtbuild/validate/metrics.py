@@ -17,7 +17,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-from trtbuild.validate.gates import HIGHER_IS_BETTER, TOP_K  # numpy-free tables the graph reads too
+from trtbuild.store.summaries import GateResult
+from trtbuild.validate.gates import TOP_K, judge  # numpy-free tables the graph reads too
 
 Z_95 = 1.6448536269514722  # one-sided 95% (reference/trtllm.md section 7 uses alpha = 0.05)
 # The one-tailed two-sample test of TensorRT-LLM's accuracy CI (reference/trtllm.md section 7):
@@ -131,8 +132,8 @@ def agreement_test(metrics: Metrics, limit: float) -> dict[str, float]:
     return {**two_sample_test(n, sigma), "margin": 1.0 - limit}
 
 
-def evaluate_gates(metrics: Metrics, limits: dict[str, float]) -> tuple[dict[str, dict], list[str], dict[str, dict]]:
-    """{gate: {value, limit, passed}}, warnings where the sample cannot decide a gate, and the
+def evaluate_gates(metrics: Metrics, limits: dict[str, float]) -> tuple[dict[str, GateResult], list[str], dict[str, dict]]:
+    """{gate: its GateResult (gates.judge)}, warnings where the sample cannot decide a gate, and the
     statistical tests behind them. Top-1 agreement, an accuracy, uses the two-sample test of
     reference/trtllm.md section 7: the gate is meaningless when the smallest drop the sample can
     detect (theta) exceeds the gate's margin (1 - limit). Every metric with a standard error also
@@ -142,8 +143,7 @@ def evaluate_gates(metrics: Metrics, limits: dict[str, float]) -> tuple[dict[str
     values = metrics.as_json()
     for name, limit in limits.items():
         value = values[name]
-        passed = value >= limit if name in HIGHER_IS_BETTER else value <= limit
-        gates[name] = {"value": value, "limit": limit, "passed": bool(passed)}
+        gates[name] = judge(name, value, limit)
         se = metrics.stderr.get(name)
         if name == "top1_agreement":
             test = tests[name] = agreement_test(metrics, limit)

@@ -11,7 +11,7 @@ line up with its tokens, which each runner settles before calling `fill_window`.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from trtbuild.errors import TrtbuildError
 
@@ -27,6 +27,29 @@ def check_outputs(outputs, windows: np.ndarray, what: str) -> list:
             raise TrtbuildError(f"{what}: output {i} is for a prompt of {len(prompt)} tokens that is not window {i} "
                                 f"({len(window)} tokens): outputs must come in the order of the windows")
     return outputs
+
+
+def scored_outputs(outputs, windows, k: int, ref_ids: Optional[np.ndarray], attribute: str, what: str,
+                   unset: str) -> tuple[np.ndarray, dict[str, np.ndarray], Iterator[tuple[int, Any]]]:
+    """What both runners start from: the windows as an array, the arrays to fill (`empty`) and,
+    window by window in their order, (i, its output's `attribute`). The outputs are checked first
+    (check_outputs); an output whose `attribute` is None is refused, naming `unset` (the setting
+    that makes the runtime return it)."""
+    import numpy as np
+
+    windows = np.asarray(windows)
+    S, L = windows.shape
+    outputs = check_outputs(outputs, windows, what)
+    result = empty(S, L - 1, k, ref_ids)
+
+    def each() -> Iterator[tuple[int, Any]]:
+        for i, out in enumerate(outputs):
+            value = getattr(out, attribute, None)
+            if value is None:
+                raise TrtbuildError(f"{what}: output {i} has none ({unset})")
+            yield i, value
+
+    return windows, result, each()
 
 
 def empty(S: int, n: int, k: int, ref_ids: Optional[np.ndarray]) -> dict[str, np.ndarray]:

@@ -255,15 +255,11 @@ def parse_context_logits(outputs, windows: np.ndarray, k: int, vocab_size: Optio
 
     from trtbuild.validate.metrics import topk_reference
 
-    windows = np.asarray(windows)
-    S, L = windows.shape
-    outputs = prompt_logprobs.check_outputs(outputs, windows, "context_logits")
-    result = prompt_logprobs.empty(S, L - 1, k, ref_ids)
-    for i, out in enumerate(outputs):
-        logits = getattr(out, "context_logits", None)
-        if logits is None:
-            raise TrtbuildError(f"context_logits: output {i} has none (was SamplingParams.return_context_logits set, "
-                                f"and on an engine, was it built with --gather_context_logits?)")
+    windows, result, scored = prompt_logprobs.scored_outputs(
+        outputs, windows, k, ref_ids, "context_logits", "context_logits",
+        "was SamplingParams.return_context_logits set, and on an engine, was it built with --gather_context_logits?")
+    L = windows.shape[1]
+    for i, logits in scored:
         rows = _to_numpy(logits)
         if rows.ndim == 3 and rows.shape[0] == 1:
             rows = rows[0]

@@ -174,16 +174,11 @@ def parse_prompt_logprobs(outputs, windows: np.ndarray, k: int,
                           ref_ids: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:
     """The arrays of validate/prompt_logprobs.py from vLLM `RequestOutput`s: `prompt_logprobs` of
     L entries, None first, entry t+1 the distribution after tokens 0..t."""
-    import numpy as np
-
-    windows = np.asarray(windows)
-    S, L = windows.shape
-    outputs = prompt_logprobs.check_outputs(outputs, windows, "vLLM prompt_logprobs")
-    result = prompt_logprobs.empty(S, L - 1, k, ref_ids)
-    for i, out in enumerate(outputs):
-        entries = getattr(out, "prompt_logprobs", None)
-        if entries is None:
-            raise TrtbuildError(f"vLLM prompt_logprobs: output {i} has none (was SamplingParams.prompt_logprobs set?)")
+    windows, result, scored = prompt_logprobs.scored_outputs(outputs, windows, k, ref_ids, "prompt_logprobs",
+                                                             "vLLM prompt_logprobs",
+                                                             "was SamplingParams.prompt_logprobs set?")
+    L = windows.shape[1]
+    for i, entries in scored:
         entries = list(entries)
         if len(entries) != L:
             raise TrtbuildError(f"vLLM prompt_logprobs: output {i} has {len(entries)} positions for a window of {L} "

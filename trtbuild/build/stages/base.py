@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from trtbuild.host import toolchain
+from trtbuild.store.summaries import StageSummary, dump_summary
 
 
 @dataclass(frozen=True)
@@ -64,18 +65,29 @@ class StageContext:
         copying them, for files nobody edits in place (a download cache's blobs)."""
         self.adopted = {"folder": folder, "include": include, "links_within": links_within, "link": link}
 
-    def report(self, summary: dict, name: str = "report.json") -> None:
+    def report(self, summary: Union[StageSummary, dict], name: str = "report.json") -> None:
         """The artifact's report (report.json, or `name`: one of SUMMARY_FILES), also copied into
-        the action record (and `cache ls`). It is part of the artifact, so it holds only what the
-        inputs determine: the figures of this run (RUN_FIGURES: timings, memory, the batch size this
-        host's memory allowed) go to `measure`."""
+        the action record (and `cache ls`): the stage kind's summary model (store.summaries), or
+        a dict the record types by the stage's kind. It is part of the artifact, so it holds only
+        what the inputs determine: the figures of this run (RUN_FIGURES: timings, memory, the batch
+        size this host's memory allowed) go to `measure` (see tool_report)."""
         import json
 
         assert name in SUMMARY_FILES + (OVERLAY_SUMMARY,), name
-        self.measure(**{k: v for k, v in summary.items() if k in RUN_FIGURES})
-        kept = {k: v for k, v in summary.items() if k not in RUN_FIGURES}
+        if isinstance(summary, StageSummary):
+            written = dump_summary(summary)
+        else:
+            self.measure(**{k: v for k, v in summary.items() if k in RUN_FIGURES})
+            written = {k: v for k, v in summary.items() if k not in RUN_FIGURES}
         (self.out / name).parent.mkdir(parents=True, exist_ok=True)
-        (self.out / name).write_text(json.dumps(kept, indent=2, sort_keys=True) + "\n")
+        (self.out / name).write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
+
+    def tool_report(self, model: type[StageSummary], report: dict[str, Any], **fields: Any) -> None:
+        """report() of a wrapped tool's own report (a conversion's, ModelOpt's) as `model` with
+        `fields` added: its run figures (RUN_FIGURES) go to `measure`, never into the artifact."""
+        self.measure(**{k: v for k, v in report.items() if k in RUN_FIGURES})
+        kept = {k: v for k, v in report.items() if k not in RUN_FIGURES}
+        self.report(model.model_validate({**kept, **fields, "kind": model.model_fields["kind"].default}))
 
     def measure(self, **figures: Any) -> None:
         """Measurements of this run (seconds of a step, tokens per second): kept in the action

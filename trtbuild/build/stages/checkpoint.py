@@ -22,6 +22,7 @@ from pathlib import Path
 
 from trtbuild.build.stages.base import StageContext
 from trtbuild.build.stages.worker import report_progress
+from trtbuild.store.summaries import CalibrationSummary, CheckpointSummary, HfExportSummary, QuantizeSummary
 
 
 
@@ -38,8 +39,8 @@ def make_windows(ctx: StageContext) -> None:
     ids, meta = calibration.make_windows(ctx.inputs["source"], text, ctx.params["samples"], ctx.params["seq_len"],
                                          ctx.params["seed"])
     calibration.save_windows(ctx.out, ids, meta)
-    ctx.report({"samples": int(ids.shape[0]), "seq_len": int(ids.shape[1]), **meta,
-                "text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()})
+    ctx.report(CalibrationSummary(**{**meta, "samples": int(ids.shape[0]), "seq_len": int(ids.shape[1])},
+                                  text_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest()))
 
 
 def quantize(ctx: StageContext) -> None:
@@ -60,7 +61,7 @@ def quantize(ctx: StageContext) -> None:
     # exactly what restore_quantized rebuilds from this folder (save_quantized pinned every
     # parameter's sha256): the exports and validation after this stage start from it
     models.keep(models.quantized_key(ctx.out, dtype), model)
-    ctx.report({**report, "device": device})
+    ctx.tool_report(QuantizeSummary, report, device=device)
     ctx.measure(calibration_seconds=round(time.monotonic() - started, 2))
 
 
@@ -103,7 +104,7 @@ def convert_checkpoint(ctx: StageContext) -> None:
     report = convert_hf_to_trtllm(source, ctx.out, ctx.params["tp"], ctx.params["pp"], ctx.params["dtype"], progress,
                                   quant=ctx.params.get("quant"))
     changed = _fix_and_verify(ctx.out, source, ctx)
-    ctx.report({**report, "config_fixes": changed})
+    ctx.tool_report(CheckpointSummary, report, config_fixes=changed)
 
 
 def export_checkpoint(ctx: StageContext) -> None:
@@ -115,14 +116,15 @@ def export_checkpoint(ctx: StageContext) -> None:
     # on a deep copy (the export rewrites weights and amax): the kept model stays as it is
     report = mq.export_trtllm(quantized, ctx.out, ctx.params["tp"], ctx.params["pp"], ctx.params["dtype"])
     verify(ctx.out, _hf_config(source))
-    ctx.report({**report, "config_fixes": report.pop("patched")})
+    fixes = report.pop("patched")
+    ctx.tool_report(CheckpointSummary, report, config_fixes=fixes)
 
 
 def convert_hf(ctx: StageContext) -> None:
     from trtbuild.checkpoint.hf_cast import cast_checkpoint
 
     report = cast_checkpoint(ctx.inputs["source"], ctx.out, ctx.params["dtype"])
-    ctx.report(report)
+    ctx.tool_report(HfExportSummary, report)
 
 
 def export_hf(ctx: StageContext) -> None:
@@ -132,4 +134,4 @@ def export_hf(ctx: StageContext) -> None:
     source = ctx.inputs["source"]
     quantized = models.quantized(source, ctx.inputs["quantized"], ctx.params["dtype"], "cpu")
     report = mq.export_hf(quantized, ctx.out, source)  # on a deep copy: the kept model stays as it is
-    ctx.report(report)
+    ctx.tool_report(HfExportSummary, report)

@@ -32,6 +32,7 @@ from trtbuild.host import hardware
 from trtbuild.facts import trtllm
 from trtbuild.errors import TrtbuildError
 from trtbuild.build.stages.base import StageContext
+from trtbuild.store.summaries import EngineMemory, EngineSummary, EngineToolchainUsed
 
 TAIL_LINES = 12  # lines of trtllm-build's output a failure shows
 LIMITS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "max_beam_width")
@@ -203,20 +204,12 @@ def build_engine(ctx: StageContext) -> None:
         shutil.move(str(timing_out), str(destination / engine_command.TIMING_CACHE_OUT))
 
     mapping = checkpoint_config.get("mapping") or {}
-    summary = {
-        "schema": 1,
-        "kind": "engine",
-        "sm": sm,
-        "tp": int(mapping.get("tp_size", 1)),
-        "pp": int(mapping.get("pp_size", 1)),
-        "world_size": world,
-        "quantization": _quantization(checkpoint_config),
-        "checkpoint": runtime["input_digests"]["checkpoint"],
-        "toolchain": {"tensorrt_llm": probe.tensorrt_llm, "tensorrt": probe.tensorrt, "image": image},
-        "standin": probe.standin,
-        "command": argv,
-        "memory": {"engine_bytes_per_rank": rank_bytes},
-    }
+    summary = EngineSummary(
+        schema=1, kind="engine", sm=sm, tp=int(mapping.get("tp_size", 1)), pp=int(mapping.get("pp_size", 1)),
+        world_size=world, quantization=_quantization(checkpoint_config),
+        checkpoint=runtime["input_digests"]["checkpoint"],
+        toolchain=EngineToolchainUsed(tensorrt_llm=probe.tensorrt_llm, tensorrt=probe.tensorrt, image=image),
+        standin=probe.standin, command=argv, memory=EngineMemory(engine_bytes_per_rank=rank_bytes))
     ctx.report(summary, name="trtbuild.json")
     # recorded, never keyed: the same engine loads under any driver new enough for its CUDA
     ctx.measure(build_seconds=seconds, workers=workers, gpus=[g.name for g in gpus],

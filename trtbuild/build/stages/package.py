@@ -13,6 +13,7 @@ from trtbuild.errors import TrtbuildError
 from trtbuild.facts.serving import RUNTIME_NAMES
 from trtbuild.serving.check import check_checkpoint
 from trtbuild.build.stages.base import OVERLAY_SUMMARY, StageContext
+from trtbuild.store.summaries import Serving
 
 CHECK_FILE = f"{serving_options.SERVING_DIR}/check.json"
 
@@ -42,6 +43,7 @@ def package_hf(ctx: StageContext) -> None:
     written = serving_options.write_serving(ctx.out, ctx.params, refused)
     (ctx.out / CHECK_FILE).write_text(json.dumps(check, indent=2, sort_keys=True) + "\n")
     written.append(CHECK_FILE)
-    summary = {"serving": {"files": written, "runtimes": ctx.params["runtimes"], "check": accepted,
-                           "serves": serves}}  # the lock, `ls` and `pull` read serves
-    ctx.report(summary, name=OVERLAY_SUMMARY)
+    serving = Serving(files=written, runtimes=ctx.params["runtimes"], check=accepted,
+                      serves=serves)  # the lock, `ls` and `pull` read serves
+    # the stage's own part of the summary: the runner adds it to the export's (HfCheckpointSummary)
+    ctx.report({"serving": serving.model_dump(mode="json")}, name=OVERLAY_SUMMARY)

@@ -17,6 +17,7 @@ import numpy as np
 
 from trtbuild.build.stages.base import StageContext
 from trtbuild.build.stages.worker import report_progress
+from trtbuild.store.summaries import ReferenceSummary, ValidationSummary
 
 REFERENCE_NPZ = "reference.npz"
 WINDOWS = "windows.npy"
@@ -43,10 +44,10 @@ def make_reference(ctx: StageContext) -> None:
     np.save(ctx.out / WINDOWS, windows)
     np.savez(ctx.out / REFERENCE_NPZ, **ref)
     nll = -ref["target_logp"].astype(np.float64)
-    ctx.report({"text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
-                "windows": int(windows.shape[0]), "seq_len": int(windows.shape[1]), "top_k": ctx.params["top_k"],
-                "ppl": float(np.exp(nll.mean())), "text_tokens": meta.get("tokens"), "overlapping": meta.get("overlapping"),
-                "device": device})
+    ctx.report(ReferenceSummary(text_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+                                windows=int(windows.shape[0]), seq_len=int(windows.shape[1]), top_k=ctx.params["top_k"],
+                                ppl=float(np.exp(nll.mean())), text_tokens=meta["tokens"],
+                                overlapping=meta["overlapping"], device=device))
     ctx.measure(reference_seconds=round(time.monotonic() - started, 2))
 
 
@@ -165,9 +166,9 @@ def _write_report(ctx: StageContext, windows: np.ndarray, comparison, started: f
                             "the gates are unreliable (they flatter the model)")
     np.savez(ctx.out / "per_window.npz", kl=comparison.kl.mean(axis=1), top1=comparison.top1.mean(axis=1),
              ref_nll=comparison.ref_nll.mean(axis=1), cand_nll=comparison.cand_nll.mean(axis=1))
-    summary = {"metrics": result.as_json(), "stderr": result.stderr, "gates": gates, "tests": tests,
-               "warnings": warnings, "gates_reliable": not overlap, "calibration_overlap": overlap, **runner,
-               "windows": result.windows}
+    summary = ValidationSummary(metrics=result.as_json(), stderr=result.stderr, gates=gates, tests=tests,
+                                warnings=warnings, gates_reliable=not overlap, calibration_overlap=overlap, **runner,
+                                windows=result.windows)
     ctx.measure(validation_seconds=round(time.monotonic() - started, 2))
     (ctx.out / "report.md").write_text(_markdown(ctx.runtime.get("target", ""), summary))
     ctx.report(summary)
@@ -179,23 +180,23 @@ def _text_sha(artifact: Path):
     return json.loads(report.read_text()).get("text_sha256") if report.exists() else None
 
 
-def _markdown(target: str, summary: dict) -> str:
-    m, se = summary["metrics"], summary["stderr"]
+def _markdown(target: str, summary: ValidationSummary) -> str:
+    m, se = summary.metrics, summary.stderr
     lines = [f"# Validation of {target}", "",
-             f"{m['tokens']} tokens in {summary['windows']} windows, {summary['runner']} runner on {summary['device']}.", "",
+             f"{m.tokens} tokens in {summary.windows} windows, {summary.runner} runner on {summary.device}.", "",
              "| metric | value | ± (std. error) |", "|---|---|---|",
-             f"| KL divergence, mean | {m['kld_mean']:.4g} | {se['kld_mean']:.2g} |",
-             f"| KL divergence, p99 | {m['kld_p99']:.4g} | |",
-             f"| top-1 agreement | {m['top1_agreement']:.4f} | {se['top1_agreement']:.2g} |",
-             f"| perplexity (reference → candidate) | {m['ppl_reference']:.3f} → {m['ppl']:.3f} | |",
-             f"| perplexity change | {m['ppl_delta_pct']:+.2f}% | {se['ppl_delta_pct']:.2g} |", "",
+             f"| KL divergence, mean | {m.kld_mean:.4g} | {se['kld_mean']:.2g} |",
+             f"| KL divergence, p99 | {m.kld_p99:.4g} | |",
+             f"| top-1 agreement | {m.top1_agreement:.4f} | {se['top1_agreement']:.2g} |",
+             f"| perplexity (reference → candidate) | {m.ppl_reference:.3f} → {m.ppl:.3f} | |",
+             f"| perplexity change | {m.ppl_delta_pct:+.2f}% | {se['ppl_delta_pct']:.2g} |", "",
              "| gate | value | limit | |", "|---|---|---|---|"]
-    for name, gate in summary["gates"].items():
-        lines.append(f"| {name} | {gate['value']:.4g} | {gate['limit']:g} | {'pass' if gate['passed'] else '**FAIL**'} |")
-    test = summary.get("tests", {}).get("top1_agreement")
+    for name, gate in summary.gates.items():
+        lines.append(f"| {name} | {gate.value:.4g} | {gate.limit:g} | {'pass' if gate.passed else '**FAIL**'} |")
+    test = summary.tests.get("top1_agreement")
     if test:
         lines += ["", f"Top-1 agreement, one-tailed two-sample test (reference/trtllm.md section 7): "
                       f"{test['n']:.0f} effective tokens detect a drop of {test['theta']:.3g} or more "
                       f"(alpha {test['alpha']:g}, power {1 - test['beta']:g}); the gate's margin is {test['margin']:.3g}."]
-    lines += [""] + [f"- {w}" for w in summary["warnings"]]
+    lines += [""] + [f"- {w}" for w in summary.warnings]
     return "\n".join(lines) + "\n"

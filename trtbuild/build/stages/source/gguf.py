@@ -11,6 +11,7 @@ from pathlib import Path
 
 from trtbuild.errors import InvalidInput
 from trtbuild.build.stages.base import StageContext
+from trtbuild.store.summaries import SourceSummary
 from trtbuild.build.stages.source.common import Resolved, SourceContext
 
 
@@ -73,8 +74,8 @@ def _convert(ctx: StageContext, gguf: Path, dtype) -> None:
     _special_tokens_as_the_gguf_says(tokenizer, gguf)
     tokenizer.save_pretrained(ctx.out, legacy_format=False)
     params = sum(p.numel() for p in model.parameters())
-    ctx.report({"architecture": config.architectures[0] if config.architectures else None,
-                "parameters": params, "dtype": ctx.params["dtype"]})
+    ctx.report(SourceSummary(architecture=config.architectures[0] if config.architectures else None,
+                             parameters=params, dtype=ctx.params["dtype"]))
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from trtbuild.errors import InvalidInput
 from trtbuild.build.stages.base import StageContext
+from trtbuild.store.summaries import SourceSummary
 from trtbuild.build.stages.source import remote
 from trtbuild.build.stages.source.common import Resolved, SourceContext
 from trtbuild.store.tree import Entry, Manifest, build_manifest
@@ -62,4 +63,4 @@ def convert_nemo(ctx: StageContext) -> None:
     work = ctx.out.parent / "nemo-work"
     work.mkdir(exist_ok=True)
     report = convert(Path(ctx.runtime["checkpoint"]), ctx.out, work=work)
-    ctx.report(report)
+    ctx.tool_report(SourceSummary, report)
