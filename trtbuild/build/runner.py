@@ -5,12 +5,11 @@ to artifacts that passed every validation of them that could run (`_ref_verdict`
 
 from __future__ import annotations
 
-import enum
 import json
 import shutil
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -18,16 +17,16 @@ from pydantic import ValidationError
 
 from trtbuild.build import nodekeys
 
-from trtbuild.lock import publication
-
 from trtbuild.build import timingcache
+from trtbuild.build.refs import move_refs
+from trtbuild.build.results import BUILT, CACHED, FAILED, IMPOSSIBLE, SKIPPED, NodeResult, RunResult
 from trtbuild.errors import InvalidInput, TrtbuildError, Unreachable
 from trtbuild.build.graph import STAGE_ORDER, Blocker, Graph, Node
 from trtbuild.facts.nodeids import TARGET_STAGES
 from trtbuild.plan.platform import EnginePlatform
 from trtbuild.store.base import first_error
 from trtbuild.store.records import ActionRecord, Digest, Execution, utc_now
-from trtbuild.store.summaries import EngineSummary, StageSummary, UnknownSummary, ValidationSummary, parse_summary
+from trtbuild.store.summaries import EngineSummary, StageSummary, UnknownSummary, parse_summary
 from trtbuild.build.stages.base import OVERLAY_SUMMARY, SUMMARY_FILES, StageContext
 from trtbuild.build.stages.source import Resolved
 from trtbuild.build.stages.worker import ERROR_PREFIX, INPUT_ERROR_PREFIX, PROGRESS_PREFIX, load_entry
@@ -36,62 +35,6 @@ from trtbuild.store.local import CorruptStore, LocalStore
 from trtbuild.store.tree import Manifest
 from trtbuild.validate import gates
 from trtbuild.build.worker_pool import WorkerPool
-
-
-class Status(str, enum.Enum):
-    """What happened to a node in one run."""
-
-    BUILT = "built"  # the stage ran and its artifact was stored
-    CACHED = "cached"  # the store had the key, with every byte of its artifact intact
-    FAILED = "failed"  # the stage failed, a gate failed, or an input failed
-    IMPOSSIBLE = "impossible"  # the plan rules it out (the reason says which rule)
-    SKIPPED = "skipped"  # not this run: --until, a host that cannot run it, an input not built
-
-    def __str__(self) -> str:
-        return self.value
-
-
-BUILT, CACHED, FAILED, IMPOSSIBLE, SKIPPED = Status.BUILT, Status.CACHED, Status.FAILED, Status.IMPOSSIBLE, Status.SKIPPED
-
-
-@dataclass
-class NodeResult:
-    id: str
-    kind: str
-    stage: Optional[str]
-    status: Status
-    key: Optional[str] = None
-    digest: Optional[str] = None
-    size: Optional[int] = None  # the artifact's bytes
-    seconds: float = 0.0
-    reason: Optional[str] = None
-    path: Optional[str] = None
-    summary: Optional[StageSummary] = None  # the record's typed summary (store.summaries)
-    ref: Optional[str] = None  # a done target held back from publishing: why (publication.held_back)
-    decided_by: list[dict] = field(default_factory=list)  # the validations whose figures moved its ref, deciding first
-    blocker: Optional[Blocker] = None  # a node this host could not run: why (Blocker.HOST: no GPU or runtime here)
-    log_tail: list[str] = field(default_factory=list)  # a failed stage's last log lines
-    standin: list[str] = field(default_factory=list)  # toolchain parts that are test stand-ins (never real)
-    platform: Optional[EnginePlatform] = None  # an engine's: what it is for (SM, parallelism, toolchain)
-    origin: Optional[str] = None  # a done node's artifact: "built" here, "local" store, or "remote" (pulled, verified)
-    pulled: Optional[dict] = None  # origin "remote": the store pulled from and what moved
-    note: Optional[str] = None  # e.g. why the remote's artifact was not used
-
-    @property
-    def done(self) -> bool:
-        return self.status in (BUILT, CACHED)
-
-    def as_json(self) -> dict:
-        out = {"name": self.id, "stage": self.stage or self.kind, "status": self.status.value, "key": self.key,
-               "digest": self.digest, "size": self.size, "seconds": round(self.seconds, 3), "reason": self.reason, "path": self.path,
-               "ref": self.ref, "decided_by": self.decided_by, "standin": self.standin, "origin": self.origin, "pulled": self.pulled, "note": self.note}
-        if self.log_tail:
-            out["log_tail"] = self.log_tail
-        if isinstance(self.summary, ValidationSummary):  # validation entries
-            out.update(metrics=self.summary.metrics.model_dump(mode="json"),
-                       gates={name: gate.model_dump(mode="json") for name, gate in self.summary.gates.items()},
-                       warnings=self.summary.warnings)
-        return out
 
 
 @dataclass
@@ -107,17 +50,6 @@ class RunOptions:
     rebuild: frozenset[str] = frozenset()  # --rebuild: node ids built anew even when the store has them
     host_sms: Optional[frozenset[str]] = None  # --gpu auto: this host's SMs; nodes for others are another host's job
     remote: Optional[object] = None  # remote_cache.RemoteCache: where a local miss is looked up (and pulled from)
-
-
-@dataclass
-class RunResult:
-    """One run of a graph: a result per node (in graph order) and the source's resolution."""
-
-    results: list[NodeResult]
-    resolutions: dict[str, Resolved]
-
-    def by_id(self) -> dict[str, NodeResult]:
-        return {r.id: r for r in self.results}
 
 
 class StageFailed(TrtbuildError):
@@ -225,7 +157,7 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
                 raise StageFailed(f"{reason} (log: {store.workspace().keep_failure(key, work / 'logs')})", tail)
             measured = json.loads((work / "execution.json").read_text())
             peak_rss_mib, figures = measured["peak_rss_mib"], measured["figures"]
-            summary = _summary(out, inputs[stage.overlay] if stage.overlay else None)
+            summary = _typed_summary(stage.ident, out, inputs[stage.overlay] if stage.overlay else None)
             manifest = ingest(out, progress=reporter.advance)
         else:
             ctx = StageContext(out=out, inputs=inputs, params=node.param_values(), runtime=runtime, state=store.state)
@@ -338,7 +270,7 @@ def run_graph(graph: Graph, store: LocalStore, options: Optional[RunOptions] = N
             reporter.finished(result)
         if options.recipe_identity and any(r.done for r in results.values()):
             store.claim_recipe(graph.recipe, options.recipe_identity)
-        _move_refs(graph, store, results, options.validated)
+        move_refs(graph, store, results, options.validated)
     return RunResult([results[n.id] for n in graph.nodes], resolutions)
 
 
@@ -455,98 +387,3 @@ def _platform(node: Node, record: ActionRecord) -> Optional[EnginePlatform]:
     if node.kind != "engine" or not isinstance(record.summary, EngineSummary):
         return None
     return record.summary.platform(standin=bool(record.standin))
-
-
-# The order in which validations' figures decide (and head `ls` and the report): what the serving
-# runtime measured before what torch did. A graph node's `runner` param names its runner.
-DECIDING_ORDER = ("tensorrt_llm", "vllm", "torch")
-
-
-def _runner(node: Node) -> Optional[str]:
-    param = node.params.get("runner")
-    return param.value if param else None
-
-
-def _checks(graph: Graph, node: Node, results: dict[str, NodeResult]) -> tuple[list[publication.Check], list[Node], list[Node]]:
-    """The node's validations as publication.held_back judges them (an engine's with its
-    checkpoint's); the validations whose figures decide (ran and passed), deciding
-    first; and the runtime validations this host could not run. A runtime validation (TensorRT-LLM's,
-    vLLM's) skipped because this host lacks the runtime or a GPU is excused (ELSEWHERE) only when a
-    torch validation ran and passed: then torch's figures decide alone."""
-    ranks = {runner: n for n, runner in enumerate(DECIDING_ORDER)}
-    own = sorted(graph.validations_of(node.id), key=lambda v: ranks.get(_runner(v), len(ranks)))
-    validations = graph.validations_of(node.id)  # in graph order: torch's first, whose absence the others wait on
-    if node.kind == "engine" and "checkpoint" in node.inputs:  # its checkpoint's figures judge it too (after its own)
-        validations += graph.validations_of(node.inputs["checkpoint"])
-    ran = [v for v in own if results[v.id].done]
-    torch_passed = any(_runner(v) == "torch" and results[v.id].done for v in own)
-    elsewhere = [v for v in own if results[v.id].status == SKIPPED and results[v.id].blocker == Blocker.HOST
-                 and _runner(v) in DECIDING_ORDER[:-1]] if torch_passed else []
-    checks = []
-    for v in validations:
-        done = results[v.id]
-        if done.status == FAILED:
-            state, detail = publication.FAILED, "its gates" if done.digest else ""
-        elif done.done:
-            state, detail = publication.PASSED, ""
-        elif v in elsewhere:
-            state, detail = publication.ELSEWHERE, ""
-        else:
-            state, detail = publication.NOT_RUN, str(done.status)
-        checks.append(publication.Check(v.id, state, detail, tuple(done.standin)))
-    return checks, ran, elsewhere
-
-
-def _ref_verdict(graph: Graph, node: Node, results: dict[str, NodeResult],
-                 validated: bool = True) -> tuple[Optional[str], list[Node], list[Node]]:
-    """Whether a done node's ref may move: (why not, or None; the validations that decided, deciding
-    first; the runtime validations this host could not run). A target's is publication.held_back's
-    verdict (so is any node with validations); a node that is neither (the source, a calibration set,
-    ...) always moves."""
-    checks, ran, elsewhere = _checks(graph, node, results)
-    if node.serves is not None or (node.kind not in TARGET_STAGES and not checks):  # no target, nothing judges it
-        return None, ran, elsewhere
-    why = publication.held_back(validated, checks, results[node.id].standin)
-    return (why, [], []) if why else (None, ran, elsewhere)
-
-
-def _move_refs(graph: Graph, store: LocalStore, results: dict[str, NodeResult], validated: bool = True) -> None:
-    """Point each done node's ref at its artifact when `_ref_verdict` allows it: a ref never names an
-    artifact that has not passed what the recipe asks and this host could measure. A validation's
-    ref moves with the ref of the node it serves, so that the validations a store holds beside a
-    target are those of its artifact: the ref of a runtime validation this host could not run is
-    removed unless it names a validation of this very artifact (made on another host)."""
-    served = {n.id for n in graph.nodes}
-    for node in graph.nodes:
-        result = results[node.id]
-        if not result.done or (node.kind == "validate" and node.serves in served):
-            continue
-        why, decided, elsewhere = _ref_verdict(graph, node, results, validated)
-        if why:
-            result.ref = why
-            continue
-        store.update_ref(graph.recipe, node.id, result.digest, result.key)
-        for validation in decided:
-            done = results[validation.id]
-            store.update_ref(graph.recipe, validation.id, done.digest, done.key)
-            said = done.summary if isinstance(done.summary, ValidationSummary) else None
-            result.decided_by.append({"validation": validation.id, "runner": said.runner if said else None,
-                                      "device": said.device if said else None})
-        for validation in elsewhere:
-            if not _validates(store, graph.recipe, validation, results):
-                store.delete_ref(graph.recipe, validation.id)
-
-
-def _validates(store: LocalStore, recipe: str, validation: Node, results: dict[str, NodeResult]) -> bool:
-    """Whether the validation's ref names a validation of what this run made (the same inputs: the
-    candidate, the reference and the calibration set)."""
-    try:
-        ref = store.read_ref(recipe, validation.id)
-    except CorruptStore:  # a malformed ref names nothing: it goes
-        return False
-    record = store.get_record(ref.key) if ref is not None else None
-    if record is None:
-        return False
-    inputs = record.fields.get("inputs")
-    return isinstance(inputs, dict) and all(inputs.get(role) == results[dep].digest
-                                            for role, dep in validation.inputs.items())

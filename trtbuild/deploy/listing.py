@@ -111,7 +111,7 @@ def platform_of(record: ActionRecord) -> Optional[EnginePlatform]:
 
 
 def _validation_ids(target: str, record: Optional[ActionRecord]) -> list[str]:
-    """A target's validations in the order their figures decide (runner.DECIDING_ORDER): its own
+    """A target's validations in the order their figures decide (refs.DECIDING_ORDER): its own
     first, the serving runtime's before torch's (TensorRT-LLM's, vLLM's, then torch's; an engine's
     own is TensorRT-LLM's); an engine's also its checkpoint's, last (as publication.lock_validations)."""
     ids = [trtllm_validate_id(target), vllm_validate_id(target), validate_id(target)]

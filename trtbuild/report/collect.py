@@ -94,7 +94,7 @@ def rows(plan: Plan, store: LocalStore, lock: Optional[LockFile]) -> list[Report
         variant = plan.recipe.variants[target.variant]
         entry = locked.get(target.name)
         record = store.get_record(entry.key) if entry else None
-        # the validations that ran, in the order their figures decide (runner.DECIDING_ORDER): the
+        # the validations that ran, in the order their figures decide (refs.DECIDING_ORDER): the
         # numbers shown are TensorRT-LLM's, else vLLM's, else torch's (an engine's own is TensorRT-LLM's),
         # those of the first that failed its gates when one did (they say why the target failed)
         ran = [locked[v] for v in (trtllm_validate_id(target.name), vllm_validate_id(target.name),
