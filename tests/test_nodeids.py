@@ -47,3 +47,27 @@ def test_a_target_id_reads_back_as_its_variant_and_an_engine_as_its_checkpoint(v
 ])
 def test_what_is_a_target(node_id, stage, target, variant):
     assert (nodeids.is_target(node_id, stage), nodeids.variant_of(node_id)) == (target, variant)
+
+
+def test_no_module_but_nodeids_spells_the_grammar_of_an_id():
+    """`-tp2`, `-hf`, `:validate`, `:twin` ... are written (in an f-string or a constant) by
+    facts/nodeids.py only; every other module calls it, so the grammar cannot drift."""
+    import ast
+    import re
+    from pathlib import Path
+
+    grammar = re.compile(r"^(-(tp|hf|export|quantized)\b|:(validate|twin)\b)")  # -pp follows -tp
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for path in sorted((root / "trtbuild").rglob("*.py")):
+        if path.name == "nodeids.py":
+            continue
+        tree = ast.parse(path.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs \
+                    and grammar.match(node.value):
+                found.append(f"{path.relative_to(root)}:{node.lineno} {node.value!r}")
+    assert found == []

@@ -168,7 +168,10 @@ def test_the_pytorch_backends_first_version_is_the_runtime_tables():
     table = json.loads((Path(trtbuild.__file__).parent / "data" / "runtime-support.json").read_text())
     assert (table["runtimes"]["trtllm"]["versions"], table["runtimes"]["trtllm"]["label"]) == (["1.3"], "trtllm>=1.3")
     assert serving.oldest_version("trtllm") == "1.3"
-    assert str(pullselect.TRTLLM_PYTORCH_MIN) == "1.3"
+    # pull counts a tensorrt_llm for hf-checkpoints from that version on
+    assert pullselect._runtime_problem("trtllm", "1.2.1") == ("1.2.1 is installed; its PyTorch backend serves "
+                                                              "hf-checkpoints from 1.3 on")
+    assert pullselect._runtime_problem("trtllm", "1.3.0rc2") is None
     assert "(PyTorch backend, 1.3 or later)" in runner.NEEDS["hf"]
 
 

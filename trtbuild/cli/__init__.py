@@ -13,6 +13,7 @@ import click
 
 from trtbuild import __version__
 from trtbuild.errors import InvalidInput, TrtbuildError
+from trtbuild.facts.runtime_names import PULL_RUNTIMES, names_text
 
 def default_recipe() -> Path:
     """The recipe embedded in the package: the bundled SmolLM2-135M demo (trtbuild.recipe.schema says where)."""
@@ -299,9 +300,9 @@ def explain(recipe: Path, target: str, store_url, as_json) -> None:
               help="An engine's lock file (`RECIPE.lock`): when the engine does not fit, name its engine targets "
                    "that would.")
 @click.option("--runtime", "runtimes", multiple=True, metavar="NAME[==VERSION]",
-              help="A Hugging Face checkpoint: check only this runtime's loader: trtllm, vllm or sglang, at the "
+              help=f"A Hugging Face checkpoint: check only this runtime's loader: {names_text()}, at the "
                    "runtime table's default version or at ==VERSION, one the table covers (docs/runtimes.md; "
-                   "repeatable; default: all three).")
+                   "repeatable; default: all of them).")
 @click.option("--gpu", "gpus", multiple=True, metavar="SM",
               help="A Hugging Face checkpoint: it must be served on this SM (sm80 ... sm120; repeatable; default: "
                    "on at least one).")
@@ -445,7 +446,7 @@ def _demo_name() -> str:
               help="The target to pull, or auto: the one that fits this host best.")
 @click.option("--gpu", default="auto", show_default=True, metavar="auto|SM",
               help="auto: every GPU NVML sees; an SM: only this host's GPUs of that SM count.")
-@click.option("--runtime", type=click.Choice(["auto", "trtllm-engine", "trtllm", "vllm", "sglang"]), default="auto",
+@click.option("--runtime", type=click.Choice(["auto", *PULL_RUNTIMES]), default="auto",
               show_default=True, help="What will serve it: a TensorRT engine, or an hf-checkpoint on TensorRT-LLM's "
               "PyTorch backend (1.3+), vLLM or SGLang.")
 @click.option("--prefer", type=click.Choice(["throughput", "latency"]), default="throughput", show_default=True,

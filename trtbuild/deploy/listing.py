@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from trtbuild.facts import serving
+from trtbuild.facts.serving import ENGINE_RUNTIME
 from trtbuild.plan.estimate import format_bytes
 from trtbuild.lock.lockfile import LockedRecipe, LockedTarget, LockFile
 from trtbuild.facts.nodeids import (checkpoint_of_engine, is_target, trtllm_validate_id, validate_id, variant_of,
@@ -81,7 +82,7 @@ class Published:
         an engine's SM under `trtllm-engine`."""
         summary = self.record.summary if self.record is not None else None
         if isinstance(summary, EngineSummary):
-            return {"trtllm-engine": [summary.sm]}
+            return {ENGINE_RUNTIME: [summary.sm]}
         return summary.serving.serves if isinstance(summary, HfCheckpointSummary) else None
 
     @property
@@ -242,7 +243,7 @@ def _serves_cell(item: Published) -> str:
     if not serves:
         return "-"
     if item.stage == "engine":
-        return " ".join(serves["trtllm-engine"])
+        return " ".join(serves[ENGINE_RUNTIME])
     return serving.served_text(serves)
 
 

@@ -19,11 +19,8 @@ The rules, in order:
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
-
-from packaging.version import InvalidVersion, Version
 
 from trtbuild.host import hardware
 
@@ -39,24 +36,30 @@ from trtbuild.facts.nodeids import variant_of
 from trtbuild.facts.serving import serving_sms
 from trtbuild.host.toolchain import EngineToolchain, package_version, probe_engine_toolchain
 
-RUNTIMES = ("trtllm-engine", *serving.RUNTIMES)  # --runtime's choices besides auto, in preference order
+RUNTIMES = serving.PULL_RUNTIMES  # --runtime's choices besides auto, in preference order
 PREFER = ("throughput", "latency")
 SERVABLE_STAGES = ("engine", "hf-checkpoint")
 
-# hf-checkpoints are served by the PyTorch backend from the runtime table's first version (1.3) on
-TRTLLM_PYTORCH_MIN = Version(serving.oldest_version("trtllm"))
-
-
 @dataclass(frozen=True)
 class Host:
-    """What this host offers: GPUs (NVML), the engine toolchain, vllm and sglang (package metadata)."""
+    """What this host offers: GPUs (NVML), the engine toolchain, and the installed version of each
+    runtime table runtime's package (package metadata)."""
 
     gpus: tuple[hardware.DetectedGpu, ...]
     tensorrt_llm: Optional[str]
     tensorrt: Optional[str]
-    vllm: Optional[str]
+    runtimes: dict[str, Optional[str]] = field(default_factory=dict)  # runtime -> its package's version
     gpu_filter: Optional[str] = None  # --gpu SM: only this host's GPUs of that SM count
-    sglang: Optional[str] = None
+
+    def runtime_version(self, runtime: str) -> Optional[str]:
+        return self.runtimes.get(runtime)
+
+    def _packages(self) -> dict[str, Optional[str]]:
+        """package -> version: the engine toolchain's, then each runtime's (once: trtllm's is tensorrt_llm)."""
+        out = {"tensorrt_llm": self.tensorrt_llm, "tensorrt": self.tensorrt}
+        for runtime, version in self.runtimes.items():
+            out.setdefault(serving.RUNTIME_INFO[runtime].package, version)
+        return out
 
     @classmethod
     def probe(cls, gpu: str = "auto") -> "Host":
@@ -66,7 +69,8 @@ class Host:
             sm = _parse_sm(gpu)
             gpus = tuple(g for g in gpus if g.sm == sm)
         engine = probe_engine_toolchain()
-        return cls(gpus, engine.tensorrt_llm, engine.tensorrt, package_version("vllm"), sm, package_version("sglang"))
+        runtimes = {name: package_version(r.package) for name, r in serving.RUNTIME_INFO.items()}
+        return cls(gpus, engine.tensorrt_llm, engine.tensorrt, runtimes, sm)
 
     def engine_host(self) -> HostFacts:
         return HostFacts(self.gpus, EngineToolchain(tensorrt_llm=self.tensorrt_llm, tensorrt=self.tensorrt))
@@ -80,15 +84,13 @@ class Host:
         else:
             gpus = f"no {self.gpu_filter} GPU" if self.gpu_filter else "no NVIDIA GPU"
         parts = [gpus]
-        for name in ("tensorrt_llm", "tensorrt", "vllm", "sglang"):
-            version = getattr(self, name)
+        for name, version in self._packages().items():
             parts.append(f"{name} {version}" if version else f"no {name}")
         return ", ".join(parts)
 
     def as_json(self) -> dict:
         return {"gpus": [{"index": g.index, "name": g.name, "sm": g.sm, "memory_bytes": g.memory_bytes} for g in self.gpus],
-                "tensorrt_llm": self.tensorrt_llm, "tensorrt": self.tensorrt, "vllm": self.vllm, "sglang": self.sglang,
-                "gpu": self.gpu_filter}
+                **self._packages(), "gpu": self.gpu_filter}
 
 
 def _parse_sm(value: str) -> str:
@@ -124,16 +126,18 @@ class Selection:
     candidates: list[Candidate]  # every target of the lock, in the lock's order
 
 
-def _trtllm_serves_hf(version: Optional[str]) -> Optional[str]:
-    """Why this host's tensorrt_llm cannot serve an hf-checkpoint, or None."""
+def _runtime_problem(runtime: str, version: Optional[str]) -> Optional[str]:
+    """Why the installed `version` of `runtime` does not count for an hf-checkpoint, or None: not
+    installed, older than the runtime table's oldest where the table says why (the PyTorch backend
+    of TensorRT-LLM serves them from 1.3 on), or a version the table does not cover."""
     if version is None:
         return "not installed"
-    try:
-        if Version(version).release[:2] >= TRTLLM_PYTORCH_MIN.release[:2]:
-            return None
-    except InvalidVersion:
-        pass
-    return f"{version} is installed; its PyTorch backend serves hf-checkpoints from {TRTLLM_PYTORCH_MIN} on"
+    older = serving.RUNTIME_INFO[runtime].older
+    if older is not None and not serving.at_least_oldest(runtime, version):
+        return f"{version} is installed; " + older.format(oldest=serving.oldest_version(runtime))
+    if serving.covered_version(runtime, version) is None:  # the table's facts are for the versions it covers
+        return serving.outside_table(runtime, version)
+    return None
 
 
 def _format_label(quant: Optional[str], kv: Optional[str]) -> str:
@@ -147,13 +151,8 @@ def _hf_candidate(cand: Candidate, target: LockedTarget, fmt: Optional[tuple[Opt
         return
     quant, kv = fmt
     label = _format_label(quant, kv)
-    versions = {"trtllm": host.tensorrt_llm, "vllm": host.vllm, "sglang": host.sglang}
-    installed = {"trtllm": _trtllm_serves_hf(host.tensorrt_llm),
-                 "vllm": None if host.vllm else "not installed",
-                 "sglang": None if host.sglang else "not installed"}
-    for runtime, version in versions.items():  # the runtime table's facts are for the versions it covers
-        if installed[runtime] is None and serving_table.covered_version(runtime, version) is None:
-            installed[runtime] = serving_table.outside_table(runtime, version)
+    versions = {runtime: host.runtime_version(runtime) for runtime in serving_table.RUNTIMES}
+    installed = {runtime: _runtime_problem(runtime, version) for runtime, version in versions.items()}
     if not host.gpus:
         cand.reasons.append("gpu: " + (f"this host has no {host.gpu_filter} GPU" if host.gpu_filter
                                        else "this host has no NVIDIA GPU (NVML sees none)"))
@@ -192,7 +191,7 @@ def _engine_candidate(cand: Candidate, target: LockedTarget, host: Host) -> None
         cand.reasons.append("platform: the lock records none for this engine (written before trtbuild recorded it); rebuild it")
         return
     cand.reasons.extend(differences(p, host.engine_host()))
-    cand.runtime, cand.world_size = "trtllm-engine", p.world_size
+    cand.runtime, cand.world_size = serving_table.ENGINE_RUNTIME, p.world_size
 
 
 def choose(lock: LockFile, host: Host, runtime: str = "auto", prefer: str = "throughput",
@@ -214,7 +213,7 @@ def choose(lock: LockFile, host: Host, runtime: str = "auto", prefer: str = "thr
         elif target.stage == "checkpoint":
             cand.reasons.append("a TensorRT-LLM checkpoint: no runtime serves it as it is (the engines built from it do)")
         elif target.stage == "engine":
-            if "trtllm-engine" not in runtimes:
+            if serving_table.ENGINE_RUNTIME not in runtimes:
                 cand.reasons.append(f"runtime: --runtime {runtime} does not load TensorRT engines")
             else:
                 _engine_candidate(cand, target, host)

@@ -17,35 +17,118 @@ from functools import lru_cache
 from importlib import resources
 from typing import Optional, Sequence
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from trtbuild.facts import gpus, quantformats
 from trtbuild.errors import InvalidInput
 
-TABLE_FILE = "runtime-support.json"
+from trtbuild.facts.runtime_names import ENGINE_RUNTIME, PULL_RUNTIMES, TABLE_FILE, names_text  # noqa: F401
+
+
+class _Fact(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Runtime(_Fact):
+    """One runtime that loads Hugging Face (ModelOpt) checkpoints."""
+
+    title: str = Field(alias="name", description="as messages name it: 'TensorRT-LLM'")
+    label: str = Field(description="as plan / ls text writes it: 'trtllm>=1.3'")
+    package: str = Field(description="the distribution whose metadata says it is installed")
+    text: str = Field(description="for people")
+    versions: tuple[str, ...] = Field(description="the versions the table covers")
+    default: str = Field(description="the version plan, check and the packaged commands use")
+    version_note: str = Field(description="how `versions` cover releases (docs/runtimes.md)")
+    older: Optional[str] = Field(None, description="why a version older than the table's oldest serves no "
+                                 "hf-checkpoint (None: it is simply outside the table)")
+
+
+class Source(_Fact):
+    """Where a fact was read: a file of a repository at a commit (or ref), or a page at a version."""
+
+    repo: Optional[str] = None
+    ref: Optional[str] = None
+    commit: Optional[str] = None
+    path: Optional[str] = None
+    url: Optional[str] = None
+    version: Optional[str] = None
+    where: str = Field(description="the place in the file or page")
+    read_from: Optional[str] = Field(None, description="how it was read, where not from the file itself")
+
+
+class _Row(_Fact):
+    runtime: str
+    versions: tuple[str, ...]
+    cite: tuple[str, ...] = Field(min_length=1, description="the ids of `sources` that settle the row")
+    read: Optional[str] = Field(None, description="what was read there, for people")
+
+
+class SupportRow(_Row):
+    """Whether `runtime` serves one format, by SM: the SMs that serve, those on a fallback, those not
+    claimed; every other SM does not serve, for `reason`."""
+
+    quant: Optional[str] = Field(None, description="weights: the format (quantformats.FORMATS), None: unquantized")
+    kv_cache: Optional[str] = Field(None, description="KV cache rows: the format (quantformats.KV_FORMATS)")
+    serves: tuple[str, ...] = ()
+    reason: Optional[str] = None
+    fallback: tuple[str, ...] = ()
+    fallback_note: Optional[str] = None
+    unclaimed: tuple[str, ...] = ()
+    unclaimed_why: Optional[str] = None
+    options: dict[str, str] = Field(default_factory=dict, description="what the runtime needs to be told")
+
+    def sms(self) -> tuple[str, ...]:
+        return self.serves + self.fallback + self.unclaimed
+
+
+class LoaderRow(_Row):
+    """The names a runtime's ModelOpt loader accepts."""
+
+    quant_algos: tuple[str, ...] = Field(description="quant_algo names it loads")
+    kv_cache_quant_algos: tuple[str, ...] = Field(description="kv_cache_quant_algo names it loads")
+    known_algos: tuple[str, ...] = Field((), description="names it parses but has no loader for (TensorRT-LLM: "
+                                         "QuantAlgo members without a linear method)")
+
+
+class RuntimeTable(_Fact):
+    """trtbuild/data/runtime-support.json: every cell cites its sources; checked when read."""
+
+    schema_: int = Field(alias="schema")
+    table_version: int = Field(description="hf-checkpoint keys record it: a changed fact re-packages")
+    about: str
+    runtimes: dict[str, Runtime]
+    sources: dict[str, Source]
+    weights: tuple[SupportRow, ...]
+    kv_cache: tuple[SupportRow, ...]
+    loaders: tuple[LoaderRow, ...]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RuntimeTable":
+        for section in ("weights", "kv_cache", "loaders"):
+            for i, row in enumerate(getattr(self, section)):
+                where = f"{section}: runtime {row.runtime!r}"
+                if row.runtime not in self.runtimes:
+                    raise ValueError(f"{where} is not one of {', '.join(self.runtimes)}")
+                for version in row.versions:
+                    if version not in self.runtimes[row.runtime].versions:
+                        raise ValueError(f"{where}: version {version!r} is not one the table covers")
+                for cite in row.cite:
+                    if cite not in self.sources:
+                        raise ValueError(f"{section}[{i}] cites {cite!r}, which is not one of its sources")
+                for sm in row.sms() if isinstance(row, SupportRow) else ():
+                    if sm not in gpus.SM_ARCHES:
+                        raise ValueError(f"{section}[{i}]: {sm!r} is not an SM of trtbuild/data/{gpus.TABLE_FILE}")
+        return self
 
 
 @lru_cache(maxsize=None)
-def table() -> dict:
-    """The table as stored (trtbuild/data/runtime-support.json)."""
-    return json.loads(resources.files("trtbuild").joinpath("data", TABLE_FILE).read_text())
+def table() -> RuntimeTable:
+    """The table (trtbuild/data/runtime-support.json), checked."""
+    return RuntimeTable.model_validate(json.loads(resources.files("trtbuild").joinpath("data", TABLE_FILE).read_text()))
 
 
-TABLE_VERSION: int = table()["table_version"]  # hf-checkpoint keys record it: a changed fact re-packages
-
-
-@dataclass(frozen=True)
-class Runtime:
-    name: str  # "trtllm"
-    title: str  # "TensorRT-LLM", as messages name it
-    label: str  # as plan / ls text writes it: "trtllm>=1.3"
-    package: str  # the distribution whose metadata says it is installed
-    versions: tuple[str, ...]  # the versions the table covers
-    default: str  # the version plan, check and the packaged commands use
-    text: str  # for people
-
-
-RUNTIME_INFO: dict[str, Runtime] = {
-    name: Runtime(name, r["name"], r["label"], r["package"], tuple(r["versions"]), r["default"], r["text"])
-    for name, r in table()["runtimes"].items()}
+TABLE_VERSION: int = table().table_version  # hf-checkpoint keys record it: a changed fact re-packages
+RUNTIME_INFO: dict[str, Runtime] = dict(table().runtimes)
 RUNTIMES = tuple(RUNTIME_INFO)
 RUNTIME_NAMES = {name: r.title for name, r in RUNTIME_INFO.items()}
 RUNTIME_LABELS = {name: r.label for name, r in RUNTIME_INFO.items()}
@@ -139,10 +222,9 @@ class _Cells:
     options: tuple = ()  # ((option, value), ...): what the runtime needs to be told
 
     @classmethod
-    def of(cls, row: dict) -> "_Cells":
-        return cls(", ".join(row["cite"]), frozenset(row.get("serves", ())), row.get("reason"),
-                   frozenset(row.get("fallback", ())), row.get("fallback_note"), frozenset(row.get("unclaimed", ())),
-                   row.get("unclaimed_why"), tuple(sorted(row.get("options", {}).items())))
+    def of(cls, row: SupportRow) -> "_Cells":
+        return cls(", ".join(row.cite), frozenset(row.serves), row.reason, frozenset(row.fallback), row.fallback_note,
+                   frozenset(row.unclaimed), row.unclaimed_why, tuple(sorted(row.options.items())))
 
     def at(self, runtime: str, sm: str) -> Support:
         if sm in self.serves:
@@ -158,9 +240,9 @@ class _Cells:
 def _rows(section: str, key: str) -> dict[tuple, _Cells]:
     """(runtime, version, format) -> cells, for the table's `weights` or `kv_cache` rows."""
     out = {}
-    for row in table()[section]:
-        for version in row["versions"]:
-            out[(row["runtime"], version, row[key])] = _Cells.of(row)
+    for row in getattr(table(), section):
+        for version in row.versions:
+            out[(row.runtime, version, getattr(row, key))] = _Cells.of(row)
     return out
 
 
@@ -214,14 +296,24 @@ def serves_somewhere(runtime: str, quant: Optional[str], kv_cache: Optional[str]
     return any(support(runtime, quant, kv_cache, sm, version).serves for sm in gpus.SM_ARCHES)
 
 
-@lru_cache(maxsize=None)
+def _loader(runtime: str, version: Optional[str]) -> LoaderRow:
+    version = resolve_version(runtime, version)
+    for row in table().loaders:
+        if row.runtime == runtime and version in row.versions:
+            return row
+    raise KeyError(f"the runtime table has no loader row for {runtime} {version}")
+
+
 def loader_algos(runtime: str, version: Optional[str] = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(quant_algo names, kv_cache_quant_algo names) the runtime's ModelOpt loader accepts."""
-    version = resolve_version(runtime, version)
-    for row in table()["loaders"]:
-        if row["runtime"] == runtime and version in row["versions"]:
-            return tuple(row["quant_algos"]), tuple(row["kv_cache_quant_algos"])
-    raise KeyError(f"the runtime table has no loader row for {runtime} {version}")
+    row = _loader(runtime, version)
+    return row.quant_algos, row.kv_cache_quant_algos
+
+
+def known_algos(runtime: str, version: Optional[str] = None) -> tuple[str, ...]:
+    """The quant_algo names the runtime parses: those it loads and those it knows without a loader."""
+    row = _loader(runtime, version)
+    return row.quant_algos + row.known_algos
 
 
 def _sorted(sms: Sequence[str]) -> list[str]:

@@ -11,7 +11,6 @@ import shutil
 import subprocess
 from functools import lru_cache
 from importlib import metadata
-from pathlib import Path
 from typing import Any, Optional
 
 from packaging.version import InvalidVersion, Version

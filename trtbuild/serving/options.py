@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import yaml
 
@@ -68,8 +68,7 @@ def _table(name: str) -> dict:
 
 def runtime_versions() -> dict[str, str]:
     """The versions whose argument lists the options are checked against (part of the package key)."""
-    return {"trtllm": _table(TRTLLM_OPTIONS)["version"], "vllm": _table(VLLM_ARGS)["version"],
-            "sglang": _table(SGLANG_ARGS)["version"]}
+    return {runtime: _table(told.arguments)["version"] for runtime, told in RUNTIME_OPTIONS.items()}
 
 
 # ---- the checks ----------------------------------------------------------------------------------
@@ -233,10 +232,9 @@ def from_params(params: dict) -> list[tuple[str, Serving]]:
 def check_params(params: dict) -> None:
     """Derive every option of the package node (plan time) for each runtime the table says serves
     its format: raises UnknownOption on a bad one."""
-    derive = {"trtllm": llm_api_options, "vllm": vllm_args, "sglang": sglang_args}
     for _, s in from_params(params):
         for runtime in serving_runtimes(s):
-            derive[runtime](s)
+            RUNTIME_OPTIONS[runtime].derive(s)
 
 
 def _quote(argv: Sequence[str]) -> str:
@@ -287,14 +285,28 @@ def readme(entries: list[tuple[str, Serving]], refused: Optional[dict[str, str]]
     return "\n".join(lines)
 
 
-_FILES = {"trtllm": LLM_API_OPTIONS_FILE, "vllm": VLLM_ARGS_FILE, "sglang": SGLANG_ARGS_FILE}
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How one runtime of the runtime table is told its options: the pinned argument list they are
+    checked against (trtbuild/data/), the file of serving/ that holds them, and their derivation."""
+
+    arguments: str
+    file: str
+    derive: Callable[[Serving], Any]
+
+    def text(self, s: Serving) -> str:
+        """The file's content: YAML for an options object, the argument list as JSON otherwise."""
+        told = self.derive(s)
+        if isinstance(told, dict):
+            return yaml.safe_dump(told, sort_keys=False)
+        return json.dumps(as_object(self.arguments, told), indent=1) + "\n"
 
 
-def _options_text(runtime: str, s: Serving) -> str:
-    if runtime == "trtllm":
-        return yaml.safe_dump(llm_api_options(s), sort_keys=False)
-    table, argv = (VLLM_ARGS, vllm_args(s)) if runtime == "vllm" else (SGLANG_ARGS, sglang_args(s))
-    return json.dumps(as_object(table, argv), indent=1) + "\n"
+RUNTIME_OPTIONS: dict[str, RuntimeOptions] = {
+    "trtllm": RuntimeOptions(TRTLLM_OPTIONS, LLM_API_OPTIONS_FILE, llm_api_options),
+    "vllm": RuntimeOptions(VLLM_ARGS, VLLM_ARGS_FILE, vllm_args),
+    "sglang": RuntimeOptions(SGLANG_ARGS, SGLANG_ARGS_FILE, sglang_args),
+}
 
 
 def write_serving(out: Path, params: dict, refused: Optional[dict[str, str]] = None) -> list[str]:
@@ -311,8 +323,9 @@ def write_serving(out: Path, params: dict, refused: Optional[dict[str, str]] = N
         folder.mkdir(parents=True, exist_ok=True)
         for runtime in serving.RUNTIMES:
             if runtime not in refused:
-                (folder / _FILES[runtime]).write_text(_options_text(runtime, s))
-                written.append((folder / _FILES[runtime]).relative_to(out).as_posix())
+                told = RUNTIME_OPTIONS[runtime]
+                (folder / told.file).write_text(told.text(s))
+                written.append((folder / told.file).relative_to(out).as_posix())
     (out / SERVING_DIR).mkdir(parents=True, exist_ok=True)
     (out / SERVING_DIR / README_FILE).write_text(readme(entries, refused))
     written.append(f"{SERVING_DIR}/{README_FILE}")

@@ -30,6 +30,7 @@ from trtbuild.plan import engine_command
 from trtbuild.host import hardware
 
 from trtbuild.facts import trtllm
+from trtbuild.facts.quantformats import GROUP_SIZED_ALGOS
 from trtbuild.errors import TrtbuildError
 from trtbuild.build.stages.base import StageContext
 from trtbuild.store.summaries import EngineMemory, EngineSummary, EngineToolchainUsed
@@ -138,7 +139,7 @@ def _quantization(checkpoint_config: dict) -> dict:
     size where the format has one."""
     quant = checkpoint_config.get("quantization") or {}
     out = {"quant_algo": quant.get("quant_algo"), "kv_cache_quant_algo": quant.get("kv_cache_quant_algo")}
-    if quant.get("group_size") is not None and quant.get("quant_algo") in ("W4A16_AWQ", "W4A8_AWQ", "W4A16", "NVFP4"):
+    if quant.get("group_size") is not None and quant.get("quant_algo") in GROUP_SIZED_ALGOS:
         out["group_size"] = quant["group_size"]
     return out
 

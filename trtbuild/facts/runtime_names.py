@@ -1,0 +1,24 @@
+"""The names of the runtime table's runtimes (trtbuild/data/runtime-support.json), read without
+checking the whole table: the command line builds its choices when it is imported, before any
+command needs the facts themselves (trtbuild.facts.serving reads the same file, checked, and its
+RUNTIMES are these). Standard library only, so `trtbuild --help` stays quick."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Sequence
+
+TABLE_FILE = "runtime-support.json"
+# What `pull` also chooses among besides the table's runtimes: a TensorRT engine, served by the
+# TensorRT-LLM it was built with (the engine's own facts decide, deploy/engine_check.py).
+ENGINE_RUNTIME = "trtllm-engine"
+
+RUNTIMES: tuple[str, ...] = tuple(json.loads(resources.files("trtbuild").joinpath("data", TABLE_FILE).read_text())
+                                  ["runtimes"])
+PULL_RUNTIMES = (ENGINE_RUNTIME, *RUNTIMES)  # what `pull --runtime` chooses among, in preference order
+
+
+def names_text(names: Sequence[str] = RUNTIMES) -> str:
+    """`trtllm, vllm or sglang`: the runtimes as help and messages list them."""
+    return " or ".join([", ".join(names[:-1]), names[-1]]) if len(names) > 1 else "".join(names)
