@@ -74,7 +74,7 @@ from trtbuild.build.stages import registry
 for kind, stage in list(registry.STAGES.items()):
     if stage is not None:
         registry.STAGES[kind] = dataclasses.replace(stage, shares_worker=False)
-from trtbuild.cli import main
+from trtbuild.cli.entry import main
 sys.argv = ["trtbuild", *sys.argv[1:]]
 main()
 """

@@ -181,7 +181,7 @@ def hook(event, args):
         signal.raise_signal(signal.SIGINT)
 sys.addaudithook(hook)
 sys.argv[0] = "trtbuild"
-from trtbuild.cli import main
+from trtbuild.cli.entry import main
 main()
 """
 

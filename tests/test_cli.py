@@ -227,7 +227,7 @@ def test_github_matrix_of_the_embedded_recipe_has_an_empty_recipe_that_build_rea
 
 
 def test_build_help_lists_every_stage_until_takes_in_order():
-    from trtbuild.cli import until_help
+    from trtbuild.cli.build import until_help
 
     result = CliRunner().invoke(cli, ["build", "--help"])
     assert result.exit_code == 0
@@ -357,7 +357,7 @@ class FreedAtTeardown:
         open({str(torn_down)!r}, "w").write("module teardown ran")
 kept = FreedAtTeardown()
 sys.argv = ["trtbuild", *sys.argv[1:]]
-from trtbuild.cli import main
+from trtbuild.cli.entry import main
 main()
 print("after main")
 """

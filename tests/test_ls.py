@@ -302,7 +302,7 @@ def test_ls_names_a_ref_whose_action_record_is_gone(folder_store, tmp_path, run,
 def test_ls_help_describes_the_shared_store_it_lists_not_the_local_store(run):
     """Issue #23: `ls --help` spoke of the local store ($TRTBUILD_CACHE) and of lock files, though ls
     lists --store or the recipe's publish.store and takes no lock."""
-    from trtbuild.cli import ls
+    from trtbuild.cli.deploy import ls
 
     store = next(p for p in ls.params if p.name == "store_url")
     assert " ".join(store.help.split()) == (

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from conftest import NEMO_DATA
-from trtbuild.lock import publication
+from trtbuild.lock import verdict
 from trtbuild.lock.publication import ELSEWHERE, FAILED, NOT_RUN, PASSED, Check, held_back
 
 TINY_HF = NEMO_DATA / "hf_tiny_llama_tied_bf16"
@@ -166,7 +166,7 @@ def test_a_lock_without_the_builds_verdict_is_judged_by_what_it_shows():
         "b-hf": LockedTarget(stage="hf-checkpoint", key=digest, digest=digest, size=1),
         "c-hf": LockedTarget(stage="hf-checkpoint", key=digest, digest=digest, size=1, held_back="c-hf:validate was skipped"),
         "c-hf:validate-vllm": LockedTarget(stage="validate", key=digest, digest=digest, size=1, gates_passed=True)})
-    assert [publication.lock_verdict(lock, t) for t in ("a-hf", "b-hf", "c-hf")] == [
+    assert [verdict.lock_verdict(lock, t) for t in ("a-hf", "b-hf", "c-hf")] == [
         "a-hf:validate failed its gates", "no validation of it ran", "c-hf:validate was skipped"]
-    assert publication.lock_verdict(lock, "b-hf", allow_unvalidated=True) is None
-    assert publication.lock_verdict(lock, "c-hf", allow_unvalidated=True) == "c-hf:validate was skipped"
+    assert verdict.lock_verdict(lock, "b-hf", allow_unvalidated=True) is None
+    assert verdict.lock_verdict(lock, "c-hf", allow_unvalidated=True) == "c-hf:validate was skipped"

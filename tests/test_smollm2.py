@@ -176,7 +176,7 @@ def test_the_demo_engines_on_a_recorded_h100_with_the_standin_toolchain(demo):
     assert {n: t["status"] for n, t in second.items() if t["status"] != "skipped"} == {
         n: "cached" for n, t in first.items() if t["status"] == "built" or t["status"] == "cached"}
     facts = json.loads((Path(first["fp8-tp1-sm90"]["path"]) / "trtbuild.json").read_text())
-    from trtbuild.cli import default_recipe
+    from trtbuild.recipe.schema import default_recipe
 
     shown = subprocess.run([sys.executable, "-m", "trtbuild", "explain", str(default_recipe()), "fp8-tp1-sm90"], capture_output=True,
                            text=True, env=h100, timeout=300)

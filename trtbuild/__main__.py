@@ -3,7 +3,7 @@ runs in full; nothing replays an earlier run's answer)."""
 
 
 def main() -> None:
-    from trtbuild.cli import main as cli_main
+    from trtbuild.cli.entry import main as cli_main
 
     cli_main()
 

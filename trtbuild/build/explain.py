@@ -105,3 +105,18 @@ def explain(graph: Graph, target: str, store: LocalStore, lock: Optional[LockFil
                 elif name != "sizes":
                     ex.fields.append(FieldLine(f"source.{name}", value, resolution.origin))
     return out
+
+
+def explain_target(recipe, target: str, store_url: Optional[str] = None) -> list[NodeExplanation]:
+    """`trtbuild explain RECIPE TARGET`: against --store (one nothing was built into yet reads as
+    empty: every key is not in the store) and the recipe's lock there, when there is one."""
+    from trtbuild.build.pipeline import BuildRequest, build_graph_for
+    from trtbuild.lock import lockfile
+    from trtbuild.recipe.schema import load_recipe_or_demo
+    from trtbuild.store.local import open_store
+
+    loaded = load_recipe_or_demo(recipe)
+    store = open_store(store_url, missing_ok=True)
+    graph = build_graph_for(loaded, BuildRequest())
+    lock = lockfile.read(lockfile.lock_path_for(loaded, store), older_ok=True)
+    return explain(graph, target, store, lock)

@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Optional
 
 from trtbuild.build import graph as graphs
-from trtbuild.facts import gpus as gpu_facts
 from trtbuild.host import hardware
 from trtbuild.lock import lockfile
 from trtbuild.host import toolchain
-from trtbuild.errors import InvalidInput
-from trtbuild.plan.expand import plan_recipe, select
+from trtbuild.errors import InvalidInput, TrtbuildError
+from trtbuild.plan.expand import parse_gpu, plan_recipe, select
 from trtbuild.recipe.schema import LoadedRecipe, recipe_identity
 from trtbuild.build.runner import FAILED, IMPOSSIBLE, NodeResult, RunOptions, run_graph
 from trtbuild.store.local import LocalStore
@@ -53,21 +52,10 @@ class BuildOutcome:
         return out
 
 
-def gpu_filter(loaded: LoadedRecipe, choice: str) -> Optional[set]:
-    """--gpu: SMs (auto: this host's), or the product named, whose memory the estimates then use."""
-    if choice == "all":
-        return None
-    if choice == "auto":  # every engine is planned; the runner builds this host's SMs (RunOptions.host_sms)
-        return None
-    try:
-        return {gpu_facts.resolve_gpu(choice)}
-    except ValueError as exc:
-        raise InvalidInput(f"--gpu: {exc}") from None
-
-
 def build_graph_for(loaded: LoadedRecipe, request: BuildRequest, registry=None, state=None) -> graphs.Graph:
     """`state`: the store's stat cache, which keeps what planning read of the source (plan_recipe)."""
-    plan = plan_recipe(loaded, gpu_filter=gpu_filter(loaded, request.gpu), state=state)
+    # --gpu auto plans every engine; the runner builds this host's SMs (RunOptions.host_sms)
+    plan = plan_recipe(loaded, gpu_filter=None if request.gpu == "auto" else parse_gpu(request.gpu), state=state)
     plan = select(plan, request.targets)
     graph = graphs.build_graph(plan, registry, validate=request.validate)
     if request.targets:  # the chosen targets, their validations (and twins), and everything those need
@@ -143,3 +131,32 @@ def _toolchains(graph: graphs.Graph, results: list[NodeResult]) -> dict[str, dic
         if node.id in keyed and node.stage and node.stage.toolchain:
             out.setdefault(node.stage.ident, toolchain.stage_fingerprint(node.stage.toolchain, node.runtime.get("image")))
     return out
+
+
+def checkout_target(recipe: Optional[Path], target: str, store_url: Optional[str] = None) -> Path:
+    """`trtbuild path`: the folder of TARGET's artifact as RECIPE's lock (None: the embedded demo's)
+    names it, the store's read-only checkout, made if it is not there yet. One line when TARGET is
+    not a target of the recipe (InvalidInput), or not built, or not whole in the store."""
+    from trtbuild.recipe.schema import load_recipe_or_demo
+    from trtbuild.store.checkout import materialize
+    from trtbuild.store.local import open_store
+
+    loaded = load_recipe_or_demo(recipe)
+    planned = [t.name for t in plan_recipe(loaded).targets]
+    if target not in planned:
+        raise InvalidInput(f"{target}: not a target of {loaded.recipe.name} ({', '.join(planned)})")
+    build_command = "trtbuild build" + (f" {recipe}" if recipe is not None else "") + f" --target {target}"
+    store = open_store(store_url, missing_ok=True)
+    lock_path = lockfile.lock_path_for(loaded, store)
+    lock = lockfile.read(lock_path, older_ok=True)
+    entry = lock.targets.get(target) if lock is not None else None
+    if entry is None:
+        raise TrtbuildError(f"{target}: not built (not in {lock_path}); run `{build_command}`")
+    if lock.recipe.digest != lockfile.recipe_digest(loaded):  # the lock names what an older recipe made
+        raise TrtbuildError(f"{target}: {loaded.path} changed since {lock_path} was written; run `{build_command}`")
+    problem = store.artifact_problem(entry.digest)
+    if problem:
+        raise TrtbuildError(f"{target}: artifact {entry.digest} is not whole in store {store.location} ({problem}); "
+                            f"run `{build_command}`")
+    with store.using():
+        return materialize(store, entry.digest)

@@ -114,7 +114,7 @@ def platform_of(record: ActionRecord) -> Optional[EnginePlatform]:
 def _validation_ids(target: str, record: Optional[ActionRecord]) -> list[str]:
     """A target's validations in the order their figures decide (refs.DECIDING_ORDER): its own
     first, the serving runtime's before torch's (TensorRT-LLM's, vLLM's, then torch's; an engine's
-    own is TensorRT-LLM's); an engine's also its checkpoint's, last (as publication.lock_validations)."""
+    own is TensorRT-LLM's); an engine's also its checkpoint's, last (as verdict.lock_validations)."""
     ids = [trtllm_validate_id(target), vllm_validate_id(target), validate_id(target)]
     platform = platform_of(record) if record is not None and record.stage.startswith("engine") else None
     if platform is not None:
@@ -269,3 +269,41 @@ def table_lines(published: list[Published], now: dt.datetime, compatible: bool =
         header.append("FITS")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
     return ["  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]).rstrip() for r in [header, *rows]]
+
+
+@dataclass
+class Listing:
+    """What `trtbuild ls` shows: docs/schemas/ls.schema.json (as_json), or table_lines."""
+
+    store: str
+    recipe: Optional[str]  # only this recipe's targets; None: the whole store's
+    published: list[Published]
+    host: Optional[Host] = None  # --compatible: the host each target was judged against
+    now: dt.datetime = field(default_factory=lambda: utc_now())
+
+    def as_json(self) -> dict:
+        return {"store": self.store, "recipe": self.recipe, "host": self.host.as_json() if self.host else None,
+                "published": [p.as_json(self.now) for p in self.published]}
+
+
+def list_store(recipe, store_url: Optional[str] = None, compatible: bool = False) -> Listing:
+    """`trtbuild ls [RECIPE]`: what --store (else RECIPE's publish.store) publishes, of RECIPE only
+    when one is given; `compatible`: each judged against this host (the rules of `pull`)."""
+    from trtbuild.deploy.shared import shared_store
+    from trtbuild.errors import InvalidInput
+    from trtbuild.recipe.schema import load_recipe
+    from trtbuild.store.local import open_store
+
+    loaded = load_recipe(recipe) if recipe is not None else None
+    if loaded is not None:
+        store_url = shared_store(store_url, loaded, "list")
+    elif not store_url:
+        raise InvalidInput("ls: no store to list: pass --store URL (or a RECIPE whose `publish.store` names one)")
+    store = open_store(store_url)
+    listing = Listing(store_url, loaded.recipe.name if loaded else None,
+                      list_published(store, loaded.recipe.name if loaded else None))
+    if compatible:
+        listing.host = Host.probe()
+        judge(listing.published, listing.host, list(loaded.recipe.variants) if loaded else None)
+    listing.now = utc_now()
+    return listing

@@ -9,15 +9,17 @@ longer has it whole or a stand-in made one of its validations.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, ContextManager, Optional
 
-from trtbuild.lock import publication
+from trtbuild.lock import publication, verdict
 from trtbuild.errors import InvalidInput
 from trtbuild.lock.lockfile import LockFile, targets_of
 from trtbuild.store.base import Store
-from trtbuild.store.transfer import PushItem
+from trtbuild.store.transfer import Moved, PushItem
 
 UNVALIDATED = publication.UNVALIDATED
 
@@ -29,7 +31,7 @@ class PushPlan:
     refused: list[str] = field(default_factory=list)  # one line per refused target
 
 
-validations = publication.lock_validations  # (its callers' name for it)
+validations = verdict.lock_validations  # (its callers' name for it)
 
 
 def select(lock: LockFile, patterns: list[str], lock_path: Path) -> list[str]:
@@ -48,7 +50,7 @@ def select(lock: LockFile, patterns: list[str], lock_path: Path) -> list[str]:
 def plan_push(lock: LockFile, lock_path: Path, local: Store, patterns: list[str], allow_unvalidated: bool) -> PushPlan:
     out = PushPlan()
     for target_id in select(lock, patterns, lock_path):
-        why = publication.lock_verdict(lock, target_id, allow_unvalidated)
+        why = verdict.lock_verdict(lock, target_id, allow_unvalidated)
         if why:  # the build's words (its lock's `held_back`), or the rule on what the lock shows
             unless = " without --allow-unvalidated" if why in publication.OVERRIDABLE else ""
             out.refused.append(f"{target_id}: held back: {why}; not pushed{unless}")
@@ -83,3 +85,80 @@ def _unpushable(lock: LockFile, lock_path: Path, local: Store, node_id: str):
     if record.standin:
         return f"made by a stand-in toolchain ({', '.join(record.standin)}); stand-ins are never pushed"
     return None
+
+
+# A bar of the bytes moved, labelled (cli.transferbar.bar): opened once something is to move.
+ProgressBar = Callable[[str], ContextManager]
+
+
+def publish(local: Store, remote: Store, plan: PushPlan, recipe: str, identity: str, lock_bytes: bytes,
+            progress: Optional[ProgressBar] = None) -> Moved:
+    """The one push, of `trtbuild push` and `build --push`: the recipe's claim is checked before
+    anything is written, then the plan's items go (transfer.push), then the lock, last (the remote's
+    gc keeps what it pins)."""
+    from trtbuild.store.transfer import push
+
+    if not plan.items:
+        return Moved()
+    remote.check_claim(recipe, identity)  # refused before anything is written
+    with local.using(), remote.using(), (progress or no_bar)("push") as bar:
+        return push(local, remote, plan.items, lock=(recipe, lock_bytes), progress=bar, claim=(recipe, identity))
+
+
+def no_bar(label: str) -> ContextManager:
+    return contextlib.nullcontext()
+
+
+@dataclass
+class Pushed:
+    """What `trtbuild push` did: docs/schemas/push.schema.json (as_json)."""
+
+    store: str
+    targets: list[str]
+    refused: list[str]
+    moved: Moved
+
+    def as_json(self) -> dict:
+        return {"store": self.store, "pushed": self.targets, "refused": self.refused, "moved": self.moved.as_json()}
+
+
+def push_recipe(recipe: Optional[Path], store_url: Optional[str], patterns: list[str], allow_unvalidated: bool,
+                progress: Optional[ProgressBar] = None) -> Pushed:
+    """`trtbuild push`: publish what the last build of RECIPE (None: the embedded demo) made, from
+    the local store to --store (else the recipe's publish.store), refusing what plan_push refuses."""
+    from trtbuild.deploy.shared import shared_store
+    from trtbuild.lock import lockfile
+    from trtbuild.recipe.schema import load_recipe_or_demo, recipe_identity
+    from trtbuild.store.local import open_store
+
+    if recipe is not None and recipe.suffix == ".lock":  # what `pull` takes; push publishes a recipe's build
+        raise InvalidInput(f"{recipe}: a lock file; push takes the recipe it belongs to: {_recipe_of_lock(recipe)}")
+    loaded = load_recipe_or_demo(recipe)
+    named = "--store" if store_url else f"{recipe}: publish.store"
+    store_url = shared_store(store_url, loaded, "push to")
+    local = open_store(None)
+    remote = open_store(store_url, create=True)
+    if getattr(remote, "root", None) == getattr(local, "root", object()):
+        raise InvalidInput(f"{named} {store_url}: that is the local store; push to another one")
+    lock_path = lockfile.lock_path_for(loaded, local)
+    lock = lockfile.read(lock_path)
+    if lock is None:
+        raise InvalidInput(f"{lock_path}: no lock file; run `{loaded.command('build')}` first")
+    if lock.recipe.digest != lockfile.recipe_digest(loaded):
+        raise InvalidInput(f"{loaded.path} changed since {lock_path} was written; run `{loaded.command('build')}` first")
+    chosen = plan_push(lock, lock_path, local, patterns, allow_unvalidated)
+    moved = publish(local, remote, chosen, lock.recipe.name, recipe_identity(loaded), lock_path.read_bytes(), progress)
+    return Pushed(store_url, chosen.targets, chosen.refused, moved)
+
+
+def _recipe_of_lock(lock: Path) -> str:
+    """The command that pushes the recipe a lock file belongs to: the recipe beside it, the bare
+    command for the embedded demo's (kept in the store as <name>.lock), else RECIPE."""
+    from trtbuild.recipe.schema import load_recipe_or_demo
+
+    beside = lock.with_suffix(".yaml")
+    if beside.is_file():
+        return f"`trtbuild push {beside}`"
+    if lock.name == f"{load_recipe_or_demo(None).recipe.name}.lock":
+        return "`trtbuild push` (the embedded demo)"
+    return "`trtbuild push RECIPE`"

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from trtbuild.deploy.push import PushPlan
     from trtbuild.store.records import ActionRecord
     from trtbuild.store.transfer import Moved
+    from trtbuild.build.pipeline import BuildOutcome, BuildRequest
 
 
 @dataclass
@@ -87,19 +88,6 @@ def plan_build_push(graph: Graph, lock: LockFile, lock_path, local: Store, patte
     return chosen
 
 
-def push_build(remote: Store, local: Store, plan: PushPlan, recipe: str, identity: str,
-               lock_bytes: Optional[bytes] = None) -> Moved:
-    """Publish the plan's items; the lock file goes last (remote gc keeps what it pins)."""
-    from trtbuild.store.transfer import Moved, push
-
-    if not plan.items:
-        return Moved()
-    remote.check_claim(recipe, identity)  # refused before anything is written
-    with local.using(), remote.using():
-        return push(local, remote, plan.items, lock=(recipe, lock_bytes) if lock_bytes is not None else None,
-                    claim=(recipe, identity))
-
-
 def require_remote(url: Optional[str], push_asked: bool) -> None:
     if push_asked and not (url or "").startswith("s3://"):
         raise InvalidInput("--push: needs a remote store to publish to (--store s3://BUCKET/PREFIX, or the recipe's "
@@ -109,7 +97,7 @@ def require_remote(url: Optional[str], push_asked: bool) -> None:
 def publish_build(outcome, loaded, local: Store, remote: Store, patterns: list[str], allow_unvalidated: bool) -> dict:
     """`build --push`: publish what the build's lock names (the refusals of `trtbuild push`)."""
     from trtbuild.lock import lockfile
-    from trtbuild.deploy.push import PushPlan
+    from trtbuild.deploy.push import PushPlan, publish
     from trtbuild.recipe.schema import recipe_identity
     from trtbuild.store.transfer import Moved
 
@@ -118,9 +106,34 @@ def publish_build(outcome, loaded, local: Store, remote: Store, patterns: list[s
         plan, moved = PushPlan(), Moved()
     else:
         plan = plan_build_push(outcome.graph, lock, outcome.lock_path, local, patterns, allow_unvalidated)
-        moved = push_build(remote, local, plan, lock.recipe.name, recipe_identity(loaded),
-                           outcome.lock_path.read_bytes())
+        moved = publish(local, remote, plan, lock.recipe.name, recipe_identity(loaded), outcome.lock_path.read_bytes())
     return {"store": remote.location, "pushed": plan.targets, "refused": plan.refused, "moved": moved.as_json()}
+
+
+def build_and_publish(recipe, store_url: Optional[str], request: BuildRequest, reporter, push_after: bool = False,
+                      allow_unvalidated: bool = False) -> BuildOutcome:
+    """`trtbuild build`: RECIPE (None: the embedded demo) built into --store; an s3:// store (or
+    publish.store) is a remote behind the local store, read when the local store misses; with
+    `push_after`, what the build made is then published there (`outcome.pushed`)."""
+    from trtbuild.build.pipeline import build
+    from trtbuild.recipe.schema import load_recipe_or_demo
+    from trtbuild.store import configured
+    from trtbuild.store.local import open_store
+
+    loaded = load_recipe_or_demo(recipe)
+    store_url, remote_url = configured.build_remote(store_url, loaded, push_after)
+    require_remote(remote_url, push_after)
+    remote = None
+    if remote_url:  # the local store in front of the remote one
+        remote = open_store(remote_url, create=True)
+        remote.create()  # credentials, bucket, endpoint: one line now, not after the first stage
+        store = open_store(None, create=True)
+    else:
+        store = open_store(store_url, create=True)  # created by the build's first write, not here
+    outcome = build(loaded, store, request, reporter, remote=RemoteCache(remote) if remote else None)
+    if push_after:
+        outcome.pushed = publish_build(outcome, loaded, store, remote, request.targets, allow_unvalidated)
+    return outcome
 
 
 def pushed_pins(store: Store) -> set[str]:

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 
 from trtbuild.host import hardware
 
-from trtbuild.lock import publication
+from trtbuild.lock import verdict
 
 from trtbuild.facts import serving
 from trtbuild.facts import serving as serving_table  # _hf_candidate's local `serving` is a list of SMs
@@ -207,7 +207,7 @@ def choose(lock: LockFile, host: Host, runtime: str = "auto", prefer: str = "thr
     candidates = []
     for target_id, target in targets_of(lock):
         cand = Candidate(target_id, target.stage, variant=variant_of(target_id))
-        why = publication.lock_verdict(lock, target_id, allow_unvalidated) if published_only else None
+        why = verdict.lock_verdict(lock, target_id, allow_unvalidated) if published_only else None
         if why:  # never published: the build's words (trtbuild/lock/publication.py)
             cand.reasons.append(f"held back: {why}")
         elif target.stage == "checkpoint":

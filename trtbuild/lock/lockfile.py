@@ -278,8 +278,9 @@ def _keep_verdicts(previous: LockFile, fresh: dict[str, LockedTarget]) -> None:
 
     for tid, entry in fresh.items():
         before = previous.targets.get(tid)
+        sm = entry.platform.sm if entry.platform is not None else None
         if (is_target(tid, entry.stage) and before is not None and before.digest == entry.digest
-                and not any(v in fresh for v in validation_ids(tid, entry))):
+                and not any(v in fresh for v in validation_ids(tid, entry.stage, sm))):
             entry.held_back = before.held_back
 
 

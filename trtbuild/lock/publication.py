@@ -1,5 +1,6 @@
 """The one rule for what a store publishes: which targets get a ref when they are built, are
-pushed, are listed by `trtbuild ls` and may be pulled. `held_back` says it; everything else calls it.
+pushed, are listed by `trtbuild ls` and may be pulled. `held_back` says it; everything else calls it
+(trtbuild/lock/verdict.py for a lock file's targets).
 
 A target (checkpoint, hf-checkpoint, engine) is published when the build validated it, every
 validation of it that ran passed its gates (an engine's include its checkpoint's), at least one
@@ -14,10 +15,9 @@ what it shows: its validations' gates, `validation: skipped (--no-validate)`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
-if TYPE_CHECKING:
-    from trtbuild.lock.lockfile import LockedTarget, LockFile
+from trtbuild.facts.nodeids import checkpoint_of_engine, trtllm_validate_id, validate_id, vllm_validate_id
 
 UNVALIDATED = "skipped (--no-validate)"  # a lock's `validation:` after `build --no-validate`
 
@@ -65,29 +65,10 @@ def held_back(validated: bool, checks: Sequence[Check], standin: Sequence[str] =
     return None
 
 
-def validation_ids(target_id: str, target: "LockedTarget") -> list[str]:
-    """The ids a target's validations have in a lock: its own, and for an engine its checkpoint's."""
-    from trtbuild.facts.nodeids import checkpoint_of_engine, trtllm_validate_id, validate_id, vllm_validate_id
-
+def validation_ids(target_id: str, stage: Optional[str], sm: Optional[str] = None) -> list[str]:
+    """The ids a target's validations have in a lock: its own, and for an engine (built for `sm`) its
+    checkpoint's."""
     ids = [validate_id(target_id), trtllm_validate_id(target_id), vllm_validate_id(target_id)]
-    if target.stage == "engine" and target.platform is not None:
-        ids.append(validate_id(checkpoint_of_engine(target_id, target.platform.sm)))
+    if stage == "engine" and sm is not None:
+        ids.append(validate_id(checkpoint_of_engine(target_id, sm)))
     return ids
-
-
-def lock_validations(lock: "LockFile", target_id: str) -> list[str]:
-    """The lock's validations of a target: its own, and for an engine its checkpoint's."""
-    return [v for v in validation_ids(target_id, lock.targets[target_id]) if v in lock.targets]
-
-
-def lock_verdict(lock: "LockFile", target_id: str, allow_unvalidated: bool = False) -> Optional[str]:
-    """held_back for a target of a lock: what the build recorded (it knew what did not run), else
-    the rule on what the lock shows."""
-    checks = [Check(v, FAILED if lock.targets[v].gates_passed is False else PASSED, "its gates")
-              for v in lock_validations(lock, target_id)]
-    # (which parts were stand-ins the lock does not say: push reads them from the records)
-    shown = held_back(lock.validation != UNVALIDATED, checks, allow_unvalidated=allow_unvalidated)
-    recorded = lock.targets[target_id].held_back
-    if recorded in OVERRIDABLE and allow_unvalidated:
-        recorded = None
-    return recorded or shown

@@ -153,6 +153,32 @@ def find_model_config(loaded: LoadedRecipe, state=None) -> tuple[ModelSpec, str]
         config, origin = carried.nemo_config(source.location, loaded.base_dir)
     return parse_config(config, origin), origin
 
+def parse_gpu(choice: Optional[str]) -> Optional[set]:
+    """`--gpu` of plan and build: None for all, else the one gpu_facts.GpuChoice named (an SM, or a
+    product whose memory the estimates then use)."""
+    if choice is None or choice == "all":
+        return None
+    try:
+        return {gpu_facts.resolve_gpu(choice)}
+    except ValueError as exc:
+        raise InvalidInput(f"--gpu: {exc}") from None
+
+
+def plan_recipes(paths: list, gpu: Optional[str] = None) -> list[Plan]:
+    """`trtbuild plan`: every recipe validated first (an invalid one means no plan at all: every
+    problem of every recipe, one line each), then each planned for `gpu` (parse_gpu)."""
+    from trtbuild.recipe.schema import load_recipe
+
+    gpu_filter = parse_gpu(gpu)
+    loaded, errors = [], []
+    for path in paths:
+        try:
+            loaded.append(load_recipe(path))
+        except InvalidInput as exc:
+            errors.extend(exc.messages)
+    if errors:
+        raise InvalidInput(*errors)
+    return [plan_recipe(item, gpu_filter=gpu_filter) for item in loaded]
 
 # ---- expansion and rules -------------------------------------------------------------------------
 

@@ -383,6 +383,17 @@ class LoadedRecipe(typing.NamedTuple):
     def where(self, path: tuple) -> str:
         return self.doc.where(path)
 
+    def command(self, verb: str) -> str:
+        """The command that does `verb` to this recipe: bare for the embedded demo."""
+        return f"trtbuild {verb}" if self.embedded else f"trtbuild {verb} {self.path}"
+
+
+def load_recipe_or_demo(path: str | Path | None) -> LoadedRecipe:
+    """RECIPE, or the embedded demo when it is None. `.embedded` of what it returns says whether it
+    is the demo (also when RECIPE is a path to its file, as recipes/smollm2-demo.yaml is): its
+    identity, its lock in the store and the commands that name it follow from that one fact."""
+    return load_recipe(path or default_recipe())
+
 
 def load_recipe(path: str | Path) -> LoadedRecipe:
     """Load, validate and cross-check a recipe; every problem raises InvalidInput (one line each)."""
