@@ -1,6 +1,6 @@
 """Simple real stages for runner tests: they read their inputs, write files, and log each run.
 
-Every run appends one line to the file named by runtime["runs"] (outside the artifact, so it does
+Every run appends one line to the file named by runtime.runs (outside the artifact, so it does
 not change what is built), which lets tests count how often a key was really built.
 """
 
@@ -53,10 +53,10 @@ class Lacking(HostNeed):
 
 
 def _count(ctx: StageContext) -> None:
-    runs = ctx.runtime.get("runs")
+    runs = ctx.runtime.runs
     if runs:
         with open(runs, "a") as f:  # O_APPEND: concurrent writers do not interleave lines
-            f.write(f"{ctx.runtime.get('node')} {os.getpid()}\n")
+            f.write(f"{ctx.runtime.node} {os.getpid()}\n")
 
 
 def write_text(ctx: StageContext) -> None:
@@ -123,7 +123,7 @@ def hold_memory(ctx: StageContext) -> None:
         holder = {"block": block}
         holder["self"] = holder
         gc.collect()  # while it is alive: it moves to the oldest generation, which collections seldom visit
-    print(f"hold_memory {ctx.runtime.get('node')}", flush=True)
+    print(f"hold_memory {ctx.runtime.node}", flush=True)
     ctx.measure(pid=os.getpid())
     (ctx.out / "done.txt").write_text(str(ctx.params["mib"]))
 

@@ -364,16 +364,17 @@ def test_an_engine_built_in_the_recipes_image_is_keyed_by_the_image(tmp_path):
 def test_a_build_host_with_too_little_memory_is_refused_before_building():
     from trtbuild.plan.estimate import format_bytes
     from trtbuild.host.hardware import DetectedGpu
+    from trtbuild.build.stages.base import BuildNeeds
     from trtbuild.build.stages.engine import host_memory_problem
 
     gib = 1 << 30
     l40s = DetectedGpu(0, "NVIDIA L40S", "sm89", 48 * gib)
-    needs = {"host_ram_bytes_per_worker": 20 * gib, "gpu_bytes_per_worker": 8 * gib}
+    needs = BuildNeeds(host_ram_bytes_per_worker=20 * gib, gpu_bytes_per_worker=8 * gib)
     assert host_memory_problem(needs, [l40s], 1, 24 * gib) is None
     assert host_memory_problem(needs, [l40s, l40s], 2, 24 * gib) == (
         f"the build needs {format_bytes(40 * gib)} of host memory with 2 worker(s) (plan estimate: "
         f"estimate.build_memory_needs) and this host has {format_bytes(24 * gib)} available")
-    big = {"host_ram_bytes_per_worker": gib, "gpu_bytes_per_worker": 50 * gib}
+    big = BuildNeeds(host_ram_bytes_per_worker=gib, gpu_bytes_per_worker=50 * gib)
     assert host_memory_problem(big, [l40s], 1, 24 * gib) == (
         f"each build worker needs {format_bytes(50 * gib)} of GPU memory (plan estimate: "
         f"estimate.build_memory_needs) and NVIDIA L40S has {format_bytes(48 * gib)}")

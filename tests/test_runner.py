@@ -475,3 +475,20 @@ def test_a_report_its_stage_kinds_summary_refuses_fails_the_stage_and_nothing_is
     assert (result.status, result.reason) == ("failed", "the stage's report is not a validate summary: "
                                                         "metrics.kld_p99: Field required")
     assert store.get_record(result.key) is None
+
+
+def test_a_stage_is_handed_a_typed_runtime_and_a_key_no_field_names_is_refused():
+    """StageContext.runtime is a StageRuntime: what a node's dict or a worker's spec holds, typed (an S3
+    source's objects, an engine's build needs), written to the spec and read back the same; a key no
+    field names (a typo of `text`) is refused instead of read as missing."""
+    from pydantic import ValidationError
+
+    from trtbuild.build.stages.base import StageContext, StageRuntime
+
+    runtime = StageRuntime.of({"device": "cpu", "image": None, "objects": {"a.bin": {"key": "p/a.bin", "size": 1,
+                                                                                      "sha256": "0" * 64}}})
+    assert (runtime.device, runtime.image, runtime.objects["a.bin"].key) == ("cpu", None, "p/a.bin")
+    assert StageRuntime.of(json.loads(json.dumps(runtime.as_json()))) == runtime
+    assert StageContext(out=Path("."), inputs={}, params={}, runtime={"target": "t"}).runtime.target == "t"
+    with pytest.raises(ValidationError, match="tekst"):
+        StageRuntime.of({"tekst": "builtin"})

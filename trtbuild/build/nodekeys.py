@@ -16,6 +16,7 @@ from trtbuild.host import toolchain
 from trtbuild.build.graph import Node
 from trtbuild.store.records import ActionRecord
 from trtbuild.build.stages import source as sources
+from trtbuild.build.stages.base import StageRuntime
 from trtbuild.build.stages.source import Resolved, SourceContext
 from trtbuild.store.local import LocalStore
 
@@ -53,7 +54,7 @@ def resolve_source(node: Node, store: LocalStore, progress=None, locked: Optiona
     runtime = {**node.runtime, "downloads": str(work.downloads_dir())}
     if work.state_db_path() is not None:  # a store not created yet (explain) has its stat cache in memory
         runtime["state_db"] = str(work.state_db_path())
-    ctx = SourceContext(runtime=runtime, state=store.state, downloads=work.downloads_dir(), locked=locked,
+    ctx = SourceContext(runtime=StageRuntime.of(runtime), state=store.state, downloads=work.downloads_dir(), locked=locked,
                         progress=progress)
     found = sources.resolve(ctx)
     lock = {"kind": runtime["kind"], "location": runtime["location"], "digest": found.digest, **found.lock}

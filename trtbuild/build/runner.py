@@ -27,7 +27,7 @@ from trtbuild.plan.platform import EnginePlatform
 from trtbuild.store.base import first_error
 from trtbuild.store.records import ActionRecord, Digest, Execution, utc_now
 from trtbuild.store.summaries import EngineSummary, StageSummary, UnknownSummary, parse_summary
-from trtbuild.build.stages.base import OVERLAY_SUMMARY, SUMMARY_FILES, StageContext
+from trtbuild.build.stages.base import OVERLAY_SUMMARY, SUMMARY_FILES, StageContext, StageRuntime
 from trtbuild.build.stages.source import Resolved
 from trtbuild.build.stages.worker import ERROR_PREFIX, INPUT_ERROR_PREFIX, PROGRESS_PREFIX, load_entry
 from trtbuild.store.checkout import materialize
@@ -132,7 +132,7 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
         peak_rss_mib, figures = None, {}
         # the stage may read (never change) what its key names: the platform, toolchain and input digests
         runtime = {**keyed.runtime, "platform": keyed.fields["platform"], "toolchain": keyed.fields["toolchain"],
-                   "input_digests": keyed.fields["inputs"]}
+                   "input_digests": keyed.fields["inputs"], "node": node.id}
         timing = None
         # an overlay stage's files go in as blobs only: its artifact is _overlay's merged manifest
         ingest = store.ingest_files if stage.overlay else store.ingest
@@ -145,7 +145,8 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
             runtime.update(timing.runtime)
         if stage.isolated:
             spec = {"entry": stage.entry, "out": str(out), "inputs": {k: str(v) for k, v in inputs.items()},
-                    "params": node.param_values(), "runtime": runtime, "execution": str(work / "execution.json")}
+                    "params": node.param_values(), "runtime": StageRuntime.of(runtime).as_json(),
+                    "execution": str(work / "execution.json")}
             (work / "spec.json").write_text(json.dumps(spec))
             returncode = pool.run(work / "spec.json", log, stage.shares_worker, reporter.step)
             if returncode != 0:
@@ -160,7 +161,8 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
             summary = _typed_summary(stage.ident, out, inputs[stage.overlay] if stage.overlay else None)
             manifest = ingest(out, progress=reporter.advance)
         else:
-            ctx = StageContext(out=out, inputs=inputs, params=node.param_values(), runtime=runtime, state=store.state)
+            ctx = StageContext(out=out, inputs=inputs, params=node.param_values(), runtime=StageRuntime.of(runtime),
+                               state=store.state)
             try:
                 load_entry(stage.entry)(ctx)
             except TrtbuildError:

@@ -35,7 +35,7 @@ def _hf_config(source: Path) -> dict:
 def make_windows(ctx: StageContext) -> None:
     from trtbuild.checkpoint import calibration
 
-    text = calibration.read_text(ctx.runtime["text"], Path(ctx.runtime["base_dir"]))
+    text = calibration.read_text(ctx.runtime.text, Path(ctx.runtime.base_dir))
     ids, meta = calibration.make_windows(ctx.inputs["source"], text, ctx.params["samples"], ctx.params["seq_len"],
                                          ctx.params["seed"])
     calibration.save_windows(ctx.out, ids, meta)
@@ -49,10 +49,10 @@ def quantize(ctx: StageContext) -> None:
     from trtbuild.build.stages import models
 
     started = time.monotonic()
-    device = hardware.resolve_device(ctx.runtime.get("device", "auto"))
+    device = hardware.resolve_device(ctx.runtime.device or "auto")
     windows = calibration.load_windows(ctx.inputs["calibration"])
     dtype = ctx.params["dtype"]
-    model = models.take(models.source_key(ctx.runtime["input_digests"]["source"], dtype),
+    model = models.take(models.source_key(ctx.runtime.input_digests["source"], dtype),
                         lambda: mq.load_model(ctx.inputs["source"], dtype, device))
     models.on_device(model, device)
     report = mq.calibrate_and_quantize(model, ctx.params["quant"], ctx.params["kv_cache"], ctx.params.get("group_size"),

@@ -32,7 +32,7 @@ from trtbuild.host import hardware
 from trtbuild.facts import trtllm
 from trtbuild.facts.quantformats import GROUP_SIZED_ALGOS
 from trtbuild.errors import TrtbuildError
-from trtbuild.build.stages.base import StageContext
+from trtbuild.build.stages.base import BuildNeeds, StageContext
 from trtbuild.store.summaries import EngineMemory, EngineSummary, EngineToolchainUsed
 
 TAIL_LINES = 12  # lines of trtllm-build's output a failure shows
@@ -43,18 +43,18 @@ class EngineBuildFailed(TrtbuildError):
     pass
 
 
-def host_memory_problem(needs: Optional[dict], gpus: list, workers: int, available: Optional[int]) -> Optional[str]:
+def host_memory_problem(needs: Optional[BuildNeeds], gpus: list, workers: int, available: Optional[int]) -> Optional[str]:
     """Why this host has too little memory for a build with `workers` ranks at once (the plan's
     estimate, estimate.build_memory_needs), or None. `available`: host memory free now."""
     if not needs:
         return None
     from trtbuild.plan.estimate import format_bytes
 
-    host = needs["host_ram_bytes_per_worker"] * workers
+    host = needs.host_ram_bytes_per_worker * workers
     if available is not None and host > available:
         return (f"the build needs {format_bytes(host)} of host memory with {workers} worker(s) (plan estimate: "
                 f"estimate.build_memory_needs) and this host has {format_bytes(available)} available")
-    per_worker = needs["gpu_bytes_per_worker"]
+    per_worker = needs.gpu_bytes_per_worker
     if gpus and per_worker > min(g.memory_bytes for g in gpus):
         smallest = min(gpus, key=lambda g: g.memory_bytes)
         return (f"each build worker needs {format_bytes(per_worker)} of GPU memory (plan estimate: "
@@ -148,22 +148,22 @@ def build_engine(ctx: StageContext) -> None:
     from trtbuild.host import toolchain
 
     params, runtime = ctx.params, ctx.runtime
-    sm = runtime["platform"]["sm"]
-    keyed_toolchain = runtime["toolchain"]
-    image = runtime.get("image")
+    sm = runtime.platform["sm"]
+    keyed_toolchain = runtime.toolchain
+    image = runtime.image
     checkpoint = ctx.inputs["checkpoint"]
     checkpoint_config = json.loads((checkpoint / "config.json").read_text())
     world = int((checkpoint_config.get("mapping") or {}).get("world_size", 1))
 
     gpus = _local_gpus(sm)
     workers = engine_command.workers_for(world, len(gpus))
-    problem = host_memory_problem(runtime.get("build_needs"), gpus, workers, _available_ram())
+    problem = host_memory_problem(runtime.build_needs, gpus, workers, _available_ram())
     if problem:  # before an hour of building, not after
         raise EngineBuildFailed(problem)
 
     work = ctx.out.parent / "build"
     work.mkdir()
-    timing_in = runtime.get("timing_cache_in")
+    timing_in = runtime.timing_cache_in
     if timing_in:
         shutil.copyfile(timing_in, work / engine_command.TIMING_CACHE_IN)
     argv = engine_command.build_argv(params, workers, timing_cache_in=bool(timing_in))
@@ -199,8 +199,8 @@ def build_engine(ctx: StageContext) -> None:
         shutil.move(str(item), str(ctx.out / item.name))
     rank_bytes = max((ctx.out / f"rank{r}.engine").stat().st_size for r in range(world))
     timing_out = work / engine_command.TIMING_CACHE_OUT
-    if timing_out.is_file() and runtime.get("timing_cache_out"):
-        destination = Path(runtime["timing_cache_out"])
+    if timing_out.is_file() and runtime.timing_cache_out:
+        destination = Path(runtime.timing_cache_out)
         destination.mkdir(parents=True, exist_ok=True)
         shutil.move(str(timing_out), str(destination / engine_command.TIMING_CACHE_OUT))
 
@@ -208,7 +208,7 @@ def build_engine(ctx: StageContext) -> None:
     summary = EngineSummary(
         schema=1, kind="engine", sm=sm, tp=int(mapping.get("tp_size", 1)), pp=int(mapping.get("pp_size", 1)),
         world_size=world, quantization=_quantization(checkpoint_config),
-        checkpoint=runtime["input_digests"]["checkpoint"],
+        checkpoint=runtime.input_digests["checkpoint"],
         toolchain=EngineToolchainUsed(tensorrt_llm=probe.tensorrt_llm, tensorrt=probe.tensorrt, image=image),
         standin=probe.standin, command=argv, memory=EngineMemory(engine_bytes_per_rank=rank_bytes))
     ctx.report(summary, name="trtbuild.json")

@@ -26,7 +26,7 @@ WINDOWS = "windows.npy"
 def _device(ctx: StageContext) -> str:
     from trtbuild.host import hardware
 
-    return hardware.resolve_device(ctx.runtime.get("device", "auto"))
+    return hardware.resolve_device(ctx.runtime.device or "auto")
 
 
 def make_reference(ctx: StageContext) -> None:
@@ -36,7 +36,7 @@ def make_reference(ctx: StageContext) -> None:
 
     started = time.monotonic()
     source, device = ctx.inputs["source"], _device(ctx)
-    text = read_eval_text(ctx.runtime["text"], Path(ctx.runtime["base_dir"]))
+    text = read_eval_text(ctx.runtime.text, Path(ctx.runtime.base_dir))
     windows, meta = make_windows(source, text, ctx.params["samples"], ctx.params["seq_len"], ctx.params["seed"])
     model = _source_model(ctx, source, device)
     ref = torch_runner.reference(model, windows, device, ctx.params["top_k"],
@@ -59,7 +59,7 @@ def _source_model(ctx: StageContext, source: Path, device: str):
 
     dtype = ctx.params["dtype"]
     computed_in = torch_runner.compute_dtype_name(device, dtype)
-    return models.borrow(models.source_key(ctx.runtime["input_digests"]["source"], computed_in),
+    return models.borrow(models.source_key(ctx.runtime.input_digests["source"], computed_in),
                          lambda: torch_runner.load_source(source, device, dtype), device)
 
 
@@ -170,7 +170,7 @@ def _write_report(ctx: StageContext, windows: np.ndarray, comparison, started: f
                                 warnings=warnings, gates_reliable=not overlap, calibration_overlap=overlap, **runner,
                                 windows=result.windows)
     ctx.measure(validation_seconds=round(time.monotonic() - started, 2))
-    (ctx.out / "report.md").write_text(_markdown(ctx.runtime.get("target", ""), summary))
+    (ctx.out / "report.md").write_text(_markdown(ctx.runtime.target or "", summary))
     ctx.report(summary)
 
 

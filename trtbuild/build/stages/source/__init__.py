@@ -7,7 +7,7 @@ from trtbuild.build.stages.source.common import Resolved, SourceContext
 
 def resolve(ctx: SourceContext) -> Resolved:
     """Identify the source's content (a digest) without copying or converting anything."""
-    kind = ctx.runtime["kind"]
+    kind = ctx.runtime.kind
     if kind == "path":
         from trtbuild.build.stages.source import local as module
     elif kind == "gguf":

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
+from trtbuild.build.stages.base import StageRuntime
 from trtbuild.store.state import StatCache
 
 
@@ -23,8 +24,11 @@ class Resolved:
 
 @dataclass
 class SourceContext:
-    runtime: dict[str, Any]  # kind, location, base_dir, ... from the graph
+    runtime: StageRuntime  # kind, location, base_dir, ... from the graph
     state: StatCache
     downloads: Path  # a folder of the store for downloaded source files
     locked: Optional[dict] = None  # the lock file's source entry, when there is one
     progress: Optional[Callable[[int], None]] = None
+
+    def __post_init__(self) -> None:
+        self.runtime = StageRuntime.of(self.runtime)

@@ -32,7 +32,7 @@ def locate_gguf(location: str, base_dir: Path) -> Path:
 
 
 def resolve(ctx: SourceContext) -> Resolved:
-    path = locate_gguf(ctx.runtime["location"], Path(ctx.runtime["base_dir"]))
+    path = locate_gguf(ctx.runtime.location, Path(ctx.runtime.base_dir))
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
             raise InvalidInput(f"source.gguf: {path}: not a GGUF file (no GGUF magic)")
@@ -47,7 +47,7 @@ def convert_gguf(ctx: StageContext) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
-    gguf = Path(ctx.runtime["file"])
+    gguf = Path(ctx.runtime.file)
     dtype = getattr(torch, ctx.params["dtype"])
     print(f"loading {gguf} (dequantizing to float32)", flush=True)
     with _gguf_parsed_once():

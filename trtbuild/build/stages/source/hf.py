@@ -65,8 +65,8 @@ def _listing_from_cache(repo: str, revision: str) -> Optional[tuple[str, dict[st
 
 
 def resolve(ctx: SourceContext) -> Resolved:
-    repo = ctx.runtime["location"]
-    revision = ctx.runtime.get("revision") or "main"
+    repo = ctx.runtime.location
+    revision = ctx.runtime.revision or "main"
     locked = ctx.locked or {}
     lock_matches = locked.get("kind") == "hf" and locked.get("location") == repo and locked.get("revision") == revision
     pinned = re.fullmatch(r"[0-9a-f]{40}", revision) is not None  # a commit never moves: no need to ask
@@ -74,7 +74,7 @@ def resolve(ctx: SourceContext) -> Resolved:
         commit, hashes, sizes = locked["commit"], dict(locked["files"]), dict(locked.get("sizes") or {})
         origin = "the lock file (a pinned commit)" if pinned else "the lock file (offline)"
     elif not offline():
-        commit, hashes, sizes = _listing_from_hub(repo, revision, ctx.runtime.get("where"))
+        commit, hashes, sizes = _listing_from_hub(repo, revision, ctx.runtime.where)
         origin = f"hub metadata of {repo}@{revision}"
     else:
         origin = "the Hugging Face cache (offline)"
@@ -105,12 +105,12 @@ def download(ctx: StageContext) -> None:
     there), verify each against the hub's hash, and adopt them as the artifact."""
     from huggingface_hub import snapshot_download
 
-    repo, commit, files = ctx.runtime["repo"], ctx.runtime["commit"], ctx.runtime["files"]
+    repo, commit, files = ctx.runtime.repo, ctx.runtime.commit, ctx.runtime.files
     try:
         with quiet():
             snapshot = Path(snapshot_download(repo, revision=commit, allow_patterns=list(files)))
     except Exception as exc:
-        raise hub_error(repo, commit, exc, ctx.runtime.get("where")) from None
+        raise hub_error(repo, commit, exc, ctx.runtime.where) from None
     for name, expected in files.items():
         path = snapshot / name
         if not path.is_file():
@@ -123,7 +123,7 @@ def download(ctx: StageContext) -> None:
             raise InvalidInput(f"source.hf: {repo}@{commit[:12]}: {name} does not match the hub's hash "
                                f"(expected {expected}, got {actual})")
     config = read_json_object(snapshot / "config.json")
-    if config.get("auto_map") and not ctx.runtime.get("trust_remote_code"):
+    if config.get("auto_map") and not ctx.runtime.trust_remote_code:
         raise InvalidInput(f"source.hf: {repo} runs custom code (config.json has auto_map); set "
                            "source.trust_remote_code: true only if you trust it")
     # snapshot files are links into the repository's blobs/: allow links that stay in that folder

@@ -20,7 +20,7 @@ def model_file_filter(folder: Path) -> Callable[[str], bool]:
 
 
 def resolve(ctx: SourceContext) -> Resolved:
-    folder = Path(ctx.runtime["folder"])
+    folder = Path(ctx.runtime.folder)
     if not folder.is_dir():
         raise InvalidInput(f"source.path: {folder}: no such folder")
     if not (folder / "config.json").is_file():
@@ -34,7 +34,7 @@ def resolve(ctx: SourceContext) -> Resolved:
 
 def adopt_folder(ctx: StageContext) -> None:
     """`path:` sources: the selected files of the folder are the artifact, ingested in place."""
-    folder = Path(ctx.runtime["folder"])
+    folder = Path(ctx.runtime.folder)
     ctx.adopt(folder, model_file_filter(folder))
 
 

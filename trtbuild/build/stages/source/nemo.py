@@ -14,11 +14,11 @@ from trtbuild.store.tree import Entry, Manifest, build_manifest
 
 
 def resolve(ctx: SourceContext) -> Resolved:
-    location = ctx.runtime["location"]
+    location = ctx.runtime.location
     if location.startswith("s3://"):
         return _resolve_s3(ctx, location)
     path = Path(location).expanduser()
-    path = path if path.is_absolute() else Path(ctx.runtime["base_dir"]) / path
+    path = path if path.is_absolute() else Path(ctx.runtime.base_dir) / path
     if path.is_file():
         digest = ctx.state.sha256(path, ctx.progress)
         return Resolved("nemo", digest, {"files": {path.name: digest}}, runtime={"checkpoint": str(path)},
@@ -57,10 +57,10 @@ def convert_nemo(ctx: StageContext) -> None:
     """Runs in a worker process: fetch (when on S3), then convert to a Hugging Face folder."""
     from trtbuild.nemo import convert
 
-    if ctx.runtime.get("objects"):
+    if ctx.runtime.objects:
         state = remote.state_for(ctx.runtime, ctx.state)
-        remote.fetch_all(state, Path(ctx.runtime["downloads"]), ctx.runtime["bucket"], ctx.runtime["objects"])
+        remote.fetch_all(state, Path(ctx.runtime.downloads), ctx.runtime.bucket, ctx.runtime.objects)
     work = ctx.out.parent / "nemo-work"
     work.mkdir(exist_ok=True)
-    report = convert(Path(ctx.runtime["checkpoint"]), ctx.out, work=work)
+    report = convert(Path(ctx.runtime.checkpoint), ctx.out, work=work)
     ctx.tool_report(SourceSummary, report)

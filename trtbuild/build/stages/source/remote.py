@@ -59,13 +59,14 @@ def fetch(s3, state: StatCache, downloads: Path, bucket: str, key: str, sha256: 
     return path
 
 
-def fetch_all(state: StatCache, downloads: Path, bucket: str, objects: dict[str, dict], workers: int = 4) -> None:
+def fetch_all(state: StatCache, downloads: Path, bucket: str, objects: dict, workers: int = 4) -> None:
+    """Every object of `objects` (name -> stages.base.ObjectToFetch) into `downloads`, verified."""
     try:
         s3 = s3lib.client()
     except Exception as exc:  # a missing profile, a malformed endpoint: one line, not a traceback
         raise s3lib.error(f"s3://{bucket}", exc) from None
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(lambda o: fetch(s3, state, downloads, bucket, o["key"], o["sha256"]), objects.values()))
+        list(pool.map(lambda o: fetch(s3, state, downloads, bucket, o.key, o.sha256), objects.values()))
 
 
 def listing(url: str, folder: bool) -> tuple[object, str, str, list[s3lib.S3Object]]:
@@ -80,6 +81,6 @@ def listing(url: str, folder: bool) -> tuple[object, str, str, list[s3lib.S3Obje
     return s3, bucket, prefix, objects
 
 
-def state_for(runtime: dict, fallback: Optional[StatCache]) -> StatCache:
-    """Stages in a worker process open the store's stat cache by path."""
-    return fallback if fallback is not None else StatCache(Path(runtime["state_db"]))
+def state_for(runtime, fallback: Optional[StatCache]) -> StatCache:
+    """Stages in a worker process open the store's stat cache by path (runtime: stages.base.StageRuntime)."""
+    return fallback if fallback is not None else StatCache(Path(runtime.state_db))

@@ -14,7 +14,7 @@ from trtbuild.store.tree import Entry, Manifest
 
 
 def resolve(ctx: SourceContext) -> Resolved:
-    url = ctx.runtime["location"].rstrip("/")
+    url = ctx.runtime.location.rstrip("/")
     s3, bucket, prefix, objects = remote.listing(url + "/", folder=True)
     by_name = {o.key[len(prefix) + 1:]: o for o in objects if o.key.startswith(prefix + "/")}
     selected = sorted(select_model_files(by_name))
@@ -36,8 +36,8 @@ def resolve(ctx: SourceContext) -> Resolved:
 
 def fetch_folder(ctx: StageContext) -> None:
     """Download what the cache lacks (in parallel), verify it, adopt the files as the artifact."""
-    downloads = Path(ctx.runtime["downloads"])
-    bucket, prefix, objects = ctx.runtime["bucket"], ctx.runtime["prefix"], ctx.runtime["objects"]
+    downloads = Path(ctx.runtime.downloads)
+    bucket, prefix, objects = ctx.runtime.bucket, ctx.runtime.prefix, ctx.runtime.objects
     remote.fetch_all(ctx.state, downloads, bucket, objects)
     folder = remote.local_path(downloads, bucket, prefix)
     ctx.adopt(folder, objects.__contains__, link=True)
