@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from trtbuild.model import gguf_header as ggufheader
-from trtbuild.build.stages.source import config
-from trtbuild.build.stages.source.config import gguf_config
+from trtbuild.plan import model_config as config
+from trtbuild.plan.model_config import gguf_config
 from trtbuild.build.stages.source.gguf import locate_gguf
 from trtbuild.store import state
 from trtbuild.store.state import StatCache

@@ -23,7 +23,8 @@ from trtbuild.facts import serving
 
 from trtbuild.facts import trtllm
 from trtbuild.errors import InvalidInput
-from trtbuild.model.config import ModelSpec, load_config, parse_config
+from trtbuild.model.config import ModelSpec
+from trtbuild.plan.model_config import find_model_config
 from trtbuild.recipe.schema import LoadedRecipe, Recipe, Variant
 
 CHECKPOINT, ENGINE, HF_CHECKPOINT = "checkpoint", "engine", "hf-checkpoint"
@@ -114,44 +115,7 @@ class Plan:
 # made by trtbuild/facts/nodeids.py (checkpoint_id, engine_id, hf_id), which also parses them
 
 
-# ---- the model config a plan reads ---------------------------------------------------------------
-
-def find_model_config(loaded: LoadedRecipe, state=None) -> tuple[ModelSpec, str]:
-    """The model shape planning reads, and where it came from: source.config (an offline override),
-    else the source's own config (a local folder's or the Hub's config.json, a GGUF's header, an S3
-    folder's config.json object, a NeMo checkpoint's model config). `state`: a store's stat cache,
-    which keeps a GGUF header's config."""
-    source = loaded.recipe.source
-    if source.config is not None:
-        path = loaded.resolve_path(source.config)
-        if not path.is_file():
-            raise InvalidInput(f"{loaded.where(('source', 'config'))}: source.config: {path}: no such file")
-        return load_config(path), f"source.config {path}"
-    if source.path is not None:
-        path = loaded.resolve_path(source.path) / "config.json"
-        if path.is_file():
-            return load_config(path), str(path)
-        raise InvalidInput(f"{loaded.where(('source', 'path'))}: source.path: {path}: no such file")
-    if source.hf is not None:
-        from trtbuild.model import hub
-
-        revision = source.revision or "main"
-        found = hub.config_json(source.hf, revision, loaded.where(("source", "hf")))
-        if found is not None:
-            return load_config(found), f"config.json of {source.hf}@{revision} ({found})"
-        raise InvalidInput(
-            f"{loaded.where(('source',))}: source: no local config.json for {source.describe()}; "
-            "set source.config to a copy of the model's config.json"
-        )
-    from trtbuild.build.stages.source import config as carried
-
-    if source.gguf is not None:
-        config, origin = carried.gguf_config(source.gguf, loaded.base_dir, state)
-    elif source.s3 is not None and not source.s3.rstrip("/").endswith(".nemo"):
-        config, origin = carried.s3_config(source.s3)
-    else:  # nemo:, or an s3: URL of a .nemo object (a NeMo source, as the graph reads it)
-        config, origin = carried.nemo_config(source.location, loaded.base_dir)
-    return parse_config(config, origin), origin
+# ---- expansion and rules -------------------------------------------------------------------------
 
 def parse_gpu(choice: Optional[str]) -> Optional[set]:
     """`--gpu` of plan and build: None for all, else the one gpu_facts.GpuChoice named (an SM, or a
@@ -180,7 +144,6 @@ def plan_recipes(paths: list, gpu: Optional[str] = None) -> list[Plan]:
         raise InvalidInput(*errors)
     return [plan_recipe(item, gpu_filter=gpu_filter) for item in loaded]
 
-# ---- expansion and rules -------------------------------------------------------------------------
 
 def plan_recipe(loaded: LoadedRecipe, model: Optional[ModelSpec] = None,
                 gpu_filter: Optional[Iterable[Union[str, gpu_facts.GpuChoice]]] = None, state=None) -> Plan:

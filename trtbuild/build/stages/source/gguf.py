@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import os
 from pathlib import Path
 
@@ -13,22 +12,7 @@ from trtbuild.errors import InvalidInput
 from trtbuild.build.stages.base import StageContext
 from trtbuild.store.summaries import SourceSummary
 from trtbuild.build.stages.source.common import Resolved, SourceContext
-
-
-def locate_gguf(location: str, base_dir: Path) -> Path:
-    """A GGUF path, relative to the recipe, or `pkg:MODULE/FILE` inside an installed package."""
-    if location.startswith("pkg:"):
-        module, _, name = location[len("pkg:"):].partition("/")
-        spec = importlib.util.find_spec(module)  # locates without importing the package
-        if spec is None or not spec.submodule_search_locations:
-            raise InvalidInput(f"source.gguf: {location}: Python package {module!r} is not installed")
-        path = Path(list(spec.submodule_search_locations)[0]) / name
-    else:
-        path = Path(location).expanduser()
-        path = path if path.is_absolute() else base_dir / path
-    if not path.is_file():
-        raise InvalidInput(f"source.gguf: {path}: no such file")
-    return path
+from trtbuild.model.files import locate_gguf  # noqa: F401 (also gguf.locate_gguf for its callers)
 
 
 def resolve(ctx: SourceContext) -> Resolved:

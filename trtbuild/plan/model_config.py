@@ -1,6 +1,7 @@
-"""The model config a source carries, read for planning without its weights: a GGUF's header, an
-S3 model folder's config.json object, a NeMo checkpoint's model config. Each returns the Hugging
-Face config.json fields the source stage will write, and a line saying where they came from."""
+"""The model config a plan reads, without the weights: source.config (an offline override), else
+what the source carries: a local folder's or the Hub's config.json, a GGUF's header, an S3 model
+folder's config.json object, a NeMo checkpoint's model config. Each reader returns the Hugging Face
+config.json fields the source stage will write, and a line saying where they came from."""
 
 from __future__ import annotations
 
@@ -9,15 +10,56 @@ import json
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trtbuild.errors import InvalidInput
+from trtbuild.model.config import ModelSpec, load_config, parse_config
+
+if TYPE_CHECKING:
+    from trtbuild.recipe.schema import LoadedRecipe
+
+
+def find_model_config(loaded: LoadedRecipe, state=None) -> tuple[ModelSpec, str]:
+    """The model shape planning reads, and where it came from: source.config (an offline override),
+    else the source's own config (a local folder's or the Hub's config.json, a GGUF's header, an S3
+    folder's config.json object, a NeMo checkpoint's model config). `state`: a store's stat cache,
+    which keeps a GGUF header's config."""
+    source = loaded.recipe.source
+    if source.config is not None:
+        path = loaded.resolve_path(source.config)
+        if not path.is_file():
+            raise InvalidInput(f"{loaded.where(('source', 'config'))}: source.config: {path}: no such file")
+        return load_config(path), f"source.config {path}"
+    if source.path is not None:
+        path = loaded.resolve_path(source.path) / "config.json"
+        if path.is_file():
+            return load_config(path), str(path)
+        raise InvalidInput(f"{loaded.where(('source', 'path'))}: source.path: {path}: no such file")
+    if source.hf is not None:
+        from trtbuild.model import hub
+
+        revision = source.revision or "main"
+        found = hub.config_json(source.hf, revision, loaded.where(("source", "hf")))
+        if found is not None:
+            return load_config(found), f"config.json of {source.hf}@{revision} ({found})"
+        raise InvalidInput(
+            f"{loaded.where(('source',))}: source: no local config.json for {source.describe()}; "
+            "set source.config to a copy of the model's config.json"
+        )
+    if source.gguf is not None:
+        config, origin = gguf_config(source.gguf, loaded.base_dir, state)
+    elif source.s3 is not None and not source.s3.rstrip("/").endswith(".nemo"):
+        config, origin = s3_config(source.s3)
+    else:  # nemo:, or an s3: URL of a .nemo object (a NeMo source, as the graph reads it)
+        config, origin = nemo_config(source.location, loaded.base_dir)
+    return parse_config(config, origin), origin
 
 
 def gguf_config(location: str, base_dir: Path, state=None) -> tuple[dict, str]:
     """`state` (a store's stat cache): the config is kept there under the file's sha256 and the
     header code's, once the source stage has hashed the file; later builds do not walk the header
     again (skipping SmolLM2's 49k-token vocabulary in Python is most of a plan's time)."""
-    from trtbuild.build.stages.source.gguf import locate_gguf
+    from trtbuild.model.files import locate_gguf
 
     path = locate_gguf(location, base_dir)
     origin = f"GGUF header of {path}"
