@@ -244,8 +244,11 @@ def test_s3_speed(tmp_path, capsys):
     load_script("s3_speed").print_table(figures_)  # the table it prints without --json
     text = capsys.readouterr().out
     for row in ("trtbuild push (cold)", "trtbuild push (unchanged)", "trtbuild pull --dest (verified)",
-                "raw boto3 download_file", "pull --target auto --dry-run"):
+                "raw boto3 transfer manager (down)", "pull --target auto --dry-run"):
         assert re.search(rf"^{re.escape(row)} +\d+\.\d{{3}} s", text, re.M), row
+    # pull against both baselines, side by side on its row
+    assert re.search(r"^trtbuild pull --dest \(verified\) .*" + (r"\d\.\d\dx awscli .*" if aws else "")
+                     + r"\d\.\d\dx raw boto3's time", text, re.M)
     assert ("aws s3 cp --recursive (up)" in text) == aws
 
 

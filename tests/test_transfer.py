@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -518,7 +519,7 @@ def bucket(seaweed, monkeypatch, request):
     for name, value in seaweed.env().items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    name = request.node.name.replace("_", "-")[:50].strip("-").lower()
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.replace("_", "-").lower())[:50].strip("-")
     seaweed.client().create_bucket(Bucket=name)
     return f"s3://{name}/team"
 
@@ -627,10 +628,13 @@ def test_large_blobs_go_up_in_parts_and_come_down_in_ranges_and_nothing_is_hashe
     big = os.urandom(13 * MiB + 17)
     files = {"config.json": b'{"a": 1}', "rank0.safetensors": big, "rank1.safetensors": big[::-1]}
     record = make_artifact(local, tmp_path / "a", files, "base-tp1", 1)
-    ranges = []
-    original_range = remote.transport._get_range
-    monkeypatch.setattr(remote.transport, "_get_range", lambda key, etag, first, last: ranges.append(last + 1 - first)
-                        or original_range(key, etag, first, last))
+    gets = []  # the GET requests the pull makes: the byte range asked for (None: the whole object)
+    remote.transport.client.meta.events.register(
+        "before-parameter-build.s3.GetObject",
+        lambda params, **kwargs: gets.append(params.get("Range")) if "/cas/" in params["Key"] else None)
+    heads = []
+    remote.transport.client.meta.events.register("before-parameter-build.s3.HeadObject",
+                                                 lambda params, **kwargs: heads.append(params["Key"]))
     monkeypatch.setattr(state_module.time, "time_ns", lambda: 2**62)  # every stat cache entry is settled
     hashed = []
     real_file_sha256 = state_module.file_sha256
@@ -647,10 +651,14 @@ def test_large_blobs_go_up_in_parts_and_come_down_in_ranges_and_nothing_is_hashe
     assert hashed == []  # the pushing store still trusts its blobs
 
     fresh = LocalStore(tmp_path / "fresh")
+    gets.clear(), heads.clear()
     digest, pulled = pull(remote, fresh, record.key)
     assert (digest, pulled.blobs) == (record.digest, 3)
-    # every blob in ranges of download_chunk through one window; config.json (8 bytes) is one range
-    assert sorted(ranges) == sorted([8] + [2 * MiB] * 6 + [MiB + 17] + [2 * MiB] * 6 + [MiB + 17])
+    # every large blob in ranges of download_chunk; config.json (8 bytes) in one GET; one HEAD per blob
+    # (its ETag, which each range must match), as boto3's download_file makes
+    ranges = [f"bytes={first}-{first + 2 * MiB - 1}" for first in range(0, 12 * MiB, 2 * MiB)] + [f"bytes={12 * MiB}-"]
+    assert sorted(r for r in gets if r) == sorted(ranges * 2)
+    assert gets.count(None) == 1 and len([key for key in heads if "/cas/" in key]) == 3
     out = materialize(fresh, digest)
     assert (out / "rank0.safetensors").read_bytes() == big and (out / "rank1.safetensors").read_bytes() == big[::-1]
     assert hashed == []  # the pulled blobs were hashed as they arrived, once
@@ -690,7 +698,7 @@ def test_a_re_push_sends_the_small_requests_of_all_its_artifacts_together(bucket
 
 def test_a_pull_asks_for_the_next_blobs_ranges_before_the_last_one_is_done_and_fsyncs_each(bucket, tmp_path,
                                                                                             monkeypatch):
-    """One window of ranged GETs spans every blob of a pull: no drain between files. Here the
+    """One transfer manager takes every blob of a pull: no drain between files. Here the
     first blob's ranges are held until a range of the second has begun, which happens only when
     both are in one window; each blob is fsynced (off the hashing thread) before it is recorded."""
     import threading
@@ -708,16 +716,17 @@ def test_a_pull_asks_for_the_next_blobs_ranges_before_the_last_one_is_done_and_f
     keys = {remote.transport.blob_key(hashlib.sha256(first_blob).hexdigest()): "first",
             remote.transport.blob_key(hashlib.sha256(second_blob).hexdigest()): "second"}
     second_began = threading.Event()
-    original_range = remote.transport._get_range
+    first_held = []
 
-    def held(key, etag, first, last):
-        if keys[key] == "second":
+    def held(params, **kwargs):  # each GET of a blob, before it is sent
+        if params["Key"] not in keys:
+            return
+        if keys[params["Key"]] == "second":
             second_began.set()
         else:
-            assert second_began.wait(10), "the second blob's ranges were not asked for while the first's were out"
-        return original_range(key, etag, first, last)
+            first_held.append(second_began.wait(10))
 
-    monkeypatch.setattr(remote.transport, "_get_range", held)
+    remote.transport.client.meta.events.register("before-parameter-build.s3.GetObject", held)
     synced = []
     original_sync = s3_module._fsync_and_close
     monkeypatch.setattr(s3_module, "_fsync_and_close", lambda out: (synced.append(Path(out.name).name),
@@ -725,6 +734,45 @@ def test_a_pull_asks_for_the_next_blobs_ranges_before_the_last_one_is_done_and_f
     fresh = LocalStore(tmp_path / "fresh")
     digest, moved = pull(remote, fresh, record.key)
     assert (digest, moved.blobs, second_began.is_set()) == (record.digest, 2, True)
+    assert first_held and all(first_held), "the second blob's ranges were not asked for while the first's were out"
     assert sorted(synced) == sorted(hashlib.sha256(b).hexdigest() for b in (first_blob, second_blob))
     out = materialize_to(fresh, digest, tmp_path / "dest")
     assert ((out / "a.safetensors").read_bytes(), (out / "b.safetensors").read_bytes()) == (first_blob, second_blob)
+
+
+@pytest.mark.parametrize("damage", ["middle", "truncated", "missing"])
+def test_a_damaged_large_blob_is_refused(seaweed, bucket, tmp_path, damage):
+    """A large blob comes down in ranges through the transfer manager; one whose bytes differ in the
+    middle of a range (the same length: every range succeeds), one shorter than its manifest lists,
+    and one that is gone are each refused in one line naming it, and the pulling store records
+    nothing: no blob, no manifest, no record, and no partial file left in its tmp/."""
+    from trtbuild.store.s3 import MiB, S3Store
+
+    remote = S3Store(f"{bucket}/{damage}", concurrency=4, download_chunk=MiB)
+    local = LocalStore(tmp_path / "local")
+    big = os.urandom(5 * MiB + 3)
+    record = make_artifact(local, tmp_path / "a", {"config.json": b'{"a": 1}', "rank0.safetensors": big},
+                           "base-tp1", 1)
+    push(local, remote, [PushItem(record)])
+    digest = hashlib.sha256(big).hexdigest()
+    key, client = remote.transport.blob_key(digest), remote.transport.client
+    url = remote.describe_blob(digest)
+    if damage == "middle":
+        bad = big[:2 * MiB + 100] + bytes([big[2 * MiB + 100] ^ 1]) + big[2 * MiB + 101:]
+        client.put_object(Bucket=remote.bucket, Key=key, Body=bad)
+        expected = (f"blob {url} is corrupt: its sha256 is {hashlib.sha256(bad).hexdigest()}; "
+                    f"run `trtbuild cache verify --store {remote.url}`")
+    elif damage == "truncated":
+        client.put_object(Bucket=remote.bucket, Key=key, Body=big[:3 * MiB])
+        expected = (f"blob {url} is corrupt: its sha256 is {hashlib.sha256(big[:3 * MiB]).hexdigest()}; "
+                    f"run `trtbuild cache verify --store {remote.url}`")
+    else:
+        client.delete_object(Bucket=remote.bucket, Key=key)
+        expected = f"blob {digest} is missing from {remote.transport.describe('cas')}"
+    fresh = LocalStore(tmp_path / "fresh")
+    with pytest.raises(CorruptStore) as caught:
+        pull(remote, fresh, record.key)
+    assert str(caught.value) == expected
+    assert not fresh.has_blob(digest) and not fresh.has_manifest(record.digest)
+    assert fresh.get_record(record.key) is None
+    assert not [p for p in (tmp_path / "fresh" / "tmp").rglob("*") if p.is_file()]

@@ -4,7 +4,6 @@ S3Transport (store/s3.py)."""
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import fcntl
 import hashlib
@@ -18,7 +17,8 @@ from trtbuild.errors import TrtbuildError
 from trtbuild.store import layout
 from trtbuild.store.base import CorruptStore
 from trtbuild.store.hash import CHUNK, Progress
-from trtbuild.store.s3_client import Absent as _Absent, full_sha256 as _full_sha256, is_conflict as _is_conflict
+from trtbuild.store.s3_client import Absent as _Absent, full_sha256 as _full_sha256
+from trtbuild.store.s3_client import is_absent as _is_absent, is_conflict as _is_conflict
 
 RESUME_ATTEMPTS = 5  # a download interrupted this many times in a row fails
 
@@ -140,6 +140,27 @@ class _VerifiedBlobReader(io.RawIOBase):
 
 
 
+class _HashingWriter:
+    """The new file a blob is written into, hashing each byte on its way in. It says it cannot
+    seek, so boto3's transfer manager hands it the ranges in order (its DeferQueue), from its one
+    IO thread: the hash rides on the write, and nothing is read back."""
+
+    def __init__(self, out: BinaryIO, progress: Progress = None) -> None:
+        self.out, self.progress = out, progress
+        self.hash = hashlib.sha256()
+        self.size = 0
+
+    def seekable(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> int:
+        self.hash.update(data)
+        self.out.write(data)
+        self.size += len(data)
+        if self.progress:
+            self.progress(len(data))
+        return len(data)
+
 class S3BlobReads:
     """The verified reads of S3Transport's blobs."""
 
@@ -223,77 +244,65 @@ class S3BlobReads:
             finally:
                 fcntl.flock(out, fcntl.LOCK_UN)
 
-    def download_blob(self, digest: str, dest: Path, progress: Progress = None) -> int:
-        """Write the blob into `dest` (a new file), verified while it arrives (download_blobs)."""
-        return self.download_blobs([(digest, dest)], progress)[0]
-
     def download_blobs(self, blobs: list[tuple[str, Path]], progress: Progress = None) -> list[int]:
-        """Write each (digest, new file) verified while it arrives, and durable (fsynced) when this
-        returns; their sizes. Every blob's ranges (`download_chunk` bytes, one per small blob) go
-        through one window of `concurrency` ranged GETs of the ETag the HEAD saw, hashed and written
-        in order as they arrive (each byte read once): the next blob's bytes are already coming
-        while one's last ranges are hashed, and each file is fsynced by a thread of its own while
-        the next one is written. CorruptStore, naming the blob, for one missing or one whose bytes
-        do not hash to its name."""
+        """Write each (digest, new file) verified while it arrives, and
+        durable (fsynced) when this returns; their sizes. One boto3 transfer manager takes every
+        blob at once: `concurrency` ranged GETs of `download_chunk` bytes in flight across all of
+        them (the next blob's bytes come while one's last ranges arrive), each of the ETag its HEAD
+        saw (as boto3's download_file does), and each byte hashed once, in order, by the writer
+        thread as it is written (no second read); each finished file is fsynced by a thread of its
+        own while the next one is written. CorruptStore, naming the blob, for one missing, changed
+        during its download, or whose bytes do not hash to its name; the caller records nothing then."""
         if not blobs:
             return []
-        keys = [self.blob_key(digest) for digest, _ in blobs]
-        heads = self._heads(keys)
-        for (digest, _), head in zip(blobs, heads):
-            if head is None:
-                raise CorruptStore(f"blob {digest} is missing from {self.describe('cas')}")
-        ranges = [(i, offset, min(offset + self.download_chunk, head["ContentLength"]) - 1)
-                  for i, head in enumerate(heads) for offset in range(0, head["ContentLength"], self.download_chunk)]
-        pending = iter(ranges)
-        with ThreadPoolExecutor(max_workers=max(1, self.concurrency), thread_name_prefix="trtbuild-get") as pool, \
-                ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtbuild-fsync") as syncer:
-            window: collections.deque = collections.deque()
+        from boto3.s3.transfer import TransferConfig, create_transfer_manager
 
-            def refill() -> None:
-                while len(window) < max(1, self.concurrency):
-                    item = next(pending, None)
-                    if item is None:
-                        return
-                    i, first, last = item
-                    window.append(pool.submit(self._get_range, keys[i], heads[i]["ETag"], first, last))
-
-            synced = []
+        self._call(self.key(""), lambda: None)  # the bucket, once: a missing one is one clear line
+        config = TransferConfig(multipart_threshold=self.download_chunk, multipart_chunksize=self.download_chunk,
+                                max_concurrency=max(1, self.concurrency), use_threads=True,
+                                num_download_attempts=RESUME_ATTEMPTS)
+        # io_chunksize stays boto3's 256 KiB: reading a response in larger pieces costs urllib3 more
+        # CPU per byte (4 MiB reads took twice the CPU of the transfer itself on 2 cores)
+        writers: list[_HashingWriter] = []
+        synced = []
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtbuild-fsync") as syncer:
             try:
-                refill()
-                for i, (digest, dest) in enumerate(blobs):
-                    out, hashed, left = open(dest, "wb"), hashlib.sha256(), heads[i]["ContentLength"]
-                    try:
-                        while left > 0:
-                            pieces = window.popleft().result()
-                            refill()
-                            for piece in pieces:
-                                hashed.update(piece)
-                                out.write(piece)
-                                left -= len(piece)
-                                if progress:
-                                    progress(len(piece))
-                        actual = hashed.hexdigest()
-                        if actual != digest:
-                            raise CorruptStore(f"blob {self.url_of(keys[i])} is corrupt: its sha256 is {actual}; "
-                                               f"{self.verify_hint()}")
-                        out.flush()
-                    except BaseException:
-                        out.close()
-                        raise
-                    synced.append(syncer.submit(_fsync_and_close, out))
+                with create_transfer_manager(self.client, config) as manager:
+                    started = []
+                    for digest, dest in blobs:
+                        writers.append(_HashingWriter(open(dest, "wb"), progress))
+                        started.append(manager.download(self.bucket, self.blob_key(digest), writers[-1]))
+                    for (digest, _), writer, future in zip(blobs, writers, started):
+                        self._downloaded(digest, writer, future)
+                        synced.append(syncer.submit(_fsync_and_close, writer.out))
             finally:
-                for future in window:
-                    future.cancel()
+                for writer in writers[len(synced):]:
+                    writer.out.close()
             for future in synced:
                 future.result()
-        return [head["ContentLength"] for head in heads]
+        return [writer.size for writer in writers]
 
-    def _heads(self, keys: list[str]) -> list[Optional[dict]]:
-        """HEAD of each key (None: not there), `concurrency` requests at once."""
-        if len(keys) <= 1 or self.concurrency < 2:
-            return [self._head(key) for key in keys]
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(keys)), thread_name_prefix="trtbuild-head") as pool:
-            return list(pool.map(self._head, keys))
+    def _downloaded(self, digest: str, writer: "_HashingWriter", future) -> None:
+        """Wait for one blob's download and check it: CorruptStore naming the blob when it is
+        missing, changed meanwhile, or its bytes do not hash to `digest`."""
+        from s3transfer.exceptions import RetriesExceededError, S3DownloadFailedError, S3ValidationError
+
+        url = self.url_of(self.blob_key(digest))
+        try:
+            future.result()
+        except RetriesExceededError:
+            raise TrtbuildError(f"{url}: the download broke off {RESUME_ATTEMPTS} times at byte {writer.size}") from None
+        except (S3DownloadFailedError, S3ValidationError):  # its ETag or a range's bounds moved: replaced meanwhile
+            raise CorruptStore(f"blob {url} changed on the server during its download") from None
+        except TrtbuildError:
+            raise
+        except Exception as exc:
+            if _is_absent(exc):
+                raise CorruptStore(f"blob {digest} is missing from {self.describe('cas')}") from None
+            raise self._error(url, exc) from None
+        actual = writer.hash.hexdigest()
+        if actual != digest:
+            raise CorruptStore(f"blob {url} is corrupt: its sha256 is {actual}; {self.verify_hint()}")
 
     def _fetch(self, digest: str, out: BinaryIO, start: int, hashed, progress: Progress = None) -> None:
         """Append the blob's bytes after `start` to `out`, verified: small ones in one stream, large

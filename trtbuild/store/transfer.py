@@ -165,9 +165,9 @@ def _push_items(local: Store, remote: Store, items: list[PushItem], held, progre
 
 def _copy_all_verified(remote: Store, blobs: list[tuple[str, Path]], progress=None) -> list[int]:
     """Copy each remote blob (digest, new file) verified, durable on return; their sizes. A store
-    that downloads verified (S3Store.download_blobs: every blob's ranged GETs in one window, hashed
-    in order) is left to do it: hashing the same bytes again here would cost a second pass over
-    every byte pulled."""
+    that downloads verified (S3Store.download_blobs: one transfer manager for every blob, each byte
+    hashed as it is written) is left to do it: hashing the same bytes again here would cost a
+    second pass over every byte pulled."""
     advance = progress.advance if progress is not None else None
     download = getattr(remote, "download_blobs", None)
     if download is not None:
