@@ -17,7 +17,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from trtbuild.build.graph import Graph, HostNeed, Node, Param
+from trtbuild.build.graph import Graph, Node, Param
+from trtbuild.build.stages.needs import HostNeed
 from trtbuild.build.stages.base import Stage, StageContext
 from trtbuild.store.summaries import StageSummary, register_summary
 

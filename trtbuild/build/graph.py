@@ -1,22 +1,21 @@
 """The stage graph of a plan: one node per artifact (the source, each checkpoint, each engine), with
 the parameters each stage's key holds and where every value came from (for `explain`).
 
-The graph is plain data: nodes hold values, and what a node needs of a host (a GPU, tensorrt_llm)
-is a small frozen record that checks itself (`HostNeed`). `GraphBuilder` has one method per kind
-of node. Why a node cannot run is one notion, `CannotRun`, with a kind and a reason."""
+The graph is plain data: nodes hold values. What a node needs of a host (a GPU, tensorrt_llm) is a
+small frozen record that checks itself (`HostNeed`), declared beside the stages that need it, like the
+texts whose content is a key input (stages/needs.py), and the graph asks the registry for them.
+`GraphBuilder` has one method per kind of node. Why a node cannot run is one notion, `CannotRun`,
+with a kind and a reason."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 from pydantic import BaseModel
 
 from trtbuild.plan import engine_flags
-
-from trtbuild.host import hardware
 
 from trtbuild.facts import quantformats
 
@@ -24,12 +23,12 @@ from trtbuild.facts import serving
 
 from trtbuild.serving import options as serving_options
 
-from trtbuild.host import toolchain
 from trtbuild.facts.nodeids import hf_export_id, quantized_id, trtllm_validate_id, twin_id, validate_id, vllm_validate_id  # noqa: F401 (graph.X_id for callers)
 from trtbuild.plan.expand import CHECKPOINT, ENGINE, HF_CHECKPOINT, Plan, Target
 from trtbuild.build.stages.base import Stage
 from trtbuild.build.stages.install import install_hint
-from trtbuild.build.stages.registry import NOT_YET, STAGES
+from trtbuild.build.stages.needs import HostNeed, TextInput
+from trtbuild.build.stages.registry import NOT_YET, STAGES, host_need, text_input
 from trtbuild.validate import gates
 
 SOURCE = "source"
@@ -51,94 +50,6 @@ class Blocker(str, enum.Enum):
 class CannotRun:
     kind: Blocker
     reason: str
-
-
-class HostNeed:
-    """What a node needs of the host it runs on, as data; `problem()` checks this host."""
-
-    def problem(self) -> Optional[str]:
-        raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class CalibrationDevice(HostNeed):
-    """A CUDA device asked for, or a format that ModelOpt calibrates only on CUDA (quantize.needs_cuda)."""
-
-    quant: Optional[str]
-    kv_cache: Optional[str]
-    device: str
-
-    def problem(self) -> Optional[str]:
-        resolved = hardware.resolve_device(self.device)
-        if self.device == "cuda" and resolved != "cuda":
-            return "needs a CUDA GPU (calibration.device: cuda); this machine has none"
-        if resolved == "cpu":
-            from trtbuild.checkpoint.quantize import needs_cuda
-
-            reason = needs_cuda(self.quant, self.kv_cache)
-            return f"needs a CUDA GPU: {reason}" if reason else None
-        return None
-
-
-@dataclass(frozen=True)
-class EngineHost(HostNeed):
-    """A GPU of the engine's SM, and tensorrt_llm of the recipe's line here (or docker, to build in
-    the recipe's image)."""
-
-    sm: str
-    tensorrt_llm: str
-    image: Optional[str] = None
-
-    def problem(self) -> Optional[str]:
-        if self.image:
-            return toolchain.container_host_problem(self.sm, self.image)
-        return toolchain.engine_host_problem(self.sm, self.tensorrt_llm)
-
-
-@dataclass(frozen=True)
-class TrtllmRunner(HostNeed):
-    """TensorRT-LLM's LLM API for `backend` on a GPU (validate:trtllm)."""
-
-    backend: str
-    series: str
-
-    def problem(self) -> Optional[str]:
-        from trtbuild.validate import trtllm_runner
-
-        return trtllm_runner.available(self.backend, self.series)
-
-
-@dataclass(frozen=True)
-class VllmRunner(HostNeed):
-    """vLLM on a GPU that it serves the variant's format on (validate:vllm)."""
-
-    quant: Optional[str]
-    kv_cache: Optional[str]
-
-    def problem(self) -> Optional[str]:
-        from trtbuild.validate import vllm_runner
-
-        return vllm_runner.available(self.quant, self.kv_cache)
-
-
-@dataclass(frozen=True)
-class TextInput:
-    """A key input that is the content of a text (calibration or evaluation set), digested at key
-    time: moving or renaming the file changes nothing."""
-
-    purpose: str  # calibration | evaluation
-    spec: str  # `builtin`, a file or a folder
-    base_dir: str
-
-    def digest(self, state=None) -> str:
-        """The text's sha256; `state`: the store's stat cache (it keeps the builtin evaluation text's)."""
-        if self.purpose == "calibration":
-            from trtbuild.checkpoint.calibration import text_digest
-
-            return text_digest(self.spec, Path(self.base_dir))
-        from trtbuild.validate.evaltext import eval_text_digest
-
-        return eval_text_digest(self.spec, Path(self.base_dir), state)
 
 
 # ---- the graph ----------------------------------------------------------------------------------
@@ -299,7 +210,7 @@ class GraphBuilder:
                       else field_param(self.recipe.calibration, name, f"calibration.{name}").origin)
             node.params[name] = Param(getattr(settings, name), origin)
         node.runtime = {"text": settings.text, "base_dir": str(self.loaded.base_dir)}
-        node.texts["text"] = TextInput("calibration", settings.text, str(self.loaded.base_dir))
+        node.texts["text"] = text_input("calibration", settings.text, str(self.loaded.base_dir))
         self.calibrations[signature] = node_id
         self._add(node)
         return node_id
@@ -320,7 +231,7 @@ class GraphBuilder:
         node.platform["device"] = (Param(device, f"recipe: variants.{vname}.calibration.device") if overridden
                                    else field_param(self.recipe.calibration, "device", "calibration.device"))
         node.runtime["device"] = device
-        node.host = CalibrationDevice(variant.quant, variant.kv_cache, device)
+        node.host = host_need("quantize", variant.quant, variant.kv_cache, device)
         self.quantized[vname] = node.id
         self.calibration_of[node.id] = calibration
         self._add(node)
@@ -340,7 +251,7 @@ class GraphBuilder:
         node.params["top_k"] = Param(gates.TOP_K, "trtbuild: top-k log-probabilities stored per position")
         node.platform["device"] = field_param(settings, "device", "validate.device")
         node.runtime = {"text": settings.text, "base_dir": str(self.loaded.base_dir), "device": settings.device}
-        node.texts["text"] = TextInput("evaluation", settings.text, str(self.loaded.base_dir))
+        node.texts["text"] = text_input("evaluation", settings.text, str(self.loaded.base_dir))
         self._add(node)
         return node.id
 
@@ -444,7 +355,7 @@ class GraphBuilder:
                                      "recipe: engine.flags and trtbuild's rules (see each flag)",
                                      parts={name: f.origin for name, f in flags.items()})
         node.platform["sm"] = Param(target.gpu, "target: the engine's GPU architecture")
-        node.host = EngineHost(target.gpu, self.recipe.toolchain.tensorrt_llm, image)
+        node.host = host_need(ENGINE, target.gpu, self.recipe.toolchain.tensorrt_llm, image)
         if image:
             node.runtime["image"] = image
         if target.ok:  # the stage refuses early on a host with less (estimate.build_memory_needs)
@@ -488,7 +399,7 @@ class GraphBuilder:
         node.platform.update(platform)
         node.runtime = {"target": target}
         series = ".".join(self.recipe.toolchain.tensorrt_llm.split(".")[:2])  # engines: the recipe's pinned line
-        node.host = TrtllmRunner(backend, series)
+        node.host = host_need("validate:trtllm", backend, series)
         self._add(node)
         return node.id
 
@@ -509,7 +420,7 @@ class GraphBuilder:
                                            else "model config (max_position_embeddings x rope factor)")
         node.runtime = {"target": target}
         variant = self.recipe.variants[vname]
-        node.host = VllmRunner(variant.quant, variant.kv_cache)
+        node.host = host_need("validate:vllm", variant.quant, variant.kv_cache)
         self._add(node)
         return node.id
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
+from trtbuild.build.stages import needs
 from trtbuild.build.stages.base import Stage
 
 STAGES: dict[str, Optional[Stage]] = {
@@ -72,3 +73,22 @@ STAGES = {kind: (replace(stage, id=kind, shares_worker=kind in SHARE_A_WORKER) i
           for kind, stage in STAGES.items()}
 
 NOT_YET = "this version of trtbuild has no {kind} stage yet"
+
+# What the stages of a kind need of a host (stages/needs.py): the graph asks here, with the facts
+# of the node (its formats, device, SM, pinned toolchain line), and the runner checks the need.
+HOST_NEEDS: dict[str, type[needs.HostNeed]] = {
+    "quantize": needs.CalibrationDevice,  # a CUDA device, for what ModelOpt calibrates only there
+    "engine": needs.EngineHost,  # a GPU of the SM, tensorrt_llm of the recipe's line (or docker for its image)
+    "validate:trtllm": needs.TrtllmRunner,  # TensorRT-LLM's LLM API for the backend, on a GPU
+    "validate:vllm": needs.VllmRunner,  # vLLM on a GPU it serves the format on
+}
+
+
+def host_need(kind: str, *facts) -> needs.HostNeed:
+    """What a node of `kind` needs of the host it runs on, made from the node's facts."""
+    return HOST_NEEDS[kind](*facts)
+
+
+def text_input(purpose: str, spec: str, base_dir: str) -> needs.TextInput:
+    """A calibration or evaluation text whose content (not its path) is a key input."""
+    return needs.TextInput(purpose, spec, base_dir)
