@@ -26,7 +26,7 @@ compares with ModelOpt's export of a ~4 GB unquantized LLaMA checkpoint.
    2x slower, whichever converter it is: use --repeat 3 or more). Then checks that both rank0.safetensors hold
    the same tensors (names, shapes, dtypes, bytes), one tensor at a time.
 
-Each run waits until the machine is idle (other processes below 0.25 cores over 2 s, at most
+Each run waits until the machine is idle (quiet_runs.py: other processes below 0.25 cores over 2 s, at most
 5 minutes) and reports the cores other processes kept busy while it ran ("others"); a run with
 others above 0.25 is run again (--retries, default 2) and the least disturbed one is kept: on a
 shared 2-core machine someone's test suite can double every time.
@@ -60,6 +60,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import quiet_runs
+from quiet_runs import QUIET_CORES, child_env, run_child
 # write_synthetic: helper() runs it by name in a child (see HELPER_CHILD)
 from synthetic_llama import describe, write_synthetic  # noqa: F401
 
@@ -192,83 +194,6 @@ def helper(name: str, *args, log: Path):
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed ({proc.returncode}), log {log}:\n{log.read_text(errors='replace')[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1]), time.perf_counter() - start
-
-
-def child_env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return env
-
-
-def busy_cpu_seconds() -> float:
-    """CPU seconds the whole machine has spent busy (all cores, all processes), from /proc/stat."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-QUIET_CORES = 0.25  # what counts as an idle machine
-QUIET_WAIT_S = 300   # how long to wait for one before each run (--smoke: 0, no wait)
-
-
-def wait_quiet() -> float:
-    """Wait (up to QUIET_WAIT_S) until other processes keep fewer than QUIET_CORES cores busy over a
-    2 s window, so that runs do not share the 2 cores with someone's test suite. Returns the seconds
-    waited."""
-    start = time.perf_counter()
-    while QUIET_WAIT_S > 0:
-        before = busy_cpu_seconds()
-        time.sleep(2)
-        if (busy_cpu_seconds() - before) / 2 < QUIET_CORES or time.perf_counter() - start > QUIET_WAIT_S:
-            break
-    return time.perf_counter() - start
-
-
-RETRIES = 2  # --retries: reruns of a run that others disturbed
-
-
-def run_child(code: str, args: list[str], log: Path) -> dict:
-    """`run_once`, rerun up to RETRIES times while other processes kept more than QUIET_CORES cores
-    busy during the run; the least disturbed run is returned (with `attempts`)."""
-    best = None
-    for attempt in range(1 + RETRIES):
-        report = run_once(code, args, log)
-        report["attempts"] = attempt + 1
-        if best is None or report["others_cores"] < best["others_cores"]:
-            best = report
-        if report["others_cores"] <= QUIET_CORES:
-            break
-        print(f"  (disturbed: other processes kept {report['others_cores']:.2f} cores busy; "
-              f"{'running it again' if attempt < RETRIES else 'keeping the least disturbed run'})", flush=True)
-    return best
-
-
-def run_once(code: str, args: list[str], log: Path) -> dict:
-    """Run `code` in a fresh interpreter; its last stdout line is a JSON report. stderr goes to `log`.
-    Adds process_s (wall) and others_cores: the cores other processes kept busy meanwhile (machine
-    busy time minus the child's own CPU time, over the wall time): other work on these 2 cores
-    slows every figure, so it is printed with each run (kernel write-back of the files the child
-    wrote counts there too). Each run starts once the machine is idle (`wait_quiet`)."""
-    waited = wait_quiet()
-    if waited > 5:
-        print(f"  (waited {waited:.0f} s for an idle machine)", flush=True)
-    busy = busy_cpu_seconds()
-    start = time.perf_counter()
-    with open(log, "w") as err:
-        proc = subprocess.run([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=err, text=True,
-                              cwd=REPO, env=child_env())
-    wall = time.perf_counter() - start
-    busy = busy_cpu_seconds() - busy
-    if proc.returncode != 0 or not proc.stdout.strip():
-        tail = log.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"child failed ({proc.returncode}), log {log}:\n{tail}")
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    report["process_s"] = wall
-    report["others_cores"] = max(0.0, busy - report["cpu_s"]) / wall
-    report["waited_s"] = waited
-    return report
 
 
 def folder_bytes(folder: Path) -> int:
@@ -461,7 +386,6 @@ def part_convert(layers: int, repeat: int, tmp: Path, tiny: bool = False, judge:
 
 
 def main() -> int:
-    global RETRIES, QUIET_WAIT_S
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", choices=("quantize", "convert", "all"), default="all")
     parser.add_argument("--formats", default=",".join(FORMATS),
@@ -470,9 +394,9 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=10, help="layers of the synthetic model (default 10: 4.07 GB)")
     parser.add_argument("--repeat", type=int, default=3,
                         help="conversion runs of each kind, order alternating; medians count (default 3)")
-    parser.add_argument("--retries", type=int, default=RETRIES,
+    parser.add_argument("--retries", type=int, default=quiet_runs.RETRIES,
                         help=f"reruns of a run during which other processes kept > {QUIET_CORES} cores busy "
-                             f"(default {RETRIES})")
+                             f"(default {quiet_runs.RETRIES})")
     parser.add_argument("--store", type=Path, help="artifact store for the SmolLM2 source (default: a temp folder)")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (generated model, outputs, logs)")
     parser.add_argument("--model", type=Path, help="quantize this Hugging Face folder instead of SmolLM2-135M")
@@ -489,9 +413,9 @@ def main() -> int:
     if args.repeat < 1 or args.layers < 1:
         parser.error("--repeat and --layers must be at least 1")
 
-    RETRIES = max(0, args.retries)
+    quiet_runs.RETRIES = max(0, args.retries)
     if args.smoke:
-        RETRIES, QUIET_WAIT_S, args.repeat = 0, 0, 1
+        quiet_runs.RETRIES, quiet_runs.QUIET_WAIT_S, args.repeat = 0, 0, 1
     print(f"python {platform.python_version()}, {os.cpu_count()} CPUs, {platform.platform()}; load average "
           f"(1, 5, 15 min) {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     tmp = Path(tempfile.mkdtemp(prefix="trtbuild-ckpt-speed-"))

@@ -42,6 +42,7 @@ SCRIPTS = {
     "store_speed.py": ["test_store_speed"],
     "vllm_validation.py": ["test_vllm_validation"],
     "synthetic_llama.py": ["test_checkpoint_speed", "test_pipeline_speed"],
+    "quiet_runs.py": ["test_checkpoint_speed"],
 }
 
 VALIDATE_RECIPE = """

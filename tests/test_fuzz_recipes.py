@@ -26,7 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trtbuild.cli import cli
-from trtbuild.recipe.schema import _model_at
+from trtbuild.recipe.schema import Recipe
+from trtbuild.recipe.yamlerrors import model_at
 from trtbuild.recipe.yamlsource import format_path
 
 from conftest import RECIPES, TINY_LLAMA, minimal
@@ -190,9 +191,9 @@ def mutation(draw):
         path, value = draw(st.sampled_from(every))
         return name, dump(put(base, path, draw(OTHER_KIND[kind(value)]))), path
     if how == "unknown key":
-        models = [p for p, v in [((), base)] + every if isinstance(v, dict) and _model_at(p + ("x",))]
+        models = [p for p, v in [((), base)] + every if isinstance(v, dict) and model_at(p + ("x",), Recipe)]
         path = draw(st.sampled_from(models))
-        model = _model_at(path + ("x",))
+        model = model_at(path + ("x",), Recipe)
         known = {n for n in model.model_fields} | {f.alias for f in model.model_fields.values() if f.alias}
         key = draw(st.text(min_size=1, max_size=12).filter(lambda k: k not in known and k != "<<"))
         target = dict(base) if not path else None

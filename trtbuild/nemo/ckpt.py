@@ -101,34 +101,41 @@ def _merge_rule(name: str, glu_pair: Callable[[str], bool]) -> str:
     return "unknown"
 
 
+# The axis the TP shards of a tensor are concatenated along, by merge rule (None: every rank holds it all).
+# column: QKV, each rank holding whole query groups, so the interleave survives the cat.
+_MERGE_AXIS = {"replicated": None, "row": -1, "column": 0, "glu": 0}
+
+
+def _known_rule(name: str, glu_pair: Callable[[str], bool]) -> str:
+    rule = _merge_rule(name, glu_pair)
+    if rule not in _MERGE_AXIS:
+        raise InvalidInput(f"'{name}': no tensor-parallel merge rule for this key (unknown layout)")
+    return rule
+
+
 def merge_tp(name: str, shards: list[torch.Tensor], glu_pair: Callable[[str], bool]) -> torch.Tensor:
     """One tensor from its TP shards (nemo.md section 2)."""
     if len(shards) == 1:
         return shards[0]
-    rule = _merge_rule(name, glu_pair)
+    rule = _known_rule(name, glu_pair)
     if rule == "replicated":
         return shards[0]
-    if rule == "row":
-        return torch.cat(shards, dim=-1)
-    if rule == "column":  # QKV: each rank holds whole query groups, so the interleave survives the cat
-        return torch.cat(shards, dim=0)
     if rule == "glu":  # each rank holds [gate_r; up_r]: all gates first, then all ups
         halves = [s.chunk(2, dim=0) for s in shards]
         return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
-    raise InvalidInput(f"'{name}': no tensor-parallel merge rule for this key (unknown layout)")
+    return torch.cat(shards, dim=_MERGE_AXIS[rule])
 
 
 def _merged_shape(name: str, shapes: list[tuple[int, ...]], glu_pair: Callable[[str], bool]) -> tuple[int, ...]:
+    """merge_tp's shape, from the shards' shapes alone."""
     if len(shapes) == 1:
         return shapes[0]
-    rule = _merge_rule(name, glu_pair)
-    if rule == "replicated":
+    axis = _MERGE_AXIS[_known_rule(name, glu_pair)]
+    if axis is None:
         return shapes[0]
-    if rule == "row":
-        return shapes[0][:-1] + (sum(s[-1] for s in shapes),)
-    if rule in ("column", "glu"):
-        return (sum(s[0] for s in shapes),) + shapes[0][1:]
-    raise InvalidInput(f"'{name}': no tensor-parallel merge rule for this key (unknown layout)")
+    merged = list(shapes[0])
+    merged[axis] = sum(s[axis] for s in shapes)
+    return tuple(merged)
 
 
 class CkptSource(TensorSource):

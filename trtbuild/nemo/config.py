@@ -148,9 +148,7 @@ def read_nemo1(path: Path, label: str | None = None) -> NemoConfig:
         activation=activation,
         hidden_act=_NEMO1_GLU_ACT.get(base) if gated else None,
         gated=gated,
-        bias=bool(cfg.get("bias", True)),
-        qkv_bias=bool(cfg.get("qkv_bias", False)),
-        rotary_percent=float(cfg.get("rotary_percentage", 1.0)),
+        **_bias_and_rotary(cfg, 1),
         llama3_scaling=llama3,
         vocab_size=cfg.get("override_vocab_size"),
         max_position_embeddings=cfg.get("max_position_embeddings") or cfg.get("encoder_seq_length"),
@@ -161,6 +159,18 @@ def read_nemo1(path: Path, label: str | None = None) -> NemoConfig:
         unsupported=unsupported + (["megatron_legacy: true (old [3, np, hn] QKV layout)"]
                                    if cfg.get("megatron_legacy") else []),
     )
+
+
+# How NeMo 1 (model_config.yaml) and NeMo 2 (mcore TransformerConfig) spell the bias flags and the
+# rotary fraction (defaults: linear bias on, QKV bias off, rotary on every dimension).
+_BIAS_AND_ROTARY_KEYS = {1: ("bias", "qkv_bias", "rotary_percentage"),
+                         2: ("add_bias_linear", "add_qkv_bias", "rotary_percent")}
+
+
+def _bias_and_rotary(cfg: dict, nemo_version: int) -> dict:
+    bias, qkv_bias, rotary = _BIAS_AND_ROTARY_KEYS[nemo_version]
+    return {"bias": bool(cfg.get(bias, True)), "qkv_bias": bool(cfg.get(qkv_bias, False)),
+            "rotary_percent": float(cfg.get(rotary, 1.0))}
 
 
 def _shared_fields(cfg: dict, src: str) -> dict:
@@ -223,9 +233,7 @@ def read_nemo2(path: Path, label: str | None = None) -> NemoConfig:
         activation=act_target,
         hidden_act=_NEMO2_ACT.get(act_target),
         gated=gated,
-        bias=bool(cfg.get("add_bias_linear", True)),
-        qkv_bias=bool(cfg.get("add_qkv_bias", False)),
-        rotary_percent=float(cfg.get("rotary_percent", 1.0)),
+        **_bias_and_rotary(cfg, 2),
         llama3_scaling=llama3,
         vocab_size=cfg.get("vocab_size"),
         max_position_embeddings=cfg.get("seq_length"),

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import difflib
 import re
-import types
 import typing
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import (
     AfterValidator,
@@ -26,6 +24,7 @@ from trtbuild.facts import quantformats
 
 from trtbuild.facts import trtllm
 from trtbuild.errors import InvalidInput
+from trtbuild.recipe.yamlerrors import format_errors, yaml_type
 from trtbuild.recipe.yamlsource import LocatedDocument, format_path, load_located_file
 
 QuantName = Literal[quantformats.QUANT_NAMES]  # the names of trtbuild/facts/quantformats.py's table
@@ -327,7 +326,7 @@ class Recipe(_Strict):
     def _schema_is_an_integer(cls, value: Any) -> Any:
         # Literal[1] compares by equality, so `true` and `1.0` would pass for 1.
         if value == 1 and type(value) is not int:
-            raise ValueError(f"expected the integer 1, got {_yaml_type(value)}")
+            raise ValueError(f"expected the integer 1, got {yaml_type(value)}")
         return value
 
     @field_validator("variants", mode="before")
@@ -404,7 +403,7 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
     try:
         recipe = Recipe.model_validate(doc.data)
     except ValidationError as exc:
-        raise InvalidInput(*_format_errors(exc, doc)) from None
+        raise InvalidInput(*format_errors(exc, doc, Recipe)) from None
     problems = _cross_check(recipe)
     if problems:
         raise InvalidInput(*(f"{doc.where(p, key=at_key)}: {format_path(p)}: {msg}" for p, msg, at_key in problems))
@@ -434,102 +433,6 @@ def _cross_check(recipe: Recipe) -> list[tuple[tuple, str, bool]]:
         if rule.variant is not None and rule.variant not in recipe.variants:
             problems.append((("exclude", i, "variant"), f"{rule.variant!r} is not a variant of this recipe ({', '.join(recipe.variants)})", False))
     return problems
-
-
-# ---- turning pydantic errors into file:line:col: path: message ----------------------------------
-
-def _format_errors(exc: ValidationError, doc: LocatedDocument) -> list[str]:
-    lines: list[tuple[tuple[int, int], str]] = []
-    for err in exc.errors(include_url=False):
-        loc = _yaml_loc(err["loc"])
-        kind = err["type"]
-        if kind == "extra_forbidden":
-            at, message = doc.position(loc, key=True), _unknown_key(loc)
-        elif kind == "missing":
-            at, message = doc.position(loc[:-1]), "required key is missing"
-        else:
-            at, message = doc.position(loc), _message(err)
-        lines.append((at, f"{doc.filename}:{at[0]}:{at[1]}: {format_path(loc)}: {message}"))
-    return [line for _, line in sorted(lines, key=lambda item: item[0])]
-
-
-def _yaml_loc(loc: tuple) -> tuple:
-    # pydantic adds "[key]" markers for dict keys and function-validator names; drop them.
-    return tuple(p for p in loc if not (isinstance(p, str) and (p.startswith("function-") or p == "[key]")))
-
-
-def _message(err: dict) -> str:
-    kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
-    if kind == "literal_error":
-        expected = ctx.get("expected", "")
-        choices = [c.strip().strip("'") for c in re.split(r",| or ", expected) if c.strip()]
-        return f"{value!r} is not one of {', '.join(choices)}"
-    if kind in ("value_error", "assertion_error"):
-        return str(ctx.get("error", err["msg"]))
-    if kind == "string_pattern_mismatch":
-        return f"{value!r} does not match {ctx.get('pattern')}"
-    if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return f"expected a mapping, got {_yaml_type(value)}"
-    if kind == "list_type":
-        return f"expected a list, got {_yaml_type(value)}"
-    if kind == "string_type" and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"expected a string, got the number {value!r} (quote it: '{value}')"
-    msg = err["msg"]
-    return f"{msg[0].lower()}{msg[1:]} (got {_yaml_type(value)})"
-
-
-def _yaml_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return f"{value!r}"
-
-
-def _model_at(loc: tuple) -> type[BaseModel] | None:
-    """The pydantic model that owns the last key of `loc` (to list its allowed keys)."""
-    current: Any = Recipe
-    for part in loc[:-1]:
-        current = _unwrap(current)
-        if isinstance(current, type) and issubclass(current, BaseModel):
-            fields = {(f.alias or n): f for n, f in current.model_fields.items()}
-            if part not in fields:
-                return None
-            current = fields[part].annotation
-        elif typing.get_origin(current) in (list, dict):
-            current = typing.get_args(current)[-1]
-        else:
-            return None
-    current = _unwrap(current)
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
-
-
-def _unwrap(tp: Any) -> Any:
-    """Annotated[X, ...] and Optional[X] -> X."""
-    while True:
-        origin = typing.get_origin(tp)
-        if origin is Annotated:
-            tp = typing.get_args(tp)[0]
-            continue
-        if origin in (Union, types.UnionType):
-            args = [a for a in typing.get_args(tp) if a is not type(None)]
-            if len(args) == 1:
-                tp = args[0]
-                continue
-        return tp
-
-
-def _unknown_key(loc: tuple) -> str:
-    key = loc[-1]
-    model = _model_at(loc)
-    if model is None:
-        return f"unknown key {key!r}"
-    allowed = [f.alias or n for n, f in model.model_fields.items()]
-    close = difflib.get_close_matches(str(key), allowed, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"unknown key {key!r} ({hint}allowed: {', '.join(allowed)})"
 
 
 def json_schema() -> dict:
