@@ -104,18 +104,33 @@ def smoke_project(folder: Path) -> list[str]:
 NOTHING_BUILT = "Nothing was built"
 
 
+def store_env(store) -> dict[str, str]:
+    return {**os.environ, "TRTBUILD_CACHE": str(store)}
+
+
+def build_command(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "trtbuild", "build", *args]
+
+
+def run_build(args: list[str], cwd: Path, env: dict[str, str], expect: str | None = None) -> None:
+    """`trtbuild build ARGS` in `cwd`; the script stops, with the build's output, when it fails
+    (or, given `expect`, when its output does not say it)."""
+    done = subprocess.run(build_command(args), cwd=cwd, env=env, capture_output=True, text=True)
+    if done.returncode != 0 or (expect is not None and expect not in done.stdout):
+        sys.exit(f"trtbuild build {' '.join(args)} failed (exit {done.returncode}):\n"
+                 f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+
+
 def noop_build(store: str, tmp: Path, args: list[str], runs: int) -> float:
     """A no-op `trtbuild build ARGS` (run in `tmp`) beyond `python -c pass`, in seconds, with byte
     code cached. The first build fills the store without the byte code folder (the stages' torch
     and transformers would be compiled into it); the second, a no-op, writes the byte code."""
-    env = {**os.environ, "TRTBUILD_CACHE": store}
+    env = store_env(store)
     cached = {**{k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}, "PYTHONPYCACHEPREFIX": str(tmp / "pycache")}
-    build = [sys.executable, "-m", "trtbuild", "build", *args]
+    build = build_command(args)
     start = [sys.executable, "-c", "pass"]
     for run_env in (env, cached):
-        first = subprocess.run(build, env=run_env, cwd=tmp, capture_output=True, text=True)
-        if first.returncode != 0:
-            sys.exit(f"trtbuild build {' '.join(args)} failed (exit {first.returncode}):\n{first.stderr[-3000:]}")
+        run_build(args, tmp, run_env)
     load = os.getloadavg()
     t = in_turn({"pass": (start, cached), "build": (build, cached, tmp),
                  "pass, uncached": (start, env), "build, uncached": (build, env, tmp)}, runs)
@@ -179,12 +194,7 @@ def adopt_speed(tmp: Path, folder: Path, args) -> bool:
             store.ingest(folder)
 
     def build() -> None:
-        env = {**os.environ, "TRTBUILD_CACHE": str(fresh)}
-        done = subprocess.run([sys.executable, "-m", "trtbuild", "build", "adopt.yaml", "--until", "source"], cwd=tmp,
-                              env=env, capture_output=True, text=True)
-        if done.returncode != 0 or "1 built" not in done.stdout:
-            sys.exit(f"trtbuild build adopt.yaml --until source failed (exit {done.returncode}):\n"
-                     f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        run_build(["adopt.yaml", "--until", "source"], tmp, store_env(fresh), expect="1 built")
 
     times: dict[str, list[float]] = {"baseline": [], "ingest": [], "build": []}
     load = os.getloadavg()

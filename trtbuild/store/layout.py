@@ -7,7 +7,7 @@ holds) comes first; the workspace part (a folder store's own work areas, never i
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 # ---- shared: what every store holds ------------------------------------------------------------------
 CAS = "cas/sha256/"
@@ -110,44 +110,24 @@ STORE_LOCK = f"{LOCKS}/store.lock"
 FOLDER_LAYOUT = ("manifests", "ac", "refs", TMP, LOCKS, CHECKOUTS, "cas/sha256")
 
 
-def key_lock(key: str) -> str:
-    return f"{LOCKS}/{key}.lock"
+def _path_of(template: str) -> Callable[[str], str]:
+    """The path function of one area: `template` with its one argument put in ("{:.32}": its
+    first 32 characters)."""
+    def path(name: str) -> str:
+        return template.format(name)
+
+    return path
 
 
-def checkout_lock(digest: str) -> str:
-    return f"{LOCKS}/checkout-{digest}.lock"
-
-
-def object_lock(name_sha256: str) -> str:
-    """The flock a folder store's conditional write of one object takes (by the sha256 of its name)."""
-    return f"{LOCKS}/object-{name_sha256[:32]}.lock"
-
-
-def checkout(name: str) -> str:
-    return f"{CHECKOUTS}/{name}"
-
-
-def failure(key: str) -> str:
-    return f"{FAILED}/{key}"
-
-
-def report(recipe: str) -> str:
-    return f"{REPORTS}/{recipe}"
-
-
-def root(lock_path_sha256: str) -> str:
-    """A registered lock file (a gc root), by the sha256 of its absolute path."""
-    return f"{ROOTS}/{lock_path_sha256[:32]}.json"
-
-
-def published_lock(recipe: str) -> str:
-    """Where push publishes a recipe's newest lock file into a folder store."""
-    return f"{PUBLISHED}/{recipe}.lock"
-
-
-def embedded_lock(recipe: str) -> str:
-    """The lock file of a recipe without a folder of its own (the embedded demo)."""
-    return f"{recipe}.lock"
+key_lock = _path_of(LOCKS + "/{}.lock")  # a build key's lock
+checkout_lock = _path_of(LOCKS + "/checkout-{}.lock")  # by the artifact's digest
+object_lock = _path_of(LOCKS + "/object-{:.32}.lock")  # a folder store's conditional write, by its name's sha256
+checkout = _path_of(CHECKOUTS + "/{}")
+failure = _path_of(FAILED + "/{}")  # a failed build key's log
+report = _path_of(REPORTS + "/{}")  # a recipe's reports
+root = _path_of(ROOTS + "/{:.32}.json")  # a registered lock file (a gc root), by the sha256 of its absolute path
+published_lock = _path_of(PUBLISHED + "/{}.lock")  # where push publishes a recipe's newest lock into a folder store
+embedded_lock = _path_of("{}.lock")  # the lock file of a recipe without a folder of its own (the embedded demo)
 
 
 def is_workspace_leftover(parts: tuple[str, ...]) -> bool:
