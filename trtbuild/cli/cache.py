@@ -77,47 +77,26 @@ def cache_gc(store_url, keep_last, max_size, dry_run, yes, as_json) -> None:
     what every lock file `push` ever published names (locks/<recipe>/<sha256>.lock; delete one to
     release its pins); lists every object it would remove and removes them
     only with --yes; refuses while a push holds a lease there."""
-    from trtbuild.lock import lockfile
-    from trtbuild.deploy import remote_cache
-    from trtbuild.store.gc import gc, remote_gc
-    from trtbuild.store.local import open_store
+    from trtbuild.deploy.gc import collect_garbage
 
-    store = open_store(store_url, create=False)
-    limit = parse_size(max_size) if max_size else None
-    remote = store.location.startswith("s3://")
-    if remote:
-        if dry_run and yes:
-            raise InvalidInput("--dry-run and --yes: pick one")
-        dry_run = not yes
-        doomed: list[str] = []
-        report = remote_gc(store, lambda: remote_cache.pushed_pins(store), keep_last=keep_last, max_size=limit,
-                           dry_run=dry_run, named=doomed.append)
-    else:
-        pinned: set[str] = set()
-        for path in store.workspace().registered_lockfiles():
-            if path.exists():
-                pinned |= lockfile.digests(path)
-        report = gc(store, pinned, keep_last=keep_last, max_size=limit, dry_run=dry_run)
+    collected = collect_garbage(store_url, keep_last, parse_size(max_size) if max_size else None, dry_run, yes)
+    report = collected.report
     if as_json:
         import json
 
-        out = report.as_json()
-        if remote:
-            out.update(dry_run=dry_run, objects=doomed)
-        click.echo(json.dumps(out, indent=2))
-    else:
-        from trtbuild.plan.estimate import format_bytes
+        click.echo(json.dumps(collected.as_json(), indent=2))
+        return
+    from trtbuild.plan.estimate import format_bytes
 
-        verb = "would remove" if dry_run else "removed"
-        if remote:
-            for where in doomed:
-                click.echo(f"{verb} {where}")
-        click.echo(f"{verb} {len(report.records)} records, {report.manifests} manifests, {report.blobs} blobs "
-                   f"({format_bytes(report.bytes_freed)}), {report.checkouts} checkouts; store now {format_bytes(report.size_after)}")
-        if remote and dry_run:
-            click.echo(f"dry run: nothing was removed; `trtbuild cache gc --store {store.location} --yes` removes it")
-        if report.over_budget:
-            click.echo(f"still above --max-size {max_size}: what is left is pinned by refs or lock files", err=True)
+    verb = "would remove" if collected.dry_run else "removed"
+    for where in collected.objects:
+        click.echo(f"{verb} {where}")
+    click.echo(f"{verb} {len(report.records)} records, {report.manifests} manifests, {report.blobs} blobs "
+               f"({format_bytes(report.bytes_freed)}), {report.checkouts} checkouts; store now {format_bytes(report.size_after)}")
+    if collected.remote and collected.dry_run:
+        click.echo(f"dry run: nothing was removed; `trtbuild cache gc --store {collected.location} --yes` removes it")
+    if report.over_budget:
+        click.echo(f"still above --max-size {max_size}: what is left is pinned by refs or lock files", err=True)
 
 
 def parse_size(text: str) -> int:
