@@ -229,11 +229,11 @@ def test_records_keep_the_first_artifact_and_note_divergence(store, tmp_path):
     first = store.ingest(make_tree(tmp_path / "1", {"a": b"1"}))
     second = store.ingest(make_tree(tmp_path / "2", {"a": b"2"}))
     key = "e" * 64
-    store.put_record(record_of(key, first, "earlier"))
-    kept = store.put_record(record_of(key, second, "later"))
+    store.put_record(record_of(key, first, "2026-01-01T00:00:00Z"))
+    kept = store.put_record(record_of(key, second, "2026-01-01T00:00:01Z"))
     assert kept.digest == first.digest and store.get_record(key).digest == first.digest
     divergent = json.loads((store.root / "ac" / f"{key}.divergent.json").read_text())
-    assert divergent == [{"digest": second.digest, "created": "later"}]
+    assert divergent == [{"digest": second.digest, "created": "2026-01-01T00:00:01Z"}]
 
 
 def test_refs_keep_an_append_only_history(store, tmp_path):
@@ -266,7 +266,7 @@ def _record(store, key, digest, created, size: int = 0):
 def test_gc_keeps_refs_and_lock_pins_and_drops_the_rest(store, tmp_path):
     digests = [store.ingest(make_tree(tmp_path / str(i), {"w": bytes([i]) * 1000})).digest for i in range(4)]
     for i, d in enumerate(digests):
-        _record(store, f"{i}" * 64, d, f"2026-01-0{i + 1}")
+        _record(store, f"{i}" * 64, d, f"2026-01-0{i + 1}T00:00:00Z")
     store.update_ref("r", "t", digests[0], "0" * 64)
     store.update_ref("r", "t", digests[1], "1" * 64)  # history: 0, 1; current: 1
     orphan = store.ingest(make_tree(tmp_path / "o", {"w": b"orphan"}))  # no record at all
@@ -284,7 +284,7 @@ def test_gc_keeps_refs_and_lock_pins_and_drops_the_rest(store, tmp_path):
 def test_gc_max_size_evicts_oldest_unprotected(store, tmp_path):
     digests = [store.ingest(make_tree(tmp_path / str(i), {"w": bytes([i]) * 10_000})).digest for i in range(3)]
     for i, d in enumerate(digests):
-        _record(store, f"{i}" * 64, d, f"2026-01-0{i + 1}")
+        _record(store, f"{i}" * 64, d, f"2026-01-0{i + 1}T00:00:00Z")
     store.update_ref("r", "t", digests[0], "0" * 64)  # the oldest, but a ref points at it
     report = gc(store, pinned=set(), max_size=25_000)
     assert report.records == ["1" * 64] and report.size_after == 20_000
@@ -315,7 +315,7 @@ with store.using():
 
 
 def test_verify_names_a_record_whose_artifact_is_missing(store, tmp_path):
-    _record(store, "a" * 64, "b" * 64, "2026-01-01")
+    _record(store, "a" * 64, "b" * 64, "2026-01-01T00:00:00Z")
     [problem] = verify(store)
     assert problem.endswith(f"names artifact {'b' * 64}, whose manifest is missing")
 
@@ -431,7 +431,7 @@ def two_artifacts(store, tmp_path):
     for name, tree in (("bad", bad_tree), ("good", good_tree)):
         manifest = store.ingest(tree)
         key = sha(name.encode())
-        store.put_record(record_of(key, manifest, "2026-01-01"))
+        store.put_record(record_of(key, manifest, "2026-01-01T00:00:00Z"))
         store.update_ref("r", name, manifest.digest, key)
         materialize(store, manifest.digest)
         out[name] = (manifest, key, tree)
@@ -515,10 +515,10 @@ def test_verify_repair_after_a_tampered_manifest(run, store, two_artifacts):
 
 def test_gc_dry_run_counts_exactly_what_the_sweep_removes(store, tmp_path):
     kept = store.ingest(make_tree(tmp_path / "k", {"w": b"kept" * 100}))
-    _record(store, "1" * 64, kept.digest, "2026-01-01")
+    _record(store, "1" * 64, kept.digest, "2026-01-01T00:00:00Z")
     store.update_ref("r", "t", kept.digest, "1" * 64)
     old = store.ingest(make_tree(tmp_path / "o", {"w": b"old" * 100}))
-    _record(store, "2" * 64, old.digest, "2026-01-02")
+    _record(store, "2" * 64, old.digest, "2026-01-02T00:00:00Z")
     materialize(store, old.digest)
     store.ingest(make_tree(tmp_path / "x", {"w": b"orphan"}))  # no record at all
     (store.workspace().tmpdir("leftover") / "partial").write_bytes(b"x")

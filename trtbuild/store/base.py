@@ -12,6 +12,7 @@ build paths inside a store (store/layout.py does): they ask it.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import random
 import time
@@ -24,7 +25,7 @@ from pydantic import ValidationError
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.keys import canonical_json
 from trtbuild.store import layout
-from trtbuild.store.records import ActionRecord, Digest, RecipeClaim, Ref, RefEntry, dump
+from trtbuild.store.records import ActionRecord, Digest, RecipeClaim, Ref, RefEntry, dump, format_utc
 from trtbuild.store.hash import Progress, bytes_sha256, is_digest
 from trtbuild.store.state import StatCache
 from trtbuild.store.transport import CONFLICT_RETRIES, Found, Transport
@@ -315,12 +316,12 @@ class Store:
         self._settle(layout.record(key), decide, f"kept changing during {CONFLICT_RETRIES} attempts to write it")
         return kept[0] if kept else record
 
-    def _note_divergence(self, key: str, digest: str, created: str) -> None:
+    def _note_divergence(self, key: str, digest: str, created: dt.datetime) -> None:
         def decide(found: Optional[Found]) -> Optional[bytes]:
             seen = json.loads(found.data) if found is not None else []
             if digest in {d["digest"] for d in seen}:
                 return None
-            return _json_line([*seen, {"digest": digest, "created": created}])
+            return _json_line([*seen, {"digest": digest, "created": format_utc(created)}])
 
         self._settle(layout.divergence(key), decide, f"kept changing during {CONFLICT_RETRIES} attempts to write it")
 
