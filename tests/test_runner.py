@@ -223,7 +223,7 @@ backends: [engine, hf-checkpoint]
         graph = build_graph(plan_recipe(load_recipe(recipe)), registry)
         for each in graph.nodes:
             each.host = None  # the stand-in engine needs no GPU
-            each.runtime.update(runs=str(runs), node=each.id)
+            each.runtime.runs, each.runtime.node = str(runs), each.id
         results = run_graph(graph, store).results
         return statuses(results)
 

@@ -189,7 +189,7 @@ def test_a_change_of_limits_repackages_the_cached_export_without_reading_it(tmp_
                           f"limits: {{max_batch_size: {batch}}}\nbackends: [hf-checkpoint]\n{memory}")
         graph = build_graph(plan_recipe(load_recipe(recipe)), registry, validate=False)
         for each in graph.nodes:
-            each.runtime.update(runs=str(runs), node=each.id)
+            each.runtime.runs, each.runtime.node = str(runs), each.id
         return {r.id: r for r in run_graph(graph, store).results}
 
     first = build(8)
@@ -244,7 +244,7 @@ def test_the_loader_checks_verdict_reaches_the_artifact_the_lock_and_ls(tmp_path
     loaded = load_recipe(recipe)
     graph = build_graph(plan_recipe(loaded), registry, validate=False)
     for each in graph.nodes:
-        each.runtime.update(runs=str(tmp_path / "runs.log"), node=each.id)
+        each.runtime.runs, each.runtime.node = str(tmp_path / "runs.log"), each.id
     store = LocalStore(tmp_path / "store")
     results = {r.id: r for r in run_graph(graph, store).results}
     package = results["base-hf"]

@@ -25,7 +25,7 @@ from trtbuild.serving import options as serving_options
 
 from trtbuild.facts.nodeids import hf_export_id, quantized_id, trtllm_validate_id, twin_id, validate_id, vllm_validate_id  # noqa: F401 (graph.X_id for callers)
 from trtbuild.plan.expand import CHECKPOINT, ENGINE, HF_CHECKPOINT, Plan, Target
-from trtbuild.build.stages.base import Stage
+from trtbuild.build.stages.base import BuildNeeds, Stage, StageRuntime
 from trtbuild.build.stages.install import install_hint
 from trtbuild.build.stages.needs import HostNeed, TextInput
 from trtbuild.build.stages.registry import NOT_YET, STAGES, host_need, text_input
@@ -69,12 +69,15 @@ class Node:
     inputs: dict[str, str] = field(default_factory=dict)  # role -> node id
     params: dict[str, Param] = field(default_factory=dict)
     platform: dict[str, Param] = field(default_factory=dict)  # keyed like params: the SM, the device
-    runtime: dict[str, Any] = field(default_factory=dict)  # never in the key
+    runtime: StageRuntime = field(default_factory=StageRuntime)  # never in the key (a dict given is typed)
     impossible: Optional[str] = None  # the plan's reason, when it rules the target out
     host: Optional[HostNeed] = None  # what the node needs of the host
     after: list[str] = field(default_factory=list)  # nodes that must succeed first, not part of the key
     texts: dict[str, TextInput] = field(default_factory=dict)  # role -> a text whose content is a key input
     serves: Optional[str] = None  # the target this node exists for (its validations, an engine's twin)
+
+    def __post_init__(self) -> None:
+        self.runtime = StageRuntime.of(self.runtime)
 
     def param_values(self) -> dict[str, Any]:
         return {k: p.value for k, p in self.params.items()}
@@ -185,13 +188,13 @@ class GraphBuilder:
         node.params["kind"] = Param(kind, f"recipe: source.{source.kind}")
         if source.kind == "gguf":
             node.params["dtype"] = self._dtype()
-        node.runtime = {"kind": kind, "location": source.location, "base_dir": str(self.loaded.base_dir),
-                        "trust_remote_code": source.trust_remote_code}
+        node.runtime = StageRuntime(kind=kind, location=source.location, base_dir=str(self.loaded.base_dir),
+                                    trust_remote_code=source.trust_remote_code)
         if source.kind == "hf":
-            node.runtime["revision"] = source.revision or "main"
-            node.runtime["where"] = self.loaded.where(("source", "hf"))  # named by a hub it cannot reach
+            node.runtime.revision = source.revision or "main"
+            node.runtime.where = self.loaded.where(("source", "hf"))  # named by a hub it cannot reach
         if source.kind == "path":
-            node.runtime["folder"] = str(self.loaded.resolve_path(source.path))
+            node.runtime.folder = str(self.loaded.resolve_path(source.path))
         self._add(node)
         return node.id
 
@@ -209,7 +212,7 @@ class GraphBuilder:
             origin = (f"recipe: {vpath}.calibration.{name}" if overridden
                       else field_param(self.recipe.calibration, name, f"calibration.{name}").origin)
             node.params[name] = Param(getattr(settings, name), origin)
-        node.runtime = {"text": settings.text, "base_dir": str(self.loaded.base_dir)}
+        node.runtime = StageRuntime(text=settings.text, base_dir=str(self.loaded.base_dir))
         node.texts["text"] = text_input("calibration", settings.text, str(self.loaded.base_dir))
         self.calibrations[signature] = node_id
         self._add(node)
@@ -230,7 +233,7 @@ class GraphBuilder:
         overridden = variant.calibration is not None and "device" in variant.calibration.model_fields_set
         node.platform["device"] = (Param(device, f"recipe: variants.{vname}.calibration.device") if overridden
                                    else field_param(self.recipe.calibration, "device", "calibration.device"))
-        node.runtime["device"] = device
+        node.runtime.device = device
         node.host = host_need("quantize", variant.quant, variant.kv_cache, device)
         self.quantized[vname] = node.id
         self.calibration_of[node.id] = calibration
@@ -250,7 +253,7 @@ class GraphBuilder:
         node.params["dtype"] = self._dtype()  # the candidates' dtype: only quantization may differ
         node.params["top_k"] = Param(gates.TOP_K, "trtbuild: top-k log-probabilities stored per position")
         node.platform["device"] = field_param(settings, "device", "validate.device")
-        node.runtime = {"text": settings.text, "base_dir": str(self.loaded.base_dir), "device": settings.device}
+        node.runtime = StageRuntime(text=settings.text, base_dir=str(self.loaded.base_dir), device=settings.device)
         node.texts["text"] = text_input("evaluation", settings.text, str(self.loaded.base_dir))
         self._add(node)
         return node.id
@@ -329,7 +332,7 @@ class GraphBuilder:
         node.params["gates"] = self._gates(target.variant)
         node.params["runner"] = Param("torch", "trtbuild: checkpoints are validated on torch before any engine")
         node.platform["device"] = field_param(self.recipe.validation, "device", "validate.device")
-        node.runtime = {"device": self.recipe.validation.device, "target": target.name}
+        node.runtime = StageRuntime(device=self.recipe.validation.device, target=target.name)
         self._add(node)
         return node.id
 
@@ -357,13 +360,13 @@ class GraphBuilder:
         node.platform["sm"] = Param(target.gpu, "target: the engine's GPU architecture")
         node.host = host_need(ENGINE, target.gpu, self.recipe.toolchain.tensorrt_llm, image)
         if image:
-            node.runtime["image"] = image
+            node.runtime.image = image
         if target.ok:  # the stage refuses early on a host with less (estimate.build_memory_needs)
             from trtbuild.plan.estimate import build_memory_needs
 
             one = build_memory_needs(self.plan, target, workers=1)
-            node.runtime["build_needs"] = {"host_ram_bytes_per_worker": one.host_ram_bytes,
-                                           "gpu_bytes_per_worker": one.gpu_bytes_per_worker}
+            node.runtime.build_needs = BuildNeeds(host_ram_bytes_per_worker=one.host_ram_bytes,
+                                                  gpu_bytes_per_worker=one.gpu_bytes_per_worker)
         return node
 
     def engine_target(self, target: Target) -> None:
@@ -397,7 +400,7 @@ class GraphBuilder:
                                       "are validated as TensorRT-LLM runs them")
         node.params["backend"] = Param(backend, "trtbuild: the TensorRT backend for engines, PyTorch for hf-checkpoints")
         node.platform.update(platform)
-        node.runtime = {"target": target}
+        node.runtime = StageRuntime(target=target)
         series = ".".join(self.recipe.toolchain.tensorrt_llm.split(".")[:2])  # engines: the recipe's pinned line
         node.host = host_need("validate:trtllm", backend, series)
         self._add(node)
@@ -418,7 +421,7 @@ class GraphBuilder:
         limits = self.recipe.limits
         node.params["max_seq_len"] = Param(self.plan.max_seq_len, "recipe: limits.max_seq_len" if limits.max_seq_len
                                            else "model config (max_position_embeddings x rope factor)")
-        node.runtime = {"target": target}
+        node.runtime = StageRuntime(target=target)
         variant = self.recipe.variants[vname]
         node.host = host_need("validate:vllm", variant.quant, variant.kv_cache)
         self._add(node)

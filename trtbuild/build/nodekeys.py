@@ -51,7 +51,7 @@ def resolve_source(node: Node, store: LocalStore, progress=None, locked: Optiona
     """Identify what a source node reads (hashes through the stat cache, hub or bucket metadata):
     nothing is copied or converted. The lock entry names the source as the recipe does."""
     work = store.workspace("a source's downloads")
-    runtime = {**node.runtime, "downloads": str(work.downloads_dir())}
+    runtime = {**node.runtime.as_json(), "downloads": str(work.downloads_dir())}
     if work.state_db_path() is not None:  # a store not created yet (explain) has its stat cache in memory
         runtime["state_db"] = str(work.state_db_path())
     ctx = SourceContext(runtime=StageRuntime.of(runtime), state=store.state, downloads=work.downloads_dir(), locked=locked,
@@ -79,7 +79,7 @@ def key_node(node: Node, input_digests: dict[str, str], store: LocalStore, locke
     """The node's key. `input_digests`: role -> artifact digest of each input node."""
     inputs = dict(input_digests)
     origins = {f"inputs.{role}": f"artifact of {dep}" for role, dep in node.inputs.items()}
-    runtime = dict(node.runtime)
+    runtime = node.runtime.as_json()
     resolution = None
     if node.kind == "source":
         resolution = resolve_source(node, store, progress, locked_source)
@@ -91,14 +91,14 @@ def key_node(node: Node, input_digests: dict[str, str], store: LocalStore, locke
     if node.texts:
         for role, digest in node.text_digests(store.state).items():
             inputs[role] = digest
-            origins[f"inputs.{role}"] = f"sha256 of the {role} ({node.runtime.get(role, role)}), not of its file names"
+            origins[f"inputs.{role}"] = f"sha256 of the {role} ({getattr(node.runtime, role, None) or role}), not of its file names"
     platform, platform_origins = resolved_platform(node)
     fields = {
         "stage": node.stage.name,
         "stage_version": node.stage.version,
         "inputs": inputs,
         "params": node.param_values(),
-        "toolchain": toolchain.stage_fingerprint(node.stage.toolchain, node.runtime.get("image")),
+        "toolchain": toolchain.stage_fingerprint(node.stage.toolchain, node.runtime.image),
         "platform": platform,
     }
     origins.update({"stage": "stage", "stage_version": "stage code"})

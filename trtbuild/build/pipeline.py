@@ -129,7 +129,7 @@ def _toolchains(graph: graphs.Graph, results: list[NodeResult]) -> dict[str, dic
     out: dict[str, dict] = {}
     for node in graph.nodes:
         if node.id in keyed and node.stage and node.stage.toolchain:
-            out.setdefault(node.stage.ident, toolchain.stage_fingerprint(node.stage.toolchain, node.runtime.get("image")))
+            out.setdefault(node.stage.ident, toolchain.stage_fingerprint(node.stage.toolchain, node.runtime.image))
     return out
 
 
