@@ -178,6 +178,7 @@ def variant_of(name: str) -> str:
 def stage_rows(store: Path, targets: list[dict]) -> list[dict]:
     """A row per stage the build ran, from its action record, in the order the stages ended."""
     from trtbuild.store.local import LocalStore
+    from trtbuild.store.records import format_utc
 
     local = LocalStore(store)
     rows = []
@@ -196,6 +197,8 @@ def stage_rows(store: Path, targets: list[dict]) -> list[dict]:
         if row["process"] is not None and row["peak_rss_mib"] is not None:
             worker_peaks[row["process"]] = max(worker_peaks.get(row["process"], 0.0), row["peak_rss_mib"])
             row["process_peak_mib"] = worker_peaks[row["process"]]
+    for row in rows:  # as records write a moment, so the report is JSON
+        row["ended"] = format_utc(row["ended"])
     return rows
 
 

@@ -72,7 +72,8 @@ def run(folder: Path) -> list[dict]:
         limits = {name: gate["limit"] for name, gate in torch_report["gates"].items()}
         gates, _, _ = metrics.evaluate_gates(result, limits)
         rows.append(_row(target, {"runner": f"vllm {toolchain.package_version('vllm')}", "device": candidate["device"],
-                                  "gpus": candidate.get("gpus"), "metrics": result.as_json(), "gates": gates,
+                                  "gpus": candidate.get("gpus"), "metrics": result.as_json(),
+                                  "gates": {name: gate.model_dump(mode="json") for name, gate in gates.items()},
                                   "load_options": options, "load_options_from": origin}))
     return rows
 

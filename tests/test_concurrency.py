@@ -164,7 +164,7 @@ def test_many_writers_moving_one_s3_ref_at_once_keep_every_entry_of_its_history(
     writer with its own client, all released at once; every update is in the history exactly once."""
     import threading
 
-    from trtbuild.store.s3 import S3Store
+    from trtbuild.store.s3 import S3Store, S3Transport
 
     for name, value in seaweed.env().items():
         monkeypatch.setenv(name, value)
@@ -175,15 +175,22 @@ def test_many_writers_moving_one_s3_ref_at_once_keep_every_entry_of_its_history(
     for store in stores:
         store.read_ref("tiny", "base-tp1")  # clients made before the start
     refused = []  # conditional writes the server turned down: the race was real
-    put = S3Store._put
+    put_if_match, put_if_absent = S3Transport.put_if_match, S3Transport.put_if_absent
 
-    def counted(self, key, data, if_match=None, if_none_match=False):
-        written = put(self, key, data, if_match=if_match, if_none_match=if_none_match)
+    def counted_if_match(self, rel, data, tag):
+        written = put_if_match(self, rel, data, tag)
         if not written:
-            refused.append(key)
+            refused.append(rel)
         return written
 
-    monkeypatch.setattr(S3Store, "_put", counted)
+    def counted_if_absent(self, rel, data):
+        written = put_if_absent(self, rel, data)
+        if not written:
+            refused.append(rel)
+        return written
+
+    monkeypatch.setattr(S3Transport, "put_if_match", counted_if_match)
+    monkeypatch.setattr(S3Transport, "put_if_absent", counted_if_absent)
     start, failures = threading.Barrier(writers), []
 
     def write(w: int) -> None:

@@ -107,7 +107,10 @@ def test_engine_toolchain_is_standin_when_a_version_is_labelled_standin(versions
     assert (found.tensorrt_llm, found.tensorrt) == (versions["tensorrt_llm"], versions["tensorrt"])
 
 
-def test_probe_without_an_image_reads_package_metadata(installed_packages):
+def test_probe_without_an_image_reads_package_metadata(installed_packages, monkeypatch):
+    # Whatever an earlier test in this process imported is set aside: the question is whether probing imports.
+    for name in [m for m in sys.modules if m.split(".")[0] in ("tensorrt", "tensorrt_llm")]:
+        monkeypatch.delitem(sys.modules, name)
     installed_packages(tensorrt_llm="1.2.0", tensorrt="10.13.3.9")
     found = toolchain.probe_engine_toolchain()
     assert (found.tensorrt_llm, found.tensorrt, found.image, found.standin) == ("1.2.0", "10.13.3.9", None, False)
