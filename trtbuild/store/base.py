@@ -25,7 +25,9 @@ from pydantic import ValidationError
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.keys import canonical_json
 from trtbuild.store import layout
-from trtbuild.store.records import ActionRecord, Digest, RecipeClaim, Ref, RefEntry, dump, format_utc
+from trtbuild.store.errors import CorruptStore, NoWorkspace  # noqa: F401 (what callers catch, named with the store)
+from trtbuild.store.records import ActionRecord, Digest, RecipeClaim, Ref, RefEntry, dump, first_error, format_utc, \
+    parse_record, utc_now
 from trtbuild.store.hash import Progress, bytes_sha256, is_digest
 from trtbuild.store.state import StatCache
 from trtbuild.store.transport import CONFLICT_RETRIES, Found, Transport
@@ -35,45 +37,6 @@ if TYPE_CHECKING:
     from trtbuild.store.workspace import Workspace
 
 T, R = TypeVar("T"), TypeVar("R")
-
-
-class CorruptStore(TrtbuildError):
-    """Bytes in the store do not match their digest."""
-
-
-class NoWorkspace(TrtbuildError):
-    """A local work area (tmp, checkouts, failures, locks) asked of a store that has none (S3)."""
-
-
-def first_error(exc) -> str:
-    """A pydantic ValidationError's first problem, as `loc: msg`."""
-    error = exc.errors()[0]
-    # A key with a line break (a tampered file) is quoted, so the problem stays one line.
-    where = ".".join(str(p) if str(p).isprintable() else repr(p) for p in error["loc"])
-    return f"{where or 'record'}: {' '.join(error['msg'].split())}"
-
-
-def parse_record(key: str, data: bytes, where: str) -> Optional[ActionRecord]:
-    """A stored action record's bytes, checked: None for a record of the unversioned layout (it is
-    rebuilt and replaced); CorruptStore naming `where` for one that does not parse or names another key."""
-    try:
-        raw = json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested past Python's stack
-        raise CorruptStore(f"action record {where} is not valid JSON; run `trtbuild cache verify --repair`") from None
-    if isinstance(raw, dict) and raw.get("schema") is None:
-        return None  # written before records were versioned
-    try:
-        record = ActionRecord.model_validate(raw, strict=True)  # a tampered "1" or true is not coerced
-    except ValidationError as exc:
-        raise CorruptStore(f"action record {where} is malformed ({first_error(exc)}); "
-                           "run `trtbuild cache verify --repair`") from None
-    if record.key != key:
-        raise CorruptStore(f"action record {where} names another key ({record.key})")
-    return record
-
-
-def now_stamp() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _json_line(value) -> bytes:
@@ -381,7 +344,7 @@ class Store:
                     ref = self._parse_ref(recipe, target, found.data)
             if ref is not None and (ref.digest, ref.key) == (digest, key):
                 return None
-            history = [*(ref.history if ref else []), RefEntry(digest=digest, key=key, time=now_stamp())]
+            history = [*(ref.history if ref else []), RefEntry(digest=digest, key=key, time=utc_now())]
             return _json_line(dump(Ref(digest=digest, key=key, history=history)))
 
         self._settle(layout.ref(recipe, target), decide,

@@ -15,7 +15,7 @@ from typing import BinaryIO, Callable, Iterator, Optional
 
 from trtbuild.errors import InvalidInput
 from trtbuild.store import ingest, layout
-from trtbuild.store.base import CorruptStore
+from trtbuild.store.errors import CorruptStore
 from trtbuild.store.hash import Progress, atomic_write, bytes_sha256, copy_with_sha256, file_sha256, fsync_dir, is_digest
 from trtbuild.store.state import StatCache
 from trtbuild.store.transport import Found, Transport

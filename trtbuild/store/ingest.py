@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from trtbuild import fsfaults
-from trtbuild.store.base import CorruptStore
+from trtbuild.store.errors import CorruptStore
 from trtbuild.store.hash import Progress, copy_with_sha256, fsync_dir
 from trtbuild.store.state import StatCache, settled
 from trtbuild.store.tree import Manifest, build_manifest

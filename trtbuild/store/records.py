@@ -10,11 +10,13 @@ belong here and never in the artifact, whose bytes must be a function of the key
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Annotated, Any, Optional
 
-from pydantic import AfterValidator, AwareDatetime, BeforeValidator, BaseModel, ConfigDict, Field, PlainSerializer, ValidationInfo, \
-    field_serializer, field_validator
+from pydantic import AfterValidator, AwareDatetime, BeforeValidator, BaseModel, ConfigDict, Field, PlainSerializer, \
+    ValidationError, ValidationInfo, field_serializer, field_validator
 
+from trtbuild.store.errors import CorruptStore
 from trtbuild.store.summaries import StageSummary, dump_summary, parse_summary
 
 RECORD_SCHEMA = 1
@@ -154,3 +156,30 @@ class RecipeClaim(BaseModel):
 
 def dump(model: BaseModel) -> dict:
     return model.model_dump(mode="json", by_alias=True)
+
+
+def first_error(exc) -> str:
+    """A pydantic ValidationError's first problem, as `loc: msg`."""
+    error = exc.errors()[0]
+    # A key with a line break (a tampered file) is quoted, so the problem stays one line.
+    where = ".".join(str(p) if str(p).isprintable() else repr(p) for p in error["loc"])
+    return f"{where or 'record'}: {' '.join(error['msg'].split())}"
+
+
+def parse_record(key: str, data: bytes, where: str) -> Optional[ActionRecord]:
+    """A stored action record's bytes, checked: None for a record of the unversioned layout (it is
+    rebuilt and replaced); CorruptStore naming `where` for one that does not parse or names another key."""
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested past Python's stack
+        raise CorruptStore(f"action record {where} is not valid JSON; run `trtbuild cache verify --repair`") from None
+    if isinstance(raw, dict) and raw.get("schema") is None:
+        return None  # written before records were versioned
+    try:
+        record = ActionRecord.model_validate(raw, strict=True)  # a tampered "1" or true is not coerced
+    except ValidationError as exc:
+        raise CorruptStore(f"action record {where} is malformed ({first_error(exc)}); "
+                           "run `trtbuild cache verify --repair`") from None
+    if record.key != key:
+        raise CorruptStore(f"action record {where} names another key ({record.key})")
+    return record

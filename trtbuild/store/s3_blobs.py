@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Optional
 
 from trtbuild.errors import TrtbuildError
-from trtbuild.store import layout
-from trtbuild.store.base import CorruptStore
+from trtbuild.store.errors import CorruptStore
 from trtbuild.store.hash import CHUNK, Progress
 from trtbuild.store.s3_client import Absent as _Absent, full_sha256 as _full_sha256
 from trtbuild.store.s3_client import is_absent as _is_absent, is_conflict as _is_conflict
@@ -30,6 +29,21 @@ def _interrupted_errors() -> tuple[type[BaseException], ...]:
 
     return (bex.ResponseStreamingError, bex.ReadTimeoutError, bex.IncompleteReadError, bex.ConnectionClosedError,
             uex.ProtocolError, uex.ReadTimeoutError, ConnectionError, TimeoutError)
+
+
+def _get_failure(store, digest: str, exc: BaseException) -> BaseException:
+    """What a failed GET of blob `digest` means, as one error: gone from the store, replaced on the
+    server between two requests (an If-Match refused, or boto3's check of the ETag), or the server's own."""
+    from s3transfer.exceptions import S3DownloadFailedError, S3ValidationError
+
+    if isinstance(exc, TrtbuildError):
+        return exc
+    if isinstance(exc, _Absent) or _is_absent(exc):
+        return CorruptStore(f"blob {digest} is missing from {store.describe('cas')}")
+    url = store.url_of(store.blob_key(digest))
+    if _is_conflict(exc) or isinstance(exc, (S3DownloadFailedError, S3ValidationError)):
+        return CorruptStore(f"blob {url} changed on the server during its download")
+    return store._error(url, exc)
 
 
 def _fsync_and_close(out: BinaryIO) -> None:
@@ -75,14 +89,8 @@ class _VerifiedBlobReader(io.RawIOBase):
         try:
             response = self.store._call(self.key, self.store.client.get_object, Bucket=self.store.bucket,
                                         Key=self.key, **extra)
-        except _Absent:
-            raise CorruptStore(f"blob {self.digest} is missing from {self.store.describe('cas')}") from None
-        except TrtbuildError:
-            raise
-        except Exception as exc:  # If-Match failed: the object was replaced between two ranges
-            if _is_conflict(exc):
-                raise CorruptStore(f"blob {self.url} changed on the server during its download") from None
-            raise self.store._error(self.url, exc) from None
+        except Exception as exc:
+            raise _get_failure(self.store, self.digest, exc) from None
         if self.size is None:
             self.size, self.etag = response["ContentLength"], response["ETag"]
         self.body = response["Body"]
@@ -285,21 +293,15 @@ class S3BlobReads:
     def _downloaded(self, digest: str, writer: "_HashingWriter", future) -> None:
         """Wait for one blob's download and check it: CorruptStore naming the blob when it is
         missing, changed meanwhile, or its bytes do not hash to `digest`."""
-        from s3transfer.exceptions import RetriesExceededError, S3DownloadFailedError, S3ValidationError
+        from s3transfer.exceptions import RetriesExceededError
 
         url = self.url_of(self.blob_key(digest))
         try:
             future.result()
         except RetriesExceededError:
             raise TrtbuildError(f"{url}: the download broke off {RESUME_ATTEMPTS} times at byte {writer.size}") from None
-        except (S3DownloadFailedError, S3ValidationError):  # its ETag or a range's bounds moved: replaced meanwhile
-            raise CorruptStore(f"blob {url} changed on the server during its download") from None
-        except TrtbuildError:
-            raise
         except Exception as exc:
-            if _is_absent(exc):
-                raise CorruptStore(f"blob {digest} is missing from {self.describe('cas')}") from None
-            raise self._error(url, exc) from None
+            raise _get_failure(self, digest, exc) from None
         actual = writer.hash.hexdigest()
         if actual != digest:
             raise CorruptStore(f"blob {url} is corrupt: its sha256 is {actual}; {self.verify_hint()}")
@@ -323,7 +325,7 @@ class S3BlobReads:
 
             def refill() -> None:
                 for offset in offsets:
-                    window.append(pool.submit(self._get_range, key, etag, offset,
+                    window.append(pool.submit(self._get_range, digest, key, etag, offset,
                                               min(offset + self.download_chunk, size) - 1))
                     if len(window) >= self.concurrency:
                         return
@@ -345,7 +347,7 @@ class S3BlobReads:
         if actual != digest:
             raise CorruptStore(f"blob {self.url_of(key)} is corrupt: its sha256 is {actual}; {self.verify_hint()}")
 
-    def _get_range(self, key: str, etag: str, first: int, last: int) -> list[bytes]:
+    def _get_range(self, digest: str, key: str, etag: str, first: int, last: int) -> list[bytes]:
         """Bytes first..last of the object as it was (If-Match), as the pieces read (joining them
         would copy every byte pulled once more), resuming within the range when the connection breaks."""
         pieces: list[bytes] = []
@@ -355,14 +357,8 @@ class S3BlobReads:
             try:
                 body = self._call(key, self.client.get_object, Bucket=self.bucket, Key=key,
                                   Range=f"bytes={first + got}-{last}", IfMatch=etag)["Body"]
-            except _Absent:
-                raise CorruptStore(f"blob {self.url_of(key)} disappeared during its download") from None
-            except TrtbuildError:
-                raise
             except Exception as exc:
-                if _is_conflict(exc):
-                    raise CorruptStore(f"blob {self.url_of(key)} changed on the server during its download") from None
-                raise
+                raise _get_failure(self, digest, exc) from None
             try:
                 while first + got <= last:
                     piece = body.read(min(CHUNK, last + 1 - first - got))

@@ -24,7 +24,7 @@ from trtbuild.store.records import ActionRecord
 from trtbuild.store import lease
 from trtbuild.store.base import CorruptStore, Store
 from trtbuild.store.checkout import checkout
-from trtbuild.store.hash import CHUNK, bytes_sha256
+from trtbuild.store.hash import CHUNK
 from trtbuild.store.tree import Manifest
 
 T, R = TypeVar("T"), TypeVar("R")
