@@ -70,7 +70,7 @@ KIB_PER_MIB = 1024
 
 FRESH = """
 import dataclasses, sys
-from trtbuild.build.stages import registry
+from trtbuild.builder.stages import registry
 for kind, stage in list(registry.STAGES.items()):
     if stage is not None:
         registry.STAGES[kind] = dataclasses.replace(stage, shares_worker=False)

@@ -70,7 +70,7 @@ TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hi
                "num_key_value_heads": 4, "vocab_size": 1000, "max_position_embeddings": 4096,
                "hidden_act": "silu", "rope_theta": 10000.0, "torch_dtype": "bfloat16"}
 RECIPE = "schema: 1\nname: tiny\nsource:\n  path: model\n  config: config.json\ngpus: [sm90]\n"
-WARM_IMPORTS = ("import boto3.s3.transfer, trtbuild.cli, trtbuild.lock.lockfile, trtbuild.deploy.push, trtbuild.build.pipeline, "
+WARM_IMPORTS = ("import boto3.s3.transfer, trtbuild.cli, trtbuild.lock.lockfile, trtbuild.deploy.push, trtbuild.builder.pipeline, "
                 "trtbuild.deploy.select, trtbuild.store.s3, trtbuild.store.transfer, trtbuild.store.checkout")
 # The raw baseline: boto3's transfer manager alone with trtbuild's TransferConfig (ranges of
 # download_chunk, concurrency requests at once), every object submitted at once as pull does, each

@@ -79,7 +79,7 @@ def topk_error(targets: dict[str, dict], variant: str, windows_used: int) -> dic
     import numpy as np
 
     from trtbuild.checkpoint.quantstate import MANIFEST_FILE, restore_quantized
-    from trtbuild.build.stages.validate import WINDOWS
+    from trtbuild.builder.stages.validate import WINDOWS
     from trtbuild.validate import metrics, torch_runner
 
     if f"{variant}-quantized" not in targets:
@@ -116,7 +116,7 @@ def topk_error(targets: dict[str, dict], variant: str, windows_used: int) -> dic
 def reference_size(targets: dict[str, dict]) -> dict:
     import numpy as np
 
-    from trtbuild.build.stages.validate import WINDOWS
+    from trtbuild.builder.stages.validate import WINDOWS
 
     folder = Path(targets["reference"]["path"])
     windows = np.load(folder / WINDOWS)

@@ -17,9 +17,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from trtbuild.build.graph import Graph, Node, Param
-from trtbuild.build.stages.needs import HostNeed
-from trtbuild.build.stages.base import Stage, StageContext
+from trtbuild.builder.graph import Graph, Node, Param
+from trtbuild.builder.stages.needs import HostNeed
+from trtbuild.builder.stages.base import Stage, StageContext
 from trtbuild.store.summaries import StageSummary, register_summary
 
 from summarykit import validation_summary
@@ -251,7 +251,7 @@ RECORD_ENGINE = Stage("engine", 1, "stagekit:record_params")
 
 def counting(ctx: StageContext) -> None:
     """Reports counted progress the way long stages do (calibration batches)."""
-    from trtbuild.build.stages.worker import report_progress
+    from trtbuild.builder.stages.worker import report_progress
 
     print(f"counting in process {os.getpid()}", flush=True)  # a log line that differs every run
     for done in range(1, ctx.params["steps"] + 1):
@@ -269,7 +269,7 @@ def damaged_checkpoint(ctx: StageContext) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from trtbuild.build.stages.checkpoint import convert_checkpoint
+    from trtbuild.builder.stages.checkpoint import convert_checkpoint
 
     convert_checkpoint(ctx)
     path = ctx.out / "rank0.safetensors"

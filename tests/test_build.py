@@ -271,8 +271,8 @@ def test_explain_shows_every_field_and_its_origin(recipe, model, tmp_path):
 def test_explain_and_the_runner_label_every_platform_field_by_the_recipe_field_it_comes_from(recipe, tmp_path):
     """One function keys a node for both: a validation's device comes from validate.device."""
     from trtbuild.host import hardware
-    from trtbuild.build import nodekeys
-    from trtbuild.build.graph import build_graph
+    from trtbuild.builder import nodekeys
+    from trtbuild.builder.graph import build_graph
     from trtbuild.plan.expand import plan_recipe
     from trtbuild.recipe.schema import load_recipe
     from trtbuild.store.local import LocalStore

@@ -16,7 +16,7 @@ from conftest import RECIPES, ROOT, minimal
 from trtbuild import __version__
 from trtbuild.cli import cli
 from trtbuild.recipe.schema import load_recipe
-from trtbuild.build.graph import STAGE_ORDER
+from trtbuild.builder.graph import STAGE_ORDER
 
 SHIPPED = sorted(RECIPES.glob("*.yaml"))
 
@@ -275,8 +275,8 @@ def test_the_install_hint_names_the_extra_that_holds_each_package_and_readmes_to
     from packaging.requirements import Requirement
 
     from trtbuild.host import toolchain
-    from trtbuild.build.stages.install import CPU_TORCH, extra_for
-    from trtbuild.build.stages.registry import STAGES
+    from trtbuild.builder.stages.install import CPU_TORCH, extra_for
+    from trtbuild.builder.stages.registry import STAGES
 
     base, extras = set(), {}
     for line in requires("trtbuild"):
@@ -295,7 +295,7 @@ def test_the_install_hint_names_the_extra_that_holds_each_package_and_readmes_to
 
 def _validation(node_id, kld_mean, top1, ppl_delta_pct, passed=True):
     from summarykit import validation_summary
-    from trtbuild.build.runner import NodeResult
+    from trtbuild.builder.runner import NodeResult
     from trtbuild.store.summaries import parse_summary
 
     gates = {"kld_mean": {"value": kld_mean, "limit": 0.15, "passed": passed},
@@ -309,9 +309,9 @@ def _validation(node_id, kld_mean, top1, ppl_delta_pct, passed=True):
 def test_build_table_shows_each_validations_kl_top1_and_perplexity_change():
     from rich.console import Console
 
-    from trtbuild.build.pipeline import BuildOutcome
+    from trtbuild.builder.pipeline import BuildOutcome
     from trtbuild.cli.render import print_build
-    from trtbuild.build.runner import NodeResult
+    from trtbuild.builder.runner import NodeResult
 
     outcome = BuildOutcome("demo", [
         NodeResult("fp8-tp1", "checkpoint", "checkpoint", "built", key="a" * 64, digest="b" * 64, seconds=1.0),

@@ -69,7 +69,7 @@ def moments(window: float) -> list[tuple[int, int, float]]:
 FORK_SERVER = r"""
 import json, os, signal, sys
 import botocore.session, boto3.s3.transfer
-import trtbuild.__main__, trtbuild.cli, trtbuild.build.pipeline, trtbuild.deploy.push, trtbuild.store.s3, trtbuild.store.transfer
+import trtbuild.__main__, trtbuild.cli, trtbuild.builder.pipeline, trtbuild.deploy.push, trtbuild.store.s3, trtbuild.store.transfer
 
 # Audit events that change the file system (besides "open" for writing), and the arguments that are paths.
 WRITES = {"os.mkdir": 1, "os.rename": 2, "os.remove": 1, "os.rmdir": 1, "os.link": 2, "os.symlink": 2,

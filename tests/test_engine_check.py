@@ -14,7 +14,7 @@ from conftest import minimal
 from trtbuild.lock import lockfile
 from trtbuild.host import toolchain
 from trtbuild.recipe.schema import load_recipe
-from trtbuild.plan.platform import EnginePlatform
+from trtbuild.store.platform import EnginePlatform
 
 FP8 = {"quant_algo": "FP8", "kv_cache_quant_algo": None}
 INT4_AWQ = {"quant_algo": "W4A16_AWQ", "kv_cache_quant_algo": None, "group_size": 128}

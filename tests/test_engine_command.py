@@ -15,7 +15,7 @@ from trtbuild.plan import estimate
 from trtbuild.host import hardware
 from trtbuild.facts import gpus, quantformats
 from trtbuild.plan.engine_command import FlagTableError, build_argv, parse_with_flag_table, shell_line, workers_for
-from trtbuild.build.graph import build_graph, twin_id
+from trtbuild.builder.graph import build_graph, twin_id
 from trtbuild.plan.expand import plan_recipe
 from trtbuild.recipe.schema import load_recipe
 

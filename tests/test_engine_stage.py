@@ -153,7 +153,7 @@ def test_the_engine_key_names_checkpoint_options_toolchain_and_sm_and_no_path(bu
 
 def test_a_timing_cache_is_stored_fed_to_the_next_build_and_kept_out_of_engine_keys(built):
     folder, _, _, (_, first), _ = built
-    from trtbuild.build import timingcache
+    from trtbuild.builder import timingcache
     from trtbuild.store.checkout import materialize
     from trtbuild.store.local import LocalStore
 
@@ -284,7 +284,7 @@ def test_gpu_auto_builds_this_hosts_sm_and_leaves_the_others_to_their_hosts(tmp_
 
 def test_the_container_command_mounts_the_work_folder_and_the_checkpoint_read_only():
     from trtbuild.host.hardware import DetectedGpu
-    from trtbuild.build.stages.engine import container_argv
+    from trtbuild.builder.stages.engine import container_argv
 
     image = "nvcr.io/nvidia/tensorrt-llm/release@sha256:" + "a" * 64
     gpus = [DetectedGpu(0, "NVIDIA H100 80GB HBM3", "sm90", 1), DetectedGpu(2, "NVIDIA H100 80GB HBM3", "sm90", 1)]
@@ -364,8 +364,8 @@ def test_an_engine_built_in_the_recipes_image_is_keyed_by_the_image(tmp_path):
 def test_a_build_host_with_too_little_memory_is_refused_before_building():
     from trtbuild.plan.estimate import format_bytes
     from trtbuild.host.hardware import DetectedGpu
-    from trtbuild.build.stages.base import BuildNeeds
-    from trtbuild.build.stages.engine import host_memory_problem
+    from trtbuild.builder.stages.base import BuildNeeds
+    from trtbuild.builder.stages.engine import host_memory_problem
 
     gib = 1 << 30
     l40s = DetectedGpu(0, "NVIDIA L40S", "sm89", 48 * gib)

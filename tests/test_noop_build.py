@@ -189,7 +189,7 @@ def test_a_noop_build_imports_nothing_heavy_and_keeps_no_record(project):
     result = project.build("-X", "importtime")
     assert result.returncode == 0 and result.stdout.splitlines()[-1] == NOTHING_BUILT
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
-    assert "trtbuild.build.pipeline" in imported  # it planned: a full run
+    assert "trtbuild.builder.pipeline" in imported  # it planned: a full run
     assert sorted(m for m in imported if m.split(".")[0] in HEAVY) == []
     assert sorted(imported & {"trtbuild.deploy.push", "trtbuild.store.transfer"}) == []
     assert importlib.util.find_spec("trtbuild.replay") is None

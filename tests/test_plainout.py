@@ -12,10 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from trtbuild.cli import plainout
-from trtbuild.build.pipeline import BuildOutcome
+from trtbuild.builder.pipeline import BuildOutcome
 from trtbuild.cli.progress import ConsoleReporter
 from trtbuild.cli.render import print_build, print_build_plain
-from trtbuild.build.runner import NodeResult
+from trtbuild.builder.runner import NodeResult
 from trtbuild.store.summaries import parse_summary
 
 from summarykit import validation_summary

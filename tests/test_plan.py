@@ -143,7 +143,7 @@ def test_int4_weight_only_group_size_is_checked_against_the_model(ws):
 
 
 def test_int4_weight_only_group_size_is_in_the_checkpoint_keys(ws):
-    from trtbuild.build.graph import build_graph
+    from trtbuild.builder.graph import build_graph
 
     plan = plan_of(ws, "variants: {wo: {quant: int4_wo}, wo64: {quant: int4_wo, group_size: 64}, w8: {quant: int8_wo}}")
     graph = build_graph(plan)
@@ -156,13 +156,13 @@ def test_int4_weight_only_group_size_is_in_the_checkpoint_keys(ws):
 def test_int8_wo_engines_come_from_a_float_checkpoint_tensorrt_llm_quantizes(ws):
     """TensorRT-LLM 1.2 quantizes W8A16 at load: int8_wo engines for sm80 and sm90 are planned, their
     checkpoint is converted from the source (no calibration), in any dtype trtbuild converts."""
-    from trtbuild.build.graph import build_graph
+    from trtbuild.builder.graph import build_graph
 
     plan = plan_of(ws, "variants: {w8: {quant: int8_wo}}\nparallelism: [{tp: 1}, {tp: 2}]", gpus="[A100, H100]")
     assert statuses(plan) == {name: ("ok", None) for name in (
         "w8-tp1", "w8-tp1-sm80", "w8-tp1-sm90", "w8-tp2", "w8-tp2-sm80", "w8-tp2-sm90")}
     graph = build_graph(plan)
-    assert graph.node("w8-tp1").stage.entry == "trtbuild.build.stages.checkpoint:convert_checkpoint"
+    assert graph.node("w8-tp1").stage.entry == "trtbuild.builder.stages.checkpoint:convert_checkpoint"
     assert graph.node("w8-tp1").params["quant"].value == "int8_wo"
     assert "quantized" not in graph.node("w8-tp1").inputs
     assert not [n for n in graph.nodes if n.kind in ("quantize", "calibration")]

@@ -296,7 +296,7 @@ try:
     cli(['pull', {str(path)!r}, '--store', 's3://nowhere/prefix', '--dry-run'], standalone_mode=False)
 except SystemExit:
     pass
-heavy = ('trtbuild.recipe.schema', 'trtbuild.build.graph', 'trtbuild.plan.expand', 'trtbuild.store.local', 'trtbuild.store.s3',
+heavy = ('trtbuild.recipe.schema', 'trtbuild.builder.graph', 'trtbuild.plan.expand', 'trtbuild.store.local', 'trtbuild.store.s3',
          'boto3', 'botocore', 'filelock')
 print('IMPORTED', sorted(m for m in heavy if m in sys.modules))
 """

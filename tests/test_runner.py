@@ -16,8 +16,8 @@ import pytest
 import stagekit
 from stagekit import DIE, FAIL, GATED, UPPER_INPROCESS, WRITE, counts, diamond, node
 from stage_fixtures import TESTS, stage_modules_importable, store  # noqa: F401 (fixtures)
-from trtbuild.build.graph import Graph
-from trtbuild.build.runner import RunOptions, Silent, run_graph
+from trtbuild.builder.graph import Graph
+from trtbuild.builder.runner import RunOptions, Silent, run_graph
 from trtbuild.store.checkout import materialize
 from trtbuild.store.local import LocalStore
 from trtbuild.store.verify import verify
@@ -108,7 +108,7 @@ import sys, json
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 import stagekit
-from trtbuild.build.runner import run_graph
+from trtbuild.builder.runner import run_graph
 from trtbuild.store.local import LocalStore
 results = run_graph(stagekit.diamond(Path({runs!r}), a_text="slow"), LocalStore(Path({store!r}))).results
 print(json.dumps({{r.id: [r.status, r.digest] for r in results}}))
@@ -133,8 +133,8 @@ import sys
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 import stagekit
-from trtbuild.build.graph import Graph
-from trtbuild.build.runner import run_graph
+from trtbuild.builder.graph import Graph
+from trtbuild.builder.runner import run_graph
 from trtbuild.store.local import LocalStore
 graph = Graph("big", [stagekit.node("big", stagekit.BIG, Path({runs!r}), mib={mib}, files=8),
                       stagekit.node("small", stagekit.UPPER_INPROCESS, None, inputs={{"src": "big"}})])
@@ -191,10 +191,10 @@ def test_a_runner_killed_mid_write_leaves_a_valid_store_and_the_next_run_complet
 def test_recipe_graph_rebuilds_only_the_changed_variants_subtree(store, tmp_path):
     """A recipe's own graph, with simple real stages standing in for checkpoint and engine."""
     from conftest import TINY_LLAMA
-    from trtbuild.build.graph import build_graph
+    from trtbuild.builder.graph import build_graph
     from trtbuild.plan.expand import plan_recipe
     from trtbuild.recipe.schema import load_recipe
-    from trtbuild.build.stages.registry import STAGES
+    from trtbuild.builder.stages.registry import STAGES
 
     model = tmp_path / "model"
     model.mkdir()
@@ -483,7 +483,7 @@ def test_a_stage_is_handed_a_typed_runtime_and_a_key_no_field_names_is_refused()
     field names (a typo of `text`) is refused instead of read as missing."""
     from pydantic import ValidationError
 
-    from trtbuild.build.stages.base import StageContext, StageRuntime
+    from trtbuild.builder.stages.base import StageContext, StageRuntime
 
     runtime = StageRuntime.of({"device": "cpu", "image": None, "objects": {"a.bin": {"key": "p/a.bin", "size": 1,
                                                                                       "sha256": "0" * 64}}})

@@ -552,7 +552,7 @@ import trtbuild.cli, trtbuild.deploy.push, trtbuild.lock.lockfile, trtbuild.reci
 import trtbuild.store.transfer
 from trtbuild.store.s3 import S3Store
 S3Store('s3://bucket/prefix', endpoint_url='http://127.0.0.1:9').transport.client
-print(sorted(m for m in ('trtbuild.build.graph', 'trtbuild.plan.expand', 'trtbuild.build.pipeline', 'boto3') if m in sys.modules))
+print(sorted(m for m in ('trtbuild.builder.graph', 'trtbuild.plan.expand', 'trtbuild.builder.pipeline', 'boto3') if m in sys.modules))
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert result.stdout == "[]\n"

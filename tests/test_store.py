@@ -349,7 +349,7 @@ def test_a_build_that_fails_before_running_creates_no_store(run, ws, tmp_path):
     recipe = ws.recipe(minimal())
     store = tmp_path / "store"
     result = run("build", recipe, "--until", "nope", "--store", store)
-    from trtbuild.build.graph import STAGE_ORDER
+    from trtbuild.builder.graph import STAGE_ORDER
 
     assert result.exit_code == 2
     # (.strip(): the blank line build errors begin with is another part of this issue)

@@ -12,7 +12,7 @@ import pytest
 
 from summarykit import validation_summary
 from trtbuild.keys import canonical_json
-from trtbuild.plan.platform import EnginePlatform
+from trtbuild.store.platform import EnginePlatform
 from trtbuild.store.base import CorruptStore, parse_record
 from trtbuild.store.records import ActionRecord, Ref, dump
 from trtbuild.store.summaries import (SUMMARY_MODELS, CheckpointSummary, EngineSummary, HfCheckpointSummary,
@@ -70,7 +70,7 @@ def test_a_stored_record_reads_and_writes_back_byte_for_byte(stage):
 
 
 def test_every_kind_of_the_registry_has_a_summary_model():
-    from trtbuild.build.stages.registry import STAGES
+    from trtbuild.builder.stages.registry import STAGES
     from trtbuild.store.summaries import kind_of
 
     assert {kind_of(stage_id) for stage_id in STAGES} <= set(SUMMARY_MODELS)

@@ -359,7 +359,7 @@ def test_verifier_failure_is_one_line_with_every_problem_kept(ours, hf_model, tm
 def test_checkpoint_stage_logs_every_problem_and_fails_in_one_line(ours, hf_model, tmp_path, capsys):
     """Through the worker, as the runner runs it: the log holds every problem, the failure line
     (to which the runner adds the log's path) holds the first and how many more."""
-    from trtbuild.build.stages import worker
+    from trtbuild.builder.stages import worker
 
     broken = tmp_path / "ckpt"
     shutil.copytree(ours("llama", 1, 1), broken)
@@ -379,7 +379,7 @@ def test_checkpoint_stage_logs_every_problem_and_fails_in_one_line(ours, hf_mode
 
 
 def _verify_stage(ctx) -> None:
-    from trtbuild.build.stages.checkpoint import _hf_config, verify
+    from trtbuild.builder.stages.checkpoint import _hf_config, verify
 
     verify(ctx.out, _hf_config(ctx.inputs["source"]))
 

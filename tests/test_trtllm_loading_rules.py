@@ -1,7 +1,7 @@
 """TensorRT-LLM 1.2's own loading rules (trtbuild/checkpoint/trtllm_load_rules.py, file and commit
 there) applied to the checkpoints trtbuild exports: the verifier refuses what that code refuses;
 int8_wo engines come from a float W8A16 checkpoint that TensorRT-LLM quantizes at load, and
-validation reads it back as TensorRT-LLM quantizes it (trtbuild/validate/trtllm_loadtime.py)."""
+validation reads it back as TensorRT-LLM quantizes it (trtbuild/checkpoint/trtllm_loadtime.py)."""
 
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ HAND_BACK = [[127 / 128, -1.0, 1 / 128, 2 / 128], [0.0, 0.0, 0.0, 0.0], [-2.0, 1
 
 
 def test_load_time_quantization_matches_a_hand_computed_int8_round_trip():
-    from trtbuild.validate.trtllm_loadtime import loadtime_weight, symmetric_quantize_last_axis
+    from trtbuild.checkpoint.trtllm_loadtime import loadtime_weight, symmetric_quantize_last_axis
 
     weight = torch.tensor(HAND_WEIGHT, dtype=torch.bfloat16)
     # the op's view: [in, out], one scale per column, stored in the weight's dtype
@@ -152,7 +152,7 @@ def test_load_time_quantization_matches_a_hand_computed_int8_round_trip():
 
 def test_load_time_int4_and_batched_experts_follow_the_same_op():
     """quint4x2: scale max/8, clip [-8, 7]; a 3-D [E, out, in] stack is quantized matrix by matrix."""
-    from trtbuild.validate.trtllm_loadtime import loadtime_weight
+    from trtbuild.checkpoint.trtllm_loadtime import loadtime_weight
 
     # max 4: scale 1/2; ratios 8 -3 1.5 -0.5 -> 7 (clipped) -3 2 -1; back 3.5 -1.5 1 -0.5
     row = torch.tensor([[4.0, -1.5, 0.75, -0.25]], dtype=torch.float32)

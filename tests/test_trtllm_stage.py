@@ -22,7 +22,7 @@ from tinymodels import make_model, make_tokenizer
 from trtbuild.host import hardware
 from trtbuild.host import toolchain
 from trtbuild.errors import TrtbuildError
-from trtbuild.build.stages.base import StageContext
+from trtbuild.builder.stages.base import StageContext
 from trtbuild.validate import metrics, torch_runner, trtllm_runner
 from trtbuild.validate.gates import default_gates
 
@@ -130,7 +130,7 @@ def test_prompt_logprobs_kl_is_a_lower_bound_of_the_exact_one(standin, models):
 
 
 def test_the_stage_writes_a_report_that_names_its_toolchain(standin_pytorch, models, tmp_path):
-    from trtbuild.build.stages.validate import REFERENCE_NPZ, WINDOWS, validate_trtllm
+    from trtbuild.builder.stages.validate import REFERENCE_NPZ, WINDOWS, validate_trtllm
 
     _, source, _, windows, ref, _ = models
     reference = tmp_path / "reference"
@@ -156,7 +156,7 @@ L40S = hardware.DetectedGpu(1, "NVIDIA L40S", "sm89", 48_000_000_000)
 
 def test_the_report_names_the_gpu_tensorrt_llm_ran_on(standin_pytorch, models, tmp_path, monkeypatch):
     """Not a hard-coded "cuda": the devices TensorRT-LLM ran on, and the GPUs the probe names (issue 10)."""
-    from trtbuild.build.stages.validate import REFERENCE_NPZ, WINDOWS, validate_trtllm
+    from trtbuild.builder.stages.validate import REFERENCE_NPZ, WINDOWS, validate_trtllm
 
     monkeypatch.setattr(hardware, "detect_gpus", lambda: (H200, L40S))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # TensorRT-LLM's cuda:0 is NVML's GPU 1 here

@@ -142,12 +142,12 @@ def test_no_validate_skips_and_says_so(project, tmp_path):
 
 def test_a_damaged_checkpoint_fails_its_gate_and_blocks_its_engines(project, tmp_path, monkeypatch):
     """A checkpoint stage that permutes one layer's MLP rows: validation must catch it."""
-    from trtbuild.build.graph import build_graph
+    from trtbuild.builder.graph import build_graph
     from trtbuild.plan.expand import plan_recipe
     from trtbuild.recipe.schema import load_recipe
-    from trtbuild.build.runner import run_graph
-    from trtbuild.build.stages.base import Stage
-    from trtbuild.build.stages.registry import STAGES
+    from trtbuild.builder.runner import run_graph
+    from trtbuild.builder.stages.base import Stage
+    from trtbuild.builder.stages.registry import STAGES
     from trtbuild.store.local import LocalStore
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
@@ -238,7 +238,7 @@ def test_report_command_writes_the_page_and_plot(built, project):
 def test_validate_engines_modes_shape_the_graph(mode, tmp_path):
     """`validate.engines`: who carries --gather_context_logits, and what the published engine waits for."""
     from conftest import TINY_LLAMA
-    from trtbuild.build.graph import build_graph
+    from trtbuild.builder.graph import build_graph
     from trtbuild.plan.expand import plan_recipe
     from trtbuild.recipe.schema import load_recipe
 

@@ -407,8 +407,8 @@ def test_a_format_the_serving_table_rules_out_is_not_loaded(recorded_gpu, instal
 
 def test_every_hf_checkpoint_gets_a_vllm_validation_after_its_torch_one(tmp_path):
     from conftest import TINY_LLAMA
-    from trtbuild.build.graph import build_graph
-    from trtbuild.build.stages.needs import VllmRunner
+    from trtbuild.builder.graph import build_graph
+    from trtbuild.builder.stages.needs import VllmRunner
     from trtbuild.plan.expand import plan_recipe
     from trtbuild.recipe.schema import load_recipe
 

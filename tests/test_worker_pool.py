@@ -9,9 +9,9 @@ from pathlib import Path
 from stagekit import (COUNTING, HOLD, SHARED_DIE, SHARED_FAIL, SHARED_HOLD, SHARED_STDIN, SHARED_UPPER, SHARED_WRITE,
                       WRITE, node)
 from stage_fixtures import stage_modules_importable, store  # noqa: F401 (fixtures)
-from trtbuild.build import worker_pool
-from trtbuild.build.graph import Graph
-from trtbuild.build.runner import run_graph
+from trtbuild.builder import worker_pool
+from trtbuild.builder.graph import Graph
+from trtbuild.builder.runner import run_graph
 
 
 def pids(runs: Path) -> dict[str, int]:
@@ -149,7 +149,7 @@ def test_a_worker_gone_before_its_first_request_fails_the_stage_not_the_build(st
     broken pipe is that stage's failure with the worker's words, and the next stage still runs."""
     import sys
 
-    from trtbuild.build.worker_pool import WorkerPool
+    from trtbuild.builder.worker_pool import WorkerPool
 
     broken = tmp_path / "python"
     broken.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named trtbuild' >&2\nexit 1\n")

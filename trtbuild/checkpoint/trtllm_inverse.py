@@ -22,7 +22,7 @@ file is closed, so memory holds the rebuilt state dict plus one tensor, never tw
 Quantized checkpoints are refused (their weights are not the HF weights; they are validated through
 their ModelOpt state instead), except those TensorRT-LLM quantizes itself at load (W8A16, W4A16:
 float weights on disk): their weights come back as the engine holds them, each rank's weight-only
-linears quantized and dequantized the way TensorRT-LLM 1.2 does it (validate/trtllm_loadtime.py),
+linears quantized and dequantized the way TensorRT-LLM 1.2 does it (checkpoint/trtllm_loadtime.py),
 before the ranks are joined.
 """
 
@@ -71,7 +71,7 @@ def trtllm_to_hf_state(ckpt_dir: Union[Path, str], hf_config: dict) -> dict:
     or one that does not fit `hf_config`."""
     import torch
 
-    from trtbuild.validate.trtllm_loadtime import loadtime_weight
+    from trtbuild.checkpoint.trtllm_loadtime import loadtime_weight
 
     ckpt_dir = Path(ckpt_dir)
     cfg = read_json_object(ckpt_dir / "config.json")

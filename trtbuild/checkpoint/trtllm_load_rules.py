@@ -26,7 +26,7 @@ Read from NVIDIA/TensorRT-LLM's source, file@commit:
   for multiples of 64 on both sides everywhere, as the comment says. The layout is chosen by the
   GPU trtllm-build runs on (`getSMVersion()`), so the float checkpoint is the same for every SM.
 
-The numbers themselves (scale and rounding) are emulated in trtbuild/validate/trtllm_loadtime.py.
+The numbers themselves (scale and rounding) are emulated in trtbuild/checkpoint/trtllm_loadtime.py.
 
 Plain data and strings: no torch."""
 

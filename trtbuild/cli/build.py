@@ -23,7 +23,7 @@ class _UntilOption(click.Option):
     """Its help lists graph.STAGE_ORDER, imported only when help is shown (graph imports the stages)."""
 
     def get_help_record(self, ctx):
-        from trtbuild.build.graph import STAGE_ORDER
+        from trtbuild.builder.graph import STAGE_ORDER
 
         self.help = until_help(STAGE_ORDER)
         return super().get_help_record(ctx)
@@ -72,7 +72,7 @@ def build(recipe: Path | None, targets, until, gpu, store_url, push_after, allow
     Exit 0 when every requested target was built, cached or skipped; 1 when one failed; 2 on
     invalid input.
     """
-    from trtbuild.build.pipeline import BuildRequest
+    from trtbuild.builder.pipeline import BuildRequest
     from trtbuild.cli.progress import ConsoleReporter
     from trtbuild.deploy.remote_cache import build_and_publish
 
@@ -105,7 +105,7 @@ def build(recipe: Path | None, targets, until, gpu, store_url, push_after, allow
 def explain(recipe: Path, target: str, store_url, as_json) -> None:
     """Show every field of the keys on the way to TARGET, where each value came from, and whether
     the store has the artifact."""
-    from trtbuild.build.explain import explain_target
+    from trtbuild.builder.explain import explain_target
 
     explained = explain_target(recipe, target, store_url)
     if as_json:
@@ -130,7 +130,7 @@ def path_of(names: tuple[str, ...], store_url) -> None:
     """
     if len(names) not in (1, 2):
         raise click.UsageError(f"expected [RECIPE] TARGET, got {len(names)} argument(s)")
-    from trtbuild.build.pipeline import checkout_target
+    from trtbuild.builder.pipeline import checkout_target
 
     recipe = Path(names[0]) if len(names) == 2 else None
     click.echo(str(checkout_target(recipe, names[-1], store_url)))

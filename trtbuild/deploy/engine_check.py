@@ -24,7 +24,7 @@ from trtbuild.host import hardware
 from trtbuild.errors import InvalidInput
 from trtbuild.facts.gpus import sm_number
 from trtbuild.plan.estimate import format_bytes
-from trtbuild.plan.platform import EnginePlatform
+from trtbuild.store.platform import EnginePlatform
 from trtbuild.store.summaries import EngineSummary
 from trtbuild.host.toolchain import EngineToolchain, is_standin_version, probe_engine_toolchain
 

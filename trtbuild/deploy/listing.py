@@ -20,7 +20,7 @@ from trtbuild.lock.lockfile import LockedRecipe, LockedTarget, LockFile
 from trtbuild.facts.nodeids import (checkpoint_of_engine, is_target, trtllm_validate_id, validate_id, variant_of,
                               vllm_validate_id)
 from trtbuild.deploy.select import Host, choose
-from trtbuild.plan.platform import EnginePlatform
+from trtbuild.store.platform import EnginePlatform
 from trtbuild.store.records import ActionRecord, Ref, format_utc
 from trtbuild.store.summaries import EngineSummary, HfCheckpointSummary, ValidationSummary, kind_of
 from trtbuild.store.base import Store

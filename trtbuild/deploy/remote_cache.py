@@ -18,12 +18,12 @@ from trtbuild.store.base import CorruptStore, Store
 # The transfer and publishing code is imported by what moves artifacts: every build imports this
 # module (require_remote), and a build without a remote store moves none.
 if TYPE_CHECKING:
-    from trtbuild.build.graph import Graph
+    from trtbuild.builder.graph import Graph
     from trtbuild.lock.lockfile import LockFile
     from trtbuild.deploy.push import PushPlan
     from trtbuild.store.records import ActionRecord
     from trtbuild.store.transfer import Moved
-    from trtbuild.build.pipeline import BuildOutcome, BuildRequest
+    from trtbuild.builder.pipeline import BuildOutcome, BuildRequest
 
 
 @dataclass
@@ -115,7 +115,7 @@ def build_and_publish(recipe, store_url: Optional[str], request: BuildRequest, r
     """`trtbuild build`: RECIPE (None: the embedded demo) built into --store; an s3:// store (or
     publish.store) is a remote behind the local store, read when the local store misses; with
     `push_after`, what the build made is then published there (`outcome.pushed`)."""
-    from trtbuild.build.pipeline import build
+    from trtbuild.builder.pipeline import build
     from trtbuild.recipe.schema import load_recipe_or_demo
     from trtbuild.store import configured
     from trtbuild.store.local import open_store

@@ -129,7 +129,7 @@ _DYNAMIC_BLOCK_CUDA_ONLY = ("NVFP4 uses dynamic block quantization (FP4 values w
 # TensorRT-LLM 1.2 reads W8A16 (and W4A16) weights only as floats and quantizes them itself when it
 # loads the checkpoint (modeling_utils.preprocess_perlayer_weights -> convert_utils.weight_only_quantize_dict
 # -> the symmetric_quantize_last_axis_of_batched_matrix op, per output channel, into the layout of the GPU
-# trtllm-build runs on; trtbuild/validate/trtllm_loadtime.py emulates it, with file and commit). So an
+# trtllm-build runs on; trtbuild/checkpoint/trtllm_loadtime.py emulates it, with file and commit). So an
 # int8_wo engine is built from a float checkpoint that says `quant_algo: W8A16`: no ModelOpt calibration,
 # and the int8 values are TensorRT-LLM's, not ModelOpt's (scale max/128, not max/127).
 # A quantized KV cache needs ModelOpt's calibrated KV scales in the same checkpoint, which this path

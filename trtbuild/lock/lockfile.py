@@ -17,7 +17,7 @@ from trtbuild.errors import InvalidInput
 from trtbuild.validate import gates
 from trtbuild.keys import canonical_json
 from trtbuild.facts.nodeids import is_target
-from trtbuild.plan.platform import EnginePlatform
+from trtbuild.store.platform import EnginePlatform
 from trtbuild.store.hash import atomic_write, bytes_sha256
 
 if TYPE_CHECKING:  # the recipe's models are not needed to read or choose from a lock

@@ -57,7 +57,7 @@ def linear_bytes(out_features: int, in_features: int, quant: Optional[str], dtyp
         return n + out_features * 4 + 4 + in_features * 2
     if quant == "int8_wo":
         # TensorRT-LLM quantizes it at load: int8 weight + per_channel_scale [out] in the model dtype
-        # (quantization/layers.py WeightOnlyQuantLinear; validate/trtllm_loadtime.py)
+        # (quantization/layers.py WeightOnlyQuantLinear; checkpoint/trtllm_loadtime.py)
         return n + out_features * dtype_bytes
     if quant in ("int4_awq", "w4a8_awq", "int4_wo"):  # packed int4, [out, in/group] f32 scales, prequant scale
         # (int4_wo is exported as W4A16_AWQ with a prequant scale of ones: quantformats.py)

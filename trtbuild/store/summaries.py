@@ -21,7 +21,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_serializer
 
-from trtbuild.plan.platform import EnginePlatform
+from trtbuild.store.platform import EnginePlatform
 
 # An integer stays an integer (a gate limit a recipe wrote as 2 is written back as 2, not 2.0:
 # the report is part of the artifact, whose bytes must not change for the same key).

@@ -43,7 +43,7 @@ def load_source(source: Path, device: str, dtype: str):
 def load_trtllm_checkpoint(checkpoint: Path, source: Path, device: str, dtype: str):
     """An unquantized TensorRT-LLM checkpoint read back into the Hugging Face model it came from; a
     W8A16 one (float weights TensorRT-LLM quantizes at load) with its weight-only linears as
-    TensorRT-LLM 1.2 quantizes them (trtllm_inverse -> validate/trtllm_loadtime.py)."""
+    TensorRT-LLM 1.2 quantizes them (trtllm_inverse -> checkpoint/trtllm_loadtime.py)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 

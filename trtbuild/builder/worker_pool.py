@@ -1,7 +1,7 @@
 """Stage processes for the runner: a fresh one per stage, or one shared by the stages that ask.
 
 Stages that share a worker (Stage.shares_worker: the torch stages) run one after another in one
-long-lived process (`python -m trtbuild.build.stages.worker --serve`), which pays the imports once
+long-lived process (`python -m trtbuild.builder.stages.worker --serve`), which pays the imports once
 (ModelOpt's alone take 5-20 s) and keeps the last model it loaded (stages/models.py), so a
 variant's quantize, exports and validation load the model once. The pool starts that process only
 when a stage must run (a build served from the store starts none), and starts a new one if a stage
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from trtbuild import interrupt
-from trtbuild.build.stages.worker import PROGRESS_PREFIX
+from trtbuild.builder.stages.worker import PROGRESS_PREFIX
 
 POLL_S = 0.5  # how often a running stage's log is read for progress lines
 
@@ -52,7 +52,7 @@ class WorkerPool:
             try:
                 with open(log, "wb") as handle:
                     with _ctrl_c_held():
-                        proc = subprocess.Popen([sys.executable, "-m", "trtbuild.build.stages.worker", str(spec)],
+                        proc = subprocess.Popen([sys.executable, "-m", "trtbuild.builder.stages.worker", str(spec)],
                                                 stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                 preexec_fn=_die_with_parent)
                     return _follow(proc, log, on_progress, lambda: proc.wait(timeout=POLL_S))
@@ -118,7 +118,7 @@ class WorkerPool:
         process of its own would; serving, it points descriptors 1 and 2 at each stage's log."""
         if self._shared is None or self._shared.poll() is not None:
             with open(log, "wb") as first_log, _ctrl_c_held():
-                self._shared = subprocess.Popen([sys.executable, "-m", "trtbuild.build.stages.worker", "--serve"],
+                self._shared = subprocess.Popen([sys.executable, "-m", "trtbuild.builder.stages.worker", "--serve"],
                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=first_log,
                                                 text=True, bufsize=1, preexec_fn=_die_with_parent)
         return self._shared

@@ -1,7 +1,7 @@
 """What an engine is tied to: the one model of an engine's platform. The engine stage's
 trtbuild.json holds these facts (store.summaries.EngineSummary.platform reads them out), the lock
 file keeps them per engine target, `ls`/`pull` choose by them and `trtbuild check` compares them
-with a deploy host. It sits below the lock and the store so that every one of them can use it."""
+with a deploy host. It sits in the store, below the lock and the deploy verbs, so that every one of them can use it."""
 
 from __future__ import annotations
 

@@ -7,9 +7,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
-from trtbuild.build.graph import Blocker
-from trtbuild.build.stages.source import Resolved
-from trtbuild.plan.platform import EnginePlatform
+from trtbuild.builder.graph import Blocker
+from trtbuild.builder.stages.source import Resolved
+from trtbuild.store.platform import EnginePlatform
 from trtbuild.store.summaries import StageSummary, ValidationSummary
 
 

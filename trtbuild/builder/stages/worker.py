@@ -1,5 +1,5 @@
-"""Runs stages in a subprocess: `python -m trtbuild.build.stages.worker SPEC.json` runs one;
-`python -m trtbuild.build.stages.worker --serve` runs one after another (worker_pool.WorkerPool: the stages of
+"""Runs stages in a subprocess: `python -m trtbuild.builder.stages.worker SPEC.json` runs one;
+`python -m trtbuild.builder.stages.worker --serve` runs one after another (worker_pool.WorkerPool: the stages of
 a variant share one process, its imports and its model: stages/models.py), each reading a line
 `{"spec": PATH, "log": PATH}` on stdin and answering `{"returncode": N}` on stdout.
 
@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 
 from trtbuild.errors import InvalidInput, TrtbuildError
-from trtbuild.build.stages.base import StageContext
+from trtbuild.builder.stages.base import StageContext
 
 ERROR_PREFIX = "TRTBUILD-ERROR: "
 INPUT_ERROR_PREFIX = "TRTBUILD-INPUT-ERROR: "  # the stage's input is wrong: trtbuild exits 2, like any input error
@@ -73,7 +73,7 @@ def _fresh_start() -> None:
 
 def run(spec_path: str) -> int:
     """Run the stage that SPEC.json names; 0 when it succeeded."""
-    from trtbuild.build.stages import models
+    from trtbuild.builder.stages import models
 
     spec = json.loads(Path(spec_path).read_text())
     ctx = StageContext(
@@ -115,7 +115,7 @@ def serve() -> int:
     one that crashes it is reported by the runner from the exit status."""
     import os
 
-    from trtbuild.build.stages import models
+    from trtbuild.builder.stages import models
 
     # The requests and answers move to descriptors of their own: a stage (or a tool it starts) sees
     # /dev/null on 0 and its log on 1 and 2, as in a process of its own, and can read no request.

@@ -20,8 +20,8 @@ import hashlib
 import time
 from pathlib import Path
 
-from trtbuild.build.stages.base import StageContext
-from trtbuild.build.stages.worker import report_progress
+from trtbuild.builder.stages.base import StageContext
+from trtbuild.builder.stages.worker import report_progress
 from trtbuild.store.summaries import CalibrationSummary, CheckpointSummary, HfExportSummary, QuantizeSummary
 
 
@@ -46,7 +46,7 @@ def make_windows(ctx: StageContext) -> None:
 def quantize(ctx: StageContext) -> None:
     from trtbuild.host import hardware
     from trtbuild.checkpoint import calibration, quantize as mq
-    from trtbuild.build.stages import models
+    from trtbuild.builder.stages import models
 
     started = time.monotonic()
     device = hardware.resolve_device(ctx.runtime.device or "auto")
@@ -109,7 +109,7 @@ def convert_checkpoint(ctx: StageContext) -> None:
 
 def export_checkpoint(ctx: StageContext) -> None:
     from trtbuild.checkpoint import quantize as mq
-    from trtbuild.build.stages import models
+    from trtbuild.builder.stages import models
 
     source = ctx.inputs["source"]
     quantized = models.quantized(source, ctx.inputs["quantized"], ctx.params["dtype"], "cpu")
@@ -129,7 +129,7 @@ def convert_hf(ctx: StageContext) -> None:
 
 def export_hf(ctx: StageContext) -> None:
     from trtbuild.checkpoint import quantize as mq
-    from trtbuild.build.stages import models
+    from trtbuild.builder.stages import models
 
     source = ctx.inputs["source"]
     quantized = models.quantized(source, ctx.inputs["quantized"], ctx.params["dtype"], "cpu")

@@ -5,60 +5,60 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
-from trtbuild.build.stages import needs
-from trtbuild.build.stages.base import Stage
+from trtbuild.builder.stages import needs
+from trtbuild.builder.stages.base import Stage
 
 STAGES: dict[str, Optional[Stage]] = {
-    "source:path": Stage("source", 1, "trtbuild.build.stages.source.local:adopt_folder", isolated=False),
+    "source:path": Stage("source", 1, "trtbuild.builder.stages.source.local:adopt_folder", isolated=False),
     # 2: the tokenizer the GGUF encodes, no longer a copy of the GGUF as tokenizer.model
-    "source:gguf": Stage("source", 2, "trtbuild.build.stages.source.gguf:convert_gguf",
+    "source:gguf": Stage("source", 2, "trtbuild.builder.stages.source.gguf:convert_gguf",
                          toolchain=("torch", "transformers", "gguf"), needs=("torch", "transformers", "gguf", "accelerate")),
     # Later stages land with their issues; until then their nodes are skipped with this reason.
-    "source:hf": Stage("source", 1, "trtbuild.build.stages.source.hf:download", isolated=False),
-    "source:nemo": Stage("source", 1, "trtbuild.build.stages.source.nemo:convert_nemo",
+    "source:hf": Stage("source", 1, "trtbuild.builder.stages.source.hf:download", isolated=False),
+    "source:nemo": Stage("source", 1, "trtbuild.builder.stages.source.nemo:convert_nemo",
                          toolchain=("torch", "safetensors"), needs=("torch", "safetensors")),
-    "source:s3": Stage("source", 1, "trtbuild.build.stages.source.s3:fetch_folder", isolated=False),
-    "calibration": Stage("calibration", 1, "trtbuild.build.stages.checkpoint:make_windows",
+    "source:s3": Stage("source", 1, "trtbuild.builder.stages.source.s3:fetch_folder", isolated=False),
+    "calibration": Stage("calibration", 1, "trtbuild.builder.stages.checkpoint:make_windows",
                          toolchain=("transformers",), needs=("transformers",)),
-    "quantize": Stage("quantize", 2, "trtbuild.build.stages.checkpoint:quantize",
+    "quantize": Stage("quantize", 2, "trtbuild.builder.stages.checkpoint:quantize",
                       toolchain=("torch", "transformers", "modelopt", "cuda"), needs=("torch", "transformers", "modelopt")),
     # 2: writes the float W8A16 checkpoint of int8_wo (TensorRT-LLM quantizes it at load) from the
     # variant's `quant`, which version 1 ignored; its report names the quant_algo
-    "checkpoint:convert": Stage("checkpoint", 2, "trtbuild.build.stages.checkpoint:convert_checkpoint",
+    "checkpoint:convert": Stage("checkpoint", 2, "trtbuild.builder.stages.checkpoint:convert_checkpoint",
                                 toolchain=("safetensors",), needs=("torch", "safetensors")),
-    "checkpoint:export": Stage("checkpoint", 1, "trtbuild.build.stages.checkpoint:export_checkpoint",
+    "checkpoint:export": Stage("checkpoint", 1, "trtbuild.builder.stages.checkpoint:export_checkpoint",
                                toolchain=("torch", "transformers", "modelopt"), needs=("torch", "transformers", "modelopt")),
     # A Hugging Face checkpoint: the weights (hf-export), then the target (hf-checkpoint:package),
     # the export's files overlaid with serving/ (runtime options, loader check): no torch, no copy.
-    "hf-export:convert": Stage("hf-export", 1, "trtbuild.build.stages.checkpoint:convert_hf",
+    "hf-export:convert": Stage("hf-export", 1, "trtbuild.builder.stages.checkpoint:convert_hf",
                                toolchain=("safetensors",), needs=("torch", "safetensors")),
     # 2: an AWQ export's config.json quantization_config carries the group_size too (as hf_quant_config.json)
-    "hf-export:export": Stage("hf-export", 2, "trtbuild.build.stages.checkpoint:export_hf",
+    "hf-export:export": Stage("hf-export", 2, "trtbuild.builder.stages.checkpoint:export_hf",
                               toolchain=("torch", "transformers", "modelopt"), needs=("torch", "transformers", "modelopt")),
-    "hf-checkpoint:package": Stage("hf-checkpoint", 1, "trtbuild.build.stages.package:package_hf", isolated=False,
+    "hf-checkpoint:package": Stage("hf-checkpoint", 1, "trtbuild.builder.stages.package:package_hf", isolated=False,
                                    overlay="weights"),
     # trtllm-build here (tensorrt_llm installed in this environment, its scripts on PATH), or in the
     # recipe's container image (toolchain.image: only docker needed here; the key names the image).
-    "engine": Stage("engine", 1, "trtbuild.build.stages.engine:build_engine", toolchain=("tensorrt_llm", "tensorrt"),
+    "engine": Stage("engine", 1, "trtbuild.builder.stages.engine:build_engine", toolchain=("tensorrt_llm", "tensorrt"),
                     needs=("tensorrt_llm",), timing_cache=True),
-    "engine:image": Stage("engine", 1, "trtbuild.build.stages.engine:build_engine", toolchain=("image",), timing_cache=True),
-    "reference": Stage("reference", 1, "trtbuild.build.stages.validate:make_reference",
+    "engine:image": Stage("engine", 1, "trtbuild.builder.stages.engine:build_engine", toolchain=("image",), timing_cache=True),
+    "reference": Stage("reference", 1, "trtbuild.builder.stages.validate:make_reference",
                        toolchain=("torch", "transformers"), needs=("torch", "transformers")),
     # 2: a checkpoint read back for validation keeps the rotary inv_freq in float32 (version 1's
     # reports made on a GPU, in bfloat16, measured a model with a degraded RoPE)
-    "validate": Stage("validate", 2, "trtbuild.build.stages.validate:validate",
+    "validate": Stage("validate", 2, "trtbuild.builder.stages.validate:validate",
                       toolchain=("torch", "transformers", "modelopt"), needs=("torch", "transformers", "modelopt")),
     # Engines and hf-checkpoints as TensorRT-LLM serves them; the node's `requires` says why a host
     # cannot (trtllm_runner.available) before the needs are checked. 2: a stand-in's report says
     # `cpu`, where version 1 named cuda:0 for what the stand-in computed on the CPU.
-    "validate:trtllm": Stage("validate", 2, "trtbuild.build.stages.validate:validate_trtllm",
+    "validate:trtllm": Stage("validate", 2, "trtbuild.builder.stages.validate:validate_trtllm",
                              toolchain=("tensorrt_llm", "tensorrt", "cuda"), needs=("tensorrt_llm",)),
     # A packaged hf-checkpoint as vLLM loads it (its serving/vllm_args.json); the node's host need
     # (vllm_runner.available) says why a host cannot before the needs are checked.
     # 2: the LLM made with max_logprobs (vLLM refused version 1's prompt_logprobs=256); the report's
     # device is what vLLM's engine config says (cpu on a CPU platform, CUDA devices by rank; version 1
     # wrote cuda:N whatever ran) and names scoring_options
-    "validate:vllm": Stage("validate", 2, "trtbuild.build.stages.validate:validate_vllm",
+    "validate:vllm": Stage("validate", 2, "trtbuild.builder.stages.validate:validate_vllm",
                            toolchain=("vllm", "torch", "cuda"), needs=("vllm",)),
 }
 

@@ -25,10 +25,10 @@ from trtbuild.serving import options as serving_options
 
 from trtbuild.facts.nodeids import hf_export_id, quantized_id, trtllm_validate_id, twin_id, validate_id, vllm_validate_id  # noqa: F401 (graph.X_id for callers)
 from trtbuild.plan.expand import CHECKPOINT, ENGINE, HF_CHECKPOINT, Plan, Target
-from trtbuild.build.stages.base import BuildNeeds, Stage, StageRuntime
-from trtbuild.build.stages.install import install_hint
-from trtbuild.build.stages.needs import HostNeed, TextInput
-from trtbuild.build.stages.registry import NOT_YET, STAGES, host_need, text_input
+from trtbuild.builder.stages.base import BuildNeeds, Stage, StageRuntime
+from trtbuild.builder.stages.install import install_hint
+from trtbuild.builder.stages.needs import HostNeed, TextInput
+from trtbuild.builder.stages.registry import NOT_YET, STAGES, host_need, text_input
 from trtbuild.validate import gates
 
 SOURCE = "source"

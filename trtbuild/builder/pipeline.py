@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from trtbuild.build import graph as graphs
+from trtbuild.builder import graph as graphs
 from trtbuild.host import hardware
 from trtbuild.lock import lockfile
 from trtbuild.host import toolchain
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.plan.expand import parse_gpu, plan_recipe, select
 from trtbuild.recipe.schema import LoadedRecipe, recipe_identity
-from trtbuild.build.runner import FAILED, IMPOSSIBLE, NodeResult, RunOptions, run_graph
+from trtbuild.builder.runner import FAILED, IMPOSSIBLE, NodeResult, RunOptions, run_graph
 from trtbuild.store.local import LocalStore
 
 

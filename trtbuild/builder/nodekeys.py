@@ -13,11 +13,11 @@ from trtbuild import keys
 from trtbuild.host import hardware
 
 from trtbuild.host import toolchain
-from trtbuild.build.graph import Node
+from trtbuild.builder.graph import Node
 from trtbuild.store.records import ActionRecord
-from trtbuild.build.stages import source as sources
-from trtbuild.build.stages.base import StageRuntime
-from trtbuild.build.stages.source import Resolved, SourceContext
+from trtbuild.builder.stages import source as sources
+from trtbuild.builder.stages.base import StageRuntime
+from trtbuild.builder.stages.source import Resolved, SourceContext
 from trtbuild.store.local import LocalStore
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from trtbuild.errors import InvalidInput
-from trtbuild.build.stages.base import StageContext
+from trtbuild.builder.stages.base import StageContext
 from trtbuild.store.summaries import SourceSummary
-from trtbuild.build.stages.source import remote
-from trtbuild.build.stages.source.common import Resolved, SourceContext
+from trtbuild.builder.stages.source import remote
+from trtbuild.builder.stages.source.common import Resolved, SourceContext
 from trtbuild.store.tree import Entry, Manifest, build_manifest
 
 

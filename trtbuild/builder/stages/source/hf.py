@@ -19,9 +19,9 @@ from trtbuild.errors import InvalidInput
 from trtbuild.model.hub import hub_error, offline, quiet
 from trtbuild.keys import canonical_json
 from trtbuild.model.config import read_json_object
-from trtbuild.build.stages.base import StageContext
+from trtbuild.builder.stages.base import StageContext
 from trtbuild.model.files import select_model_files
-from trtbuild.build.stages.source.common import Resolved, SourceContext
+from trtbuild.builder.stages.source.common import Resolved, SourceContext
 
 SHA256, GIT = "sha256:", "git-sha1:"
 

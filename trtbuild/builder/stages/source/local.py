@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Callable
 
 from trtbuild.errors import InvalidInput
-from trtbuild.build.stages.base import StageContext
+from trtbuild.builder.stages.base import StageContext
 from trtbuild.model.files import select_model_files
-from trtbuild.build.stages.source.common import Resolved, SourceContext
+from trtbuild.builder.stages.source.common import Resolved, SourceContext
 from trtbuild.store.tree import build_manifest
 
 

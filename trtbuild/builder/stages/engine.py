@@ -32,7 +32,7 @@ from trtbuild.host import hardware
 from trtbuild.facts import trtllm
 from trtbuild.facts.quantformats import GROUP_SIZED_ALGOS
 from trtbuild.errors import TrtbuildError
-from trtbuild.build.stages.base import BuildNeeds, StageContext
+from trtbuild.builder.stages.base import BuildNeeds, StageContext
 from trtbuild.store.summaries import EngineMemory, EngineSummary, EngineToolchainUsed
 
 TAIL_LINES = 12  # lines of trtllm-build's output a failure shows

@@ -10,9 +10,9 @@ from trtbuild.plan import engine_command
 
 from trtbuild.host import hardware
 
-from trtbuild.build import nodekeys
+from trtbuild.builder import nodekeys
 from trtbuild.errors import InvalidInput
-from trtbuild.build.graph import ENGINE, Blocker, Graph, Node
+from trtbuild.builder.graph import ENGINE, Blocker, Graph, Node
 from trtbuild.lock.lockfile import LockFile
 from trtbuild.store.local import LocalStore
 
@@ -110,7 +110,7 @@ def explain(graph: Graph, target: str, store: LocalStore, lock: Optional[LockFil
 def explain_target(recipe, target: str, store_url: Optional[str] = None) -> list[NodeExplanation]:
     """`trtbuild explain RECIPE TARGET`: against --store (one nothing was built into yet reads as
     empty: every key is not in the store) and the recipe's lock there, when there is one."""
-    from trtbuild.build.pipeline import BuildRequest, build_graph_for
+    from trtbuild.builder.pipeline import BuildRequest, build_graph_for
     from trtbuild.lock import lockfile
     from trtbuild.recipe.schema import load_recipe_or_demo
     from trtbuild.store.local import open_store

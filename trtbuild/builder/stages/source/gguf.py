@@ -9,9 +9,9 @@ import os
 from pathlib import Path
 
 from trtbuild.errors import InvalidInput
-from trtbuild.build.stages.base import StageContext
+from trtbuild.builder.stages.base import StageContext
 from trtbuild.store.summaries import SourceSummary
-from trtbuild.build.stages.source.common import Resolved, SourceContext
+from trtbuild.builder.stages.source.common import Resolved, SourceContext
 from trtbuild.model.files import locate_gguf  # noqa: F401 (also gguf.locate_gguf for its callers)
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from trtbuild.build.stages.base import StageRuntime
+from trtbuild.builder.stages.base import StageRuntime
 from trtbuild.store.state import StatCache
 
 

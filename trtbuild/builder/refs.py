@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from trtbuild.build.graph import Blocker, Graph, Node
-from trtbuild.build.results import FAILED, SKIPPED, NodeResult
+from trtbuild.builder.graph import Blocker, Graph, Node
+from trtbuild.builder.results import FAILED, SKIPPED, NodeResult
 from trtbuild.facts.nodeids import TARGET_STAGES
 from trtbuild.lock import publication
 from trtbuild.store.local import CorruptStore, LocalStore

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-from trtbuild.build.stages.source.common import Resolved, SourceContext
+from trtbuild.builder.stages.source.common import Resolved, SourceContext
 
 
 def resolve(ctx: SourceContext) -> Resolved:
     """Identify the source's content (a digest) without copying or converting anything."""
     kind = ctx.runtime.kind
     if kind == "path":
-        from trtbuild.build.stages.source import local as module
+        from trtbuild.builder.stages.source import local as module
     elif kind == "gguf":
-        from trtbuild.build.stages.source import gguf as module
+        from trtbuild.builder.stages.source import gguf as module
     elif kind == "hf":
-        from trtbuild.build.stages.source import hf as module
+        from trtbuild.builder.stages.source import hf as module
     elif kind == "s3":
-        from trtbuild.build.stages.source import s3 as module
+        from trtbuild.builder.stages.source import s3 as module
     elif kind == "nemo":
-        from trtbuild.build.stages.source import nemo as module
+        from trtbuild.builder.stages.source import nemo as module
     else:
         raise ValueError(f"unknown source kind {kind!r}")
     return module.resolve(ctx)

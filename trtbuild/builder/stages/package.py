@@ -12,7 +12,7 @@ from trtbuild.serving import options as serving_options
 from trtbuild.errors import TrtbuildError
 from trtbuild.facts.serving import RUNTIME_NAMES
 from trtbuild.serving.check import check_checkpoint
-from trtbuild.build.stages.base import OVERLAY_SUMMARY, StageContext
+from trtbuild.builder.stages.base import OVERLAY_SUMMARY, StageContext
 from trtbuild.store.summaries import Serving
 
 CHECK_FILE = f"{serving_options.SERVING_DIR}/check.json"

@@ -15,26 +15,26 @@ from typing import Optional
 
 from pydantic import ValidationError
 
-from trtbuild.build import nodekeys
+from trtbuild.builder import nodekeys
 
-from trtbuild.build import timingcache
-from trtbuild.build.refs import move_refs
-from trtbuild.build.results import BUILT, CACHED, FAILED, IMPOSSIBLE, SKIPPED, NodeResult, RunResult
+from trtbuild.builder import timingcache
+from trtbuild.builder.refs import move_refs
+from trtbuild.builder.results import BUILT, CACHED, FAILED, IMPOSSIBLE, SKIPPED, NodeResult, RunResult
 from trtbuild.errors import InvalidInput, TrtbuildError, Unreachable
-from trtbuild.build.graph import STAGE_ORDER, Blocker, Graph, Node
+from trtbuild.builder.graph import STAGE_ORDER, Blocker, Graph, Node
 from trtbuild.facts.nodeids import TARGET_STAGES
-from trtbuild.plan.platform import EnginePlatform
+from trtbuild.store.platform import EnginePlatform
 from trtbuild.store.base import first_error
 from trtbuild.store.records import ActionRecord, Digest, Execution, utc_now
 from trtbuild.store.summaries import EngineSummary, StageSummary, UnknownSummary, parse_summary
-from trtbuild.build.stages.base import OVERLAY_SUMMARY, SUMMARY_FILES, StageContext, StageRuntime
-from trtbuild.build.stages.source import Resolved
-from trtbuild.build.stages.worker import ERROR_PREFIX, INPUT_ERROR_PREFIX, PROGRESS_PREFIX, load_entry
+from trtbuild.builder.stages.base import OVERLAY_SUMMARY, SUMMARY_FILES, StageContext, StageRuntime
+from trtbuild.builder.stages.source import Resolved
+from trtbuild.builder.stages.worker import ERROR_PREFIX, INPUT_ERROR_PREFIX, PROGRESS_PREFIX, load_entry
 from trtbuild.store.checkout import materialize
 from trtbuild.store.local import CorruptStore, LocalStore
 from trtbuild.store.tree import Manifest
 from trtbuild.validate import gates
-from trtbuild.build.worker_pool import WorkerPool
+from trtbuild.builder.worker_pool import WorkerPool
 
 
 @dataclass

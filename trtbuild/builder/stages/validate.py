@@ -15,8 +15,8 @@ from typing import Optional
 
 import numpy as np
 
-from trtbuild.build.stages.base import StageContext
-from trtbuild.build.stages.worker import report_progress
+from trtbuild.builder.stages.base import StageContext
+from trtbuild.builder.stages.worker import report_progress
 from trtbuild.store.summaries import ReferenceSummary, ValidationSummary
 
 REFERENCE_NPZ = "reference.npz"
@@ -54,7 +54,7 @@ def make_reference(ctx: StageContext) -> None:
 def _source_model(ctx: StageContext, source: Path, device: str):
     """The source model as the torch runner computes with it: borrowed, so a variant's quantized
     model, kept by the shared worker between its quantize and its validation, stays kept."""
-    from trtbuild.build.stages import models
+    from trtbuild.builder.stages import models
     from trtbuild.validate import torch_runner
 
     dtype = ctx.params["dtype"]
@@ -64,7 +64,7 @@ def _source_model(ctx: StageContext, source: Path, device: str):
 
 
 def _candidate(ctx: StageContext, device: str):
-    from trtbuild.build.stages import models
+    from trtbuild.builder.stages import models
     from trtbuild.validate import torch_runner
 
     source, dtype = ctx.inputs["source"], ctx.params["dtype"]
