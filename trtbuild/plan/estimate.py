@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from trtbuild.facts.quantformats import FORMATS
 from trtbuild.model.config import ModelSpec, padded_vocab
 
 GIB = 1024**3
@@ -46,8 +47,10 @@ class Estimate:
         return {k: v for k, v in self.__dict__.items()}
 
 
-def linear_bytes(out_features: int, in_features: int, quant: Optional[str], dtype_bytes: int, group_size: int) -> float:
-    """Bytes of one linear layer's weight plus its quantization scales, as exported."""
+def linear_bytes(out_features: int, in_features: int, quant: Optional[str], dtype_bytes: int,
+                 group_size: Optional[int] = None) -> float:
+    """Bytes of one linear layer's weight plus its quantization scales, as exported; `group_size` of a
+    per-group format (the variant's, else the format's default: quantformats.FORMATS)."""
     n = out_features * in_features
     if quant is None:
         return n * dtype_bytes
@@ -59,11 +62,13 @@ def linear_bytes(out_features: int, in_features: int, quant: Optional[str], dtyp
         # TensorRT-LLM quantizes it at load: int8 weight + per_channel_scale [out] in the model dtype
         # (quantization/layers.py WeightOnlyQuantLinear; checkpoint/trtllm_loadtime.py)
         return n + out_features * dtype_bytes
-    if quant in ("int4_awq", "w4a8_awq", "int4_wo"):  # packed int4, [out, in/group] f32 scales, prequant scale
+    fmt = FORMATS.get(quant)
+    if fmt is not None and fmt.grouped:  # packed int4, [out, in/group] f32 scales, prequant scale
         # (int4_wo is exported as W4A16_AWQ with a prequant scale of ones: quantformats.py)
-        return n / 2 + out_features * math.ceil(in_features / group_size) * 4 + in_features * 2 + 8
-    if quant == "nvfp4":  # packed fp4, one fp8 scale per 16 elements, global scales
-        return n / 2 + n / 16 + 8
+        group = group_size or fmt.default_group_size
+        return n / 2 + out_features * math.ceil(in_features / group) * 4 + in_features * 2 + 8
+    if fmt is not None and fmt.block:  # nvfp4: packed fp4, one fp8 scale per block of elements, global scales
+        return n / 2 + n / fmt.block + 8
     raise ValueError(f"unknown quantization {quant!r}")
 
 
@@ -116,7 +121,8 @@ def layer_tensors(model: ModelSpec, tp: int) -> list[Tensor]:
     return tensors
 
 
-def layer_weight_bytes(model: ModelSpec, tp: int, quant: Optional[str], dtype_bytes: int, group_size: int) -> float:
+def layer_weight_bytes(model: ModelSpec, tp: int, quant: Optional[str], dtype_bytes: int,
+                       group_size: Optional[int] = None) -> float:
     total = 0.0
     for t in layer_tensors(model, tp):
         if t.float32:
@@ -141,7 +147,7 @@ def parameter_counts(model: ModelSpec) -> dict[str, int]:
 
 
 def weights_bytes_per_gpu(model: ModelSpec, tp: int, pp: int, quant: Optional[str], dtype: str,
-                          group_size: int = 128, *, hf_layout: bool = False) -> int:
+                          group_size: Optional[int] = None, *, hf_layout: bool = False) -> int:
     """Bytes on the busiest GPU of a tp x pp engine (replicated parts counted on every GPU).
 
     TensorRT-LLM always stores lm_head, even when the model ties it to the embedding; a Hugging Face
@@ -224,8 +230,7 @@ def build_memory_needs(plan, target, workers: Optional[int] = None) -> BuildNeed
     workers = max(1, min(workers if workers is not None else tp * pp, tp * pp))
     variant = plan.recipe.variants[target.variant]
     limits = plan.recipe.limits
-    group = variant.effective_group_size or 128
-    engine_weights = weights_bytes_per_gpu(model, tp, pp, variant.quant, plan.dtype, group)
+    engine_weights = weights_bytes_per_gpu(model, tp, pp, variant.quant, plan.dtype, variant.effective_group_size)
     dtype_weights = weights_bytes_per_gpu(model, tp, pp, None, plan.dtype)
     per_worker_ram = dtype_weights + engine_weights + BUILD_HOST_OVERHEAD
     gpu = engine_weights + activation_bytes(model, tp, plan.dtype, limits.max_num_tokens, limits.max_batch_size,

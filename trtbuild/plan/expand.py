@@ -293,7 +293,7 @@ def _checkpoint_target(plan: Plan, vname: str, variant: Variant, tp: int, pp: in
               or _loadtime_rules(plan.model, variant, tp)
               or quantformats.trtllm_export_dtype_problem(variant.quant, variant.kv_cache, plan.dtype))
     est = estimate.Estimate(
-        weights_bytes_per_gpu=estimate.weights_bytes_per_gpu(plan.model, tp, pp, variant.quant, plan.dtype, variant.effective_group_size or 128),
+        weights_bytes_per_gpu=estimate.weights_bytes_per_gpu(plan.model, tp, pp, variant.quant, plan.dtype, variant.effective_group_size),
         kv_bytes_per_token=estimate.kv_bytes_per_token(plan.model, tp, pp, variant.kv_cache, plan.dtype),
     )
     return Target(
@@ -363,7 +363,7 @@ def _hf_target(plan: Plan, vname: str, variant: Variant) -> Target:
     reason = reason or serving.unservable_reason(variant.quant, variant.kv_cache, sms)
     est = estimate.Estimate(
         weights_bytes_per_gpu=estimate.weights_bytes_per_gpu(
-            plan.model, 1, 1, variant.quant, plan.dtype, variant.effective_group_size or 128, hf_layout=True),
+            plan.model, 1, 1, variant.quant, plan.dtype, variant.effective_group_size, hf_layout=True),
         kv_bytes_per_token=estimate.kv_bytes_per_token(plan.model, 1, 1, variant.kv_cache, plan.dtype),
     )
     return Target(
