@@ -1,8 +1,13 @@
 """The artifact store: content-addressed blobs, manifests, action records and refs (design.md s.1).
 
-One small module per concern, after dvc-data's hashfile/: hash (file digests), state (stat cache),
-tree (manifests and tree digests), base (the Store interface), local (the store on a folder),
-checkout (materialize), gc (roots, then a sweep), verify (check and repair).
+Three parts, as the remote execution API keeps the action cache and CAS apart from the client's
+disk: the transport, where bytes live (transport; folder, or s3 with s3_blobs and s3_client; layout
+names every path); the cache layer over it, which writes the policy once for both (base: first
+writer wins, divergences, refs by compare-and-swap with their history, recipe claims); and a folder
+store's workspace (workspace, storelock: temporary folders, downloads, checkouts, failures, locks).
+Beside them, one small module per concern, after dvc-data's hashfile/: errors, hash, state (the stat
+cache), tree (manifests), records and summaries (the typed records), ingest (a folder's bytes into
+cas/), checkout, transfer (push and pull), verify, gc (the pins it keeps are passed in), lease.
 
 Importing a submodule (`trtbuild.store.hash` for a lock file) must not import the rest: the names
 below load on first use.

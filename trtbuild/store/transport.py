@@ -1,4 +1,4 @@
-"""Where a store's bytes live: the small interface the cache layer (store/cache.py) writes its policy
+"""Where a store's bytes live: the small interface the cache layer (store/base.py) writes its policy
 against, with a folder backend (store/folder.py) and an S3 backend (store/s3.py).
 
 Objects are named by their path relative to the store (store/layout.py). Small objects (records,
