@@ -128,7 +128,9 @@ def record_for(store: LocalStore, folder: Path, target: str, stage: str, n: int)
     manifest = store.ingest(folder)
     record = ActionRecord(key=f"{n:064x}", artifact=Digest(hash=manifest.digest, size_bytes=manifest.size),
                           stage=stage, stage_version=1, target=target, recipe="tiny", created="2026-12-01T00:00:00Z",
-                          toolchain={}, fields={}, execution=Execution(seconds=0.0, host="bench"))
+                          toolchain={}, execution=Execution(seconds=0.0, host="bench"),
+                          fields={"stage": stage, "stage_version": 1, "inputs": {}, "params": {}, "toolchain": {},
+                                  "platform": {}})
     return store.put_record(record)
 
 

@@ -180,6 +180,13 @@ def run():
     return _run
 
 
+def key_fields(**given) -> dict:
+    """An action record's key fields as builder/nodekeys makes them (every part of keys.KEY_FIELDS),
+    with the `given` parts in place of empty ones."""
+    return {"stage": "checkpoint", "stage_version": 1, "inputs": {}, "params": {}, "toolchain": {}, "platform": {},
+            **given}
+
+
 def minimal(extra: str = "", gpus: str = "[sm90]") -> str:
     """A valid recipe body on the tiny config (6 lines), with `extra` YAML appended from line 7."""
     base = [

@@ -9,17 +9,18 @@ import io
 import pytest
 from rich.console import Console
 
+from conftest import key_fields
 from trtbuild.store.records import ActionRecord, Digest, Execution
 from trtbuild.cli import render
 from trtbuild.store.local import LocalStore
 
 CHECKPOINT = dict(key="1" * 64, artifact=Digest(hash="a" * 64, size_bytes=3 * 1024 * 1024), stage="checkpoint:export",
                   stage_version=1, target="base-tp1", recipe="tiny", created="2026-12-01T12:00:00Z",
-                  toolchain={"modelopt": "0.47.0", "torch": "2.13.0", "transformers": "4.57.6"}, fields={},
+                  toolchain={"modelopt": "0.47.0", "torch": "2.13.0", "transformers": "4.57.6"}, fields=key_fields(),
                   execution=Execution(seconds=12.5, host="builder"))
 ENGINE = dict(key="2" * 64, artifact=Digest(hash="b" * 64, size_bytes=5 * 1024 * 1024), stage="engine", stage_version=1,
               target="fp8-tp1-sm90", recipe="tiny", created="2026-12-03T09:15:00Z",
-              toolchain={"tensorrt": "10.13.2+standin", "tensorrt_llm": "1.2.1+standin", "cuda": None}, fields={},
+              toolchain={"tensorrt": "10.13.2+standin", "tensorrt_llm": "1.2.1+standin", "cuda": None}, fields=key_fields(),
               execution=Execution(seconds=301.0, host="builder"))
 
 # Each column as wide as its widest cell, so nothing folds: 160 columns could not hold the engine's row.

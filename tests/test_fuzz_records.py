@@ -183,7 +183,7 @@ def good_record(store: LocalStore) -> tuple[str, dict]:
     manifest = store.get_manifest(digest)
     key = "e" * 64
     record = ActionRecord(key=key, artifact=Digest(hash=digest, size_bytes=manifest.size), stage="test",
-                          stage_version=1, target="t", recipe="r", created="2026-01-01T00:00:00Z", fields={},
+                          stage_version=1, target="t", recipe="r", created="2026-01-01T00:00:00Z", fields=key_fields(),
                           execution=Execution(seconds=0, host="test"))
     return key, json.loads(record.model_dump_json(by_alias=True))
 
@@ -367,7 +367,7 @@ def test_a_lock_file_python_cannot_read_is_one_line(world, content, problem):
 import io  # noqa: E402
 import tarfile  # noqa: E402
 
-from conftest import NEMO_DATA  # noqa: E402
+from conftest import NEMO_DATA, key_fields  # noqa: E402
 
 MEMBER_NAMES = st.one_of(st.sampled_from(["model_config.yaml", "w/a.pt", "./x", "../x", "/abs", "a/../../x", "..",
                                            "a\\..\\..\\x", "C:x", "d/", "x" * 300, "a\nb", "\u00e9"]),

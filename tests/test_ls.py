@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import summarykit
-from conftest import minimal, needs_no_trtllm
+from conftest import minimal, needs_no_trtllm, key_fields
 from trtbuild.deploy import listing as published
 from trtbuild.store.records import ActionRecord, Digest, Execution
 from trtbuild.store.local import LocalStore
@@ -53,7 +53,7 @@ class Published:
         manifest = self.store.ingest(folder)
         record = ActionRecord(key=f"{self.n:064x}", artifact=Digest(hash=manifest.digest, size_bytes=manifest.size),
                               stage=stage, stage_version=1, target=target, recipe=recipe, created=created,
-                              toolchain=toolchain or {}, summary=summary or {}, fields=fields or {},
+                              toolchain=toolchain or {}, summary=summary or {}, fields=key_fields(**(fields or {})),
                               execution=Execution(seconds=1.0, host="builder"))
         self.store.put_record(record)
         self.store.update_ref(recipe, target, record.digest, record.key)

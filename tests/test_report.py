@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 
+from conftest import key_fields
 from trtbuild.report.html import render_report  # noqa: E402
 
 GIB = 1024**3
@@ -342,7 +343,7 @@ def test_the_rows_fail_a_target_any_validation_of_which_failed_and_say_which_run
         store.put_record(ActionRecord(key=key, artifact=Digest(hash=manifest.digest, size_bytes=manifest.size),
                                       stage="validate" if ":" in node else "hf-checkpoint:package", stage_version=1,
                                       target=node, recipe="r", created="2026-12-03T12:00:00Z", toolchain={},
-                                      summary=summary, fields={}, execution=Execution(seconds=1.0, host="h")))
+                                      summary=summary, fields=key_fields(), execution=Execution(seconds=1.0, host="h")))
         passed = summary["gates"]["kld_mean"]["passed"] if "gates" in summary else None
         targets[node] = LockedTarget(stage="validate" if ":" in node else "hf-checkpoint", key=key,
                                      digest=manifest.digest, size=manifest.size, gates_passed=passed)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from s3server import SECRET_KEY, SeaweedS3
+from conftest import key_fields
 from trtbuild.errors import InvalidInput
 from trtbuild.keys import canonical_json
 from trtbuild.store.records import ActionRecord, Digest, Execution
@@ -77,7 +78,7 @@ def blob_file(tmp_path: Path, data: bytes, name: str = "blob") -> tuple[Path, st
 
 def record(digest: str, stage: str = "checkpoint:export", key: str = KEY) -> ActionRecord:
     return ActionRecord(key=key, artifact=Digest(hash=digest, size_bytes=1), stage=stage, stage_version=1,
-                        target="t", recipe="r", created="2026-01-01T00:00:00Z", fields={},
+                        target="t", recipe="r", created="2026-01-01T00:00:00Z", fields=key_fields(),
                         execution=Execution(seconds=1.0, host="h"))
 
 

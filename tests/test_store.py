@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import key_fields
 from trtbuild.errors import InvalidInput
 from trtbuild.keys import canonical_json
 from trtbuild.store.checkout import checkout, materialize
@@ -221,7 +222,7 @@ def record_of(key: str, manifest, created: str):
     from trtbuild.store.records import ActionRecord, Digest, Execution
 
     return ActionRecord(key=key, artifact=Digest(hash=manifest.digest, size_bytes=manifest.size), stage="test",
-                        stage_version=1, target="t", recipe="r", created=created, fields={},
+                        stage_version=1, target="t", recipe="r", created=created, fields=key_fields(),
                         execution=Execution(seconds=0, host="test"))
 
 

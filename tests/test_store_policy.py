@@ -10,6 +10,7 @@ import uuid
 import pytest
 
 from s3server import SeaweedS3
+from conftest import key_fields
 from trtbuild.errors import InvalidInput
 from trtbuild.store.base import CorruptStore, NoWorkspace, Store
 from trtbuild.store.local import LocalStore, open_store
@@ -39,7 +40,7 @@ def store(request, tmp_path, monkeypatch) -> Store:
 
 def record(digest: str, key: str = KEY) -> ActionRecord:
     return ActionRecord(key=key, artifact=Digest(hash=digest, size_bytes=1), stage="checkpoint:export",
-                        stage_version=1, target="t", recipe="r", created="2026-01-01T00:00:00Z", fields={},
+                        stage_version=1, target="t", recipe="r", created="2026-01-01T00:00:00Z", fields=key_fields(),
                         execution=Execution(seconds=1.0, host="h"))
 
 

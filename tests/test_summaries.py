@@ -11,6 +11,7 @@ import json
 import pytest
 
 from summarykit import validation_summary
+from conftest import key_fields
 from trtbuild.keys import canonical_json
 from trtbuild.store.platform import EnginePlatform
 from trtbuild.store.base import CorruptStore, parse_record
@@ -53,7 +54,7 @@ WRITTEN = {
 def record_json(stage: str, summary, created: str = "2026-12-01T19:22:01Z") -> dict:
     return {"schema": 1, "key": KEY, "artifact": {"hash": "b" * 64, "size_bytes": 10}, "stage": stage,
             "stage_version": 1, "target": "t", "recipe": "r", "created": created, "toolchain": {"torch": "2.13.0"},
-            "summary": summary, "fields": {"stage": stage}, "execution": {"seconds": 1.5, "peak_rss_mib": None,
+            "summary": summary, "fields": key_fields(stage=stage), "execution": {"seconds": 1.5, "peak_rss_mib": None,
                                                                            "host": "h", "figures": {}, "logs": {}}}
 
 
@@ -135,3 +136,29 @@ def test_an_engines_platform_is_one_model_from_its_summary_its_folder_and_its_lo
     assert LockedPlatform is EnginePlatform
     assert read_engine(folder) == summary.platform() == platform_of(record)
     assert isinstance(read_engine(folder), EnginePlatform)
+
+
+def test_a_records_key_fields_are_the_keys_fields_and_read_as_attributes():
+    """ActionRecord.fields is typed (store/records.KeyFields): exactly keys.KEY_FIELDS, read by name."""
+    from trtbuild.keys import KEY_FIELDS
+    from trtbuild.store.records import KeyFields
+
+    assert tuple(KeyFields.model_fields) == KEY_FIELDS
+    data = record_json("hf-checkpoint:package", WRITTEN["hf-checkpoint:package"])
+    data["fields"] = key_fields(stage="hf-checkpoint:package", inputs={"weights": "f" * 64},
+                                params={"quant": "fp8", "kv_cache": None})
+    record = parse_record(KEY, canonical_json(data), "ac/x.json")
+    assert (record.fields.inputs, record.fields.params["quant"]) == ({"weights": "f" * 64}, "fp8")
+
+
+@pytest.mark.parametrize("fields, problem", [
+    ({k: v for k, v in key_fields().items() if k != "inputs"}, "fields.inputs: Field required"),
+    ({**key_fields(), "host": "h"}, "fields.host: Extra inputs are not permitted"),
+    ({**key_fields(), "stage_version": "1"}, "fields.stage_version: Input should be a valid integer"),
+])
+def test_a_record_whose_key_fields_are_not_the_keys_is_refused_naming_the_field(fields, problem):
+    data = {**record_json("source:path", {}), "fields": fields}
+    with pytest.raises(CorruptStore) as caught:
+        parse_record(KEY, canonical_json(data), "ac/x.json")
+    assert str(caught.value) == (f"action record ac/x.json is malformed ({problem}); "
+                                 "run `trtbuild cache verify --repair`")

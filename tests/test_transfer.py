@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import minimal
+from conftest import minimal, key_fields
 from trtbuild.lock import lockfile
 from trtbuild.lock.lockfile import LockedPlatform, LockedRecipe, LockedTarget, LockFile
 from trtbuild.store.records import ActionRecord, Digest, Execution
@@ -34,7 +34,7 @@ def make_artifact(store: LocalStore, folder: Path, files: dict[str, bytes], targ
     manifest = store.ingest(folder)
     record = ActionRecord(key=f"{n:064x}", artifact=Digest(hash=manifest.digest, size_bytes=manifest.size),
                           stage=stage, stage_version=1, target=target, recipe="tiny", created="2026-12-01T00:00:00Z",
-                          toolchain=toolchain or {}, fields=fields or {}, execution=Execution(seconds=0.0, host="builder"))
+                          toolchain=toolchain or {}, fields=key_fields(**(fields or {})), execution=Execution(seconds=0.0, host="builder"))
     return store.put_record(record)
 
 

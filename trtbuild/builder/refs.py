@@ -104,6 +104,4 @@ def _validates(store: LocalStore, recipe: str, validation: Node, results: dict[s
     record = store.get_record(ref.key) if ref is not None else None
     if record is None:
         return False
-    inputs = record.fields.get("inputs")
-    return isinstance(inputs, dict) and all(inputs.get(role) == results[dep].digest
-                                            for role, dep in validation.inputs.items())
+    return all(record.fields.inputs.get(role) == results[dep].digest for role, dep in validation.inputs.items())

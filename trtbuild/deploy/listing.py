@@ -173,8 +173,8 @@ def judge(published: list[Published], host: Host, variant_order: Optional[list[s
             targets[item.target] = LockedTarget(stage=item.stage, key=item.ref.key, digest=item.ref.digest,
                                                 size=item.size or 0, platform=platform,
                                                 serves=item.serves if item.stage == "hf-checkpoint" else None)
-            params = item.record.fields.get("params")
-            formats[item.target] = ((params.get("quant"), params.get("kv_cache")) if isinstance(params, dict) else None)
+            params = item.record.fields.params
+            formats[item.target] = (params.get("quant"), params.get("kv_cache"))
         lock = LockFile(recipe=LockedRecipe(name=name, digest=""), source=None, toolchain={}, targets=targets,
                         validation="run")
         selection = choose(lock, host, formats=lambda tid, _, known=formats: known[tid], variant_order=variant_order,

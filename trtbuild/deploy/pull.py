@@ -79,8 +79,7 @@ class _Source:
         if variant is not None:
             return variant.quant, variant.kv_cache
         record = self.store().get_record(entry.key)
-        params = record.fields.get("params") if record else None
-        return (params.get("quant"), params.get("kv_cache")) if isinstance(params, dict) else None
+        return (record.fields.params.get("quant"), record.fields.params.get("kv_cache")) if record else None
 
 
 def pull(lock_or_recipe: Optional[Path], target: str = "auto", gpu: str = "auto", runtime: str = "auto",

@@ -76,6 +76,24 @@ class Execution(BaseModel):
                                     description="Log name -> blob holding its bytes (stdout and stderr of the stage).")
 
 
+class KeyFields(BaseModel):
+    """Everything an action key is computed from (keys.KEY_FIELDS, in that order), as the record keeps
+    it: `keys.action_key` of these is the record's key. builder/nodekeys.py makes them, with the origin
+    of each for `explain`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    stage: str = Field(description="The stage's name (`checkpoint`, `engine`, ...).")
+    stage_version: int = Field(description="The version of the stage's code.")
+    inputs: dict[str, str] = Field(description="Role -> digest of each input artifact, of a source's files, or of a "
+                                               "keyed text.")
+    params: dict[str, Any] = Field(description="Exactly what the stage is handed, defaults filled in (the "
+                                               "stage's own parameters: `quant`, `kv_cache`, limits, flags, ...).")
+    toolchain: dict[str, Any] = Field(description="The toolchain parts the stage declares, with the versions found "
+                                                  "(or the image digest that pins them).")
+    platform: dict[str, Any] = Field(description="What the artifact is tied to: an engine's SM, the calibration "
+                                                 "device; empty for a stage tied to none.")
+
+
 class ActionRecord(BaseModel):
     """ac/<key>.json: the key, the artifact made under it, and how it was made."""
 
@@ -93,7 +111,7 @@ class ActionRecord(BaseModel):
     summary: Optional[StageSummary] = Field(None, description="The stage's report (report.json, an engine's "
                                             "trtbuild.json; part of the artifact too), typed by the stage's kind "
                                             "(store.summaries); None, `{}` on disk, for a stage that wrote none.")
-    fields: dict[str, Any] = Field(description="Everything the key was computed from (see keys.KEY_FIELDS).")
+    fields: KeyFields = Field(description="Everything the key was computed from.")
     execution: Execution = Field(description="How the run went (timings, memory, host, logs).")
 
     @field_validator("summary", mode="before")
