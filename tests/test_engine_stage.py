@@ -137,10 +137,10 @@ def test_the_engine_key_names_checkpoint_options_toolchain_and_sm_and_no_path(bu
 
     store = LocalStore(folder / "store")
     record = store.get_record(first["bf16-tp1-sm90"]["key"])
-    assert record.fields["inputs"] == {"checkpoint": first["bf16-tp1"]["digest"]}
-    assert record.fields["toolchain"] == STANDIN_TOOLCHAIN
-    assert record.fields["platform"] == {"sm": "sm90"}
-    assert str(folder) not in json.dumps(record.fields)
+    assert record.fields.inputs == {"checkpoint": first["bf16-tp1"]["digest"]}
+    assert record.fields.toolchain == STANDIN_TOOLCHAIN
+    assert record.fields.platform == {"sm": "sm90"}
+    assert str(folder) not in record.fields.model_dump_json()
     assert record.execution.figures["gpus"] == ["NVIDIA H100 80GB HBM3"]
     recorded = json.loads((STANDIN_NVML / "gpus" / "H100.json").read_text())
     cuda = recorded["nvmlSystemGetCudaDriverVersion"]
@@ -165,7 +165,7 @@ def test_a_timing_cache_is_stored_fed_to_the_next_build_and_kept_out_of_engine_k
     uses = sorted(r.execution.figures["timing_cache"] for r in engines)
     assert uses.count("new") == len(refs) and uses.count("reused") == len(engines) - len(refs)
     for record in engines:
-        assert "timing" not in json.dumps(record.fields)  # never part of an engine's key
+        assert "timing" not in record.fields.model_dump_json()  # never part of an engine's key
     content = {(materialize(store, ref.digest) / "timing.cache").read_text() for _, ref in refs}
     assert all(text.startswith("STANDIN-TIMING-CACHE\n") for text in content)
 
@@ -348,7 +348,7 @@ def test_an_engine_built_in_the_recipes_image_is_keyed_by_the_image(tmp_path):
     from trtbuild.store.local import LocalStore
 
     record = LocalStore(tmp_path / "store").get_record(engine["key"])
-    assert (record.stage, record.fields["toolchain"]) == ("engine:image", {"image": IMAGE})
+    assert (record.stage, record.fields.toolchain) == ("engine:image", {"image": IMAGE})
     facts = json.loads((Path(engine["path"]) / "trtbuild.json").read_text())
     assert facts["toolchain"] == {**STANDIN_TOOLCHAIN, "image": IMAGE} and facts["standin"] is True
     assert engine["standin"] == ["tensorrt", "tensorrt_llm"]  # what the probe found inside the image

@@ -149,25 +149,54 @@ class _VerifiedBlobReader(io.RawIOBase):
 
 
 class _HashingWriter:
-    """The new file a blob is written into, hashing each byte on its way in. It says it cannot
-    seek, so boto3's transfer manager hands it the ranges in order (its DeferQueue), from its one
-    IO thread: the hash rides on the write, and nothing is read back."""
+    """The new file a blob is written into, hashed in order as its ranges land. boto3's transfer
+    manager writes each piece at its offset (seek, then write) from its one IO thread, in the order
+    the ranges arrive; the hash takes a piece once every byte before it is there, and holds a piece
+    that came early (the ranges in flight, a few MiB each) until then: each byte is hashed once,
+    nothing is read back. It says it can seek, so boto3 writes in place and keeps no in-memory
+    ordering queue of its own: with a target that cannot seek, s3transfer 0.19's downloads (a first
+    ranged GET whose completion schedules the rest) deadlock on an object of more ranges than
+    max_in_memory_download_chunks."""
 
     def __init__(self, out: BinaryIO, progress: Progress = None) -> None:
         self.out, self.progress = out, progress
         self.hash = hashlib.sha256()
-        self.size = 0
+        self.size = 0  # bytes hashed: every byte before this offset has arrived
+        self._at = 0
+        self._early: dict[int, bytes] = {}  # offset -> a piece that came before the bytes ahead of it
 
     def seekable(self) -> bool:
-        return False
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if whence != os.SEEK_SET:
+            raise OSError(f"{self.out.name}: only absolute seeks")
+        self._at = offset
+        return offset
+
+    def tell(self) -> int:
+        return self._at
 
     def write(self, data: bytes) -> int:
-        self.hash.update(data)
+        at, self._at = self._at, self._at + len(data)
+        self.out.seek(at)
         self.out.write(data)
-        self.size += len(data)
         if self.progress:
             self.progress(len(data))
+        if at + len(data) <= self.size:
+            return len(data)  # a retried range's bytes, hashed already
+        if at > self.size:
+            self._early[at] = data
+            return len(data)
+        self._take(data[self.size - at:])
+        while self.size in self._early:
+            self._take(self._early.pop(self.size))
         return len(data)
+
+    def _take(self, data: bytes) -> None:
+        self.hash.update(data)
+        self.size += len(data)
+
 
 class S3BlobReads:
     """The verified reads of S3Transport's blobs."""
