@@ -285,10 +285,10 @@ class S3BlobReads:
         """Write each (digest, new file) verified while it arrives, and
         durable (fsynced) when this returns; their sizes. One boto3 transfer manager takes every
         blob at once: `concurrency` ranged GETs of `download_chunk` bytes in flight across all of
-        them (the next blob's bytes come while one's last ranges arrive), each of the ETag its HEAD
-        saw (as boto3's download_file does), and each byte hashed once, in order, by the writer
-        thread as it is written (no second read); each finished file is fsynced by a thread of its
-        own while the next one is written. CorruptStore, naming the blob, for one missing, changed
+        them (the next blob's bytes come while one's last ranges arrive), all of one ETag (a HEAD's,
+        or from s3transfer 0.19 on the first range's, as boto3's download_file does), each range
+        written at its offset and each byte hashed once, in order (_HashingWriter: no second read);
+        each finished file is fsynced by a thread of its own while the next one is written. CorruptStore, naming the blob, for one missing, changed
         during its download, or whose bytes do not hash to its name; the caller records nothing then."""
         if not blobs:
             return []
