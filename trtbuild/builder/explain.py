@@ -7,9 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from trtbuild.plan import engine_command
-
 from trtbuild.host import hardware
-
 from trtbuild.builder import nodekeys
 from trtbuild.errors import InvalidInput
 from trtbuild.builder.graph import ENGINE, Blocker, Graph, Node

@@ -16,13 +16,9 @@ from typing import Any, Optional
 from pydantic import BaseModel
 
 from trtbuild.plan import engine_flags
-
 from trtbuild.facts import quantformats
-
 from trtbuild.facts import serving
-
 from trtbuild.serving import options as serving_options
-
 from trtbuild.facts.nodeids import hf_export_id, quantized_id, trtllm_validate_id, twin_id, validate_id, vllm_validate_id  # noqa: F401 (graph.X_id for callers)
 from trtbuild.plan.expand import CHECKPOINT, ENGINE, HF_CHECKPOINT, Plan, Target
 from trtbuild.builder.stages.base import BuildNeeds, Stage, StageRuntime

@@ -9,9 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from trtbuild import keys
-
 from trtbuild.host import hardware
-
 from trtbuild.host import toolchain
 from trtbuild.builder.graph import Node
 from trtbuild.store.records import ActionRecord

@@ -16,7 +16,6 @@ from typing import Optional
 from pydantic import ValidationError
 
 from trtbuild.builder import nodekeys
-
 from trtbuild.builder import timingcache
 from trtbuild.builder.refs import move_refs
 from trtbuild.builder.results import BUILT, CACHED, FAILED, IMPOSSIBLE, SKIPPED, NodeResult, RunResult

@@ -9,7 +9,6 @@ import sys
 from typing import TYPE_CHECKING, Optional
 
 from trtbuild import interrupt
-
 from trtbuild.cli import plainout
 from trtbuild.plan.estimate import format_bytes
 

@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from trtbuild.host import hardware
-
 from trtbuild.lock import verdict
-
 from trtbuild.facts import serving
 from trtbuild.facts import serving as serving_table  # _hf_candidate's local `serving` is a list of SMs
 from trtbuild.deploy.engine_check import HostFacts, differences

@@ -7,7 +7,6 @@ from __future__ import annotations
 import sys
 
 from trtbuild.facts import gpus, quantformats
-
 from trtbuild.facts import serving
 
 MARKS = "Y serves; Y* serves on a fallback kernel (see the note); - does not serve; ? not claimed (not verified, or sources disagree)"

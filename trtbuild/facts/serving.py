@@ -21,7 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trtbuild.facts import gpus, quantformats
 from trtbuild.errors import InvalidInput
-
 from trtbuild.facts.runtime_names import ENGINE_RUNTIME, PULL_RUNTIMES, TABLE_FILE, names_text  # noqa: F401
 
 

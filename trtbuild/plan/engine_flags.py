@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from trtbuild.facts import gpus, quantformats, serving
-
 from trtbuild.facts import trtllm
 from trtbuild.facts.quantformats import QuantAlgo
 

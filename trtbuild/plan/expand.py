@@ -10,17 +10,11 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Optional, Union
 
 from trtbuild.plan import engine_flags
-
 from trtbuild.plan import estimate
-
 from trtbuild.facts import gpus as gpu_facts  # `gpus` is a recipe's list here
-
 from trtbuild.facts import nodeids
-
 from trtbuild.facts import quantformats
-
 from trtbuild.facts import serving
-
 from trtbuild.facts import trtllm
 from trtbuild.errors import InvalidInput
 from trtbuild.model.config import ModelSpec

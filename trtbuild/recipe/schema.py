@@ -19,9 +19,7 @@ from pydantic import (
 )
 
 from trtbuild.facts import gpus as gpu_facts
-
 from trtbuild.facts import quantformats
-
 from trtbuild.facts import trtllm
 from trtbuild.errors import InvalidInput
 from trtbuild.recipe.yamlerrors import format_errors, yaml_type

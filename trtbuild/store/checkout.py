@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path, PurePosixPath
 
 from trtbuild.errors import InvalidInput
-
 from trtbuild.store.base import CorruptStore, Store
 from trtbuild.store.tree import Manifest
 

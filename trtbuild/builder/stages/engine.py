@@ -26,9 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from trtbuild.plan import engine_command
-
 from trtbuild.host import hardware
-
 from trtbuild.facts import trtllm
 from trtbuild.facts.quantformats import GROUP_SIZED_ALGOS
 from trtbuild.errors import TrtbuildError
