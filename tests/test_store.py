@@ -616,3 +616,29 @@ def test_blobs_of_an_owned_folder_stay_trusted_after_the_folder_is_removed(store
         store.verify_blob(entry.sha256)
     materialize(store, manifest.digest)
     assert reads == []
+
+
+def test_a_ctrl_c_as_a_work_folder_is_made_leaves_no_folder_behind(tmp_path, monkeypatch):
+    """A Ctrl-C that lands just after tmp/'s folder is made (the moment a build's stage starts) is
+    raised only once the folder is the block's to remove: none is left in tmp/."""
+    import signal
+    import tempfile
+
+    from trtbuild.store.local import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    store.create()
+    real_mkdtemp = tempfile.mkdtemp
+
+    def made_then_interrupted(*args, **kwargs):
+        folder = real_mkdtemp(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)  # as a terminal's Ctrl-C would, between two bytecodes
+        return folder
+
+    monkeypatch.setattr(tempfile, "mkdtemp", made_then_interrupted)
+    entered = []
+    with pytest.raises(KeyboardInterrupt):
+        with store.workspace().work_folder("checkpoint-0123") as work:
+            entered.append(work)
+    assert list((store.root / "tmp").iterdir()) == []
+    assert entered == []  # raised as the folder is handed over, before the block runs

@@ -17,10 +17,12 @@ Ctrl-C while the clean-up runs ends the process at once, which the write order a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
-from typing import Optional
+import threading
+from typing import Iterator, Optional
 
 EXIT = 130
 LINE = "interrupted; nothing half-written: what was finished is kept, the rest was discarded (run the command again to go on)"
@@ -72,3 +74,19 @@ def _handler(signum, frame) -> None:
         os._exit(EXIT)
     _requested = True
     raise Interrupted()
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """SIGINT blocked for the block (in the main thread, where Python runs signal handlers): a Ctrl-C
+    landing meanwhile waits, and is raised as the block ends. For a step that makes something its
+    caller must clean up (a folder, a process): an interrupt then never falls between the making and
+    the cleanup's guard. A child started inside inherits the mask and must unblock it itself."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a Ctrl-C held back is raised here

@@ -6,7 +6,6 @@ to artifacts that passed every validation of them that could run (`_ref_verdict`
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import time
 from dataclasses import dataclass
@@ -121,8 +120,7 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
     overlay stage's artifact is its input's plus what it wrote (_overlay)."""
     node, key = keyed.node, keyed.key
     stage = node.stage
-    work = store.workspace().tmpdir(f"{node.kind}-{key[:12]}")
-    try:  # Ctrl-C before the stage's own try below: the folder goes all the same
+    with store.workspace().work_folder(f"{node.kind}-{key[:12]}") as work:  # gone after, however it ends
         out = work / "out"
         out.mkdir()
         (work / "logs").mkdir()
@@ -132,13 +130,8 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
         # the stage may read (never change) what its key names: the platform, toolchain and input digests
         runtime = {**keyed.runtime, "platform": keyed.fields["platform"], "toolchain": keyed.fields["toolchain"],
                    "input_digests": keyed.fields["inputs"], "node": node.id}
-        timing = None
         # an overlay stage's files go in as blobs only: its artifact is _overlay's merged manifest
         ingest = store.ingest_files if stage.overlay else store.ingest
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    try:
         timing = _timing_cache(keyed, store, work) if stage.timing_cache else None
         if timing:
             runtime.update(timing.runtime)
@@ -185,8 +178,6 @@ def execute(keyed: nodekeys.KeyedNode, store: LocalStore, inputs: dict[str, Path
         execution = Execution(seconds=round(time.monotonic() - started, 3), peak_rss_mib=peak_rss_mib,
                               host=socket.gethostname(), figures=figures, logs=logs)
         return Executed(manifest, summary, execution)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def _typed_summary(stage_id: str, out: Path, overlaid: Optional[Path] = None) -> Optional[StageSummary]:

@@ -17,15 +17,13 @@ no process is left to write into it, or anywhere, afterwards.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import select
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Optional
 
 from trtbuild import interrupt
 from trtbuild.builder.stages.worker import PROGRESS_PREFIX
@@ -51,7 +49,7 @@ class WorkerPool:
             proc = None
             try:
                 with open(log, "wb") as handle:
-                    with _ctrl_c_held():
+                    with interrupt.held():  # one landing inside Popen left the process running, unknown to anyone
                         proc = subprocess.Popen([sys.executable, "-m", "trtbuild.builder.stages.worker", str(spec)],
                                                 stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                 preexec_fn=_die_with_parent)
@@ -117,7 +115,7 @@ class WorkerPool:
         stage's log: a worker that cannot start (a broken install) says why there, as a stage
         process of its own would; serving, it points descriptors 1 and 2 at each stage's log."""
         if self._shared is None or self._shared.poll() is not None:
-            with open(log, "wb") as first_log, _ctrl_c_held():
+            with open(log, "wb") as first_log, interrupt.held():
                 self._shared = subprocess.Popen([sys.executable, "-m", "trtbuild.builder.stages.worker", "--serve"],
                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=first_log,
                                                 text=True, bufsize=1, preexec_fn=_die_with_parent)
@@ -173,21 +171,6 @@ def _follow(proc: subprocess.Popen, log: Path, on_progress, poll: Callable[[], O
             return returncode
 
 
-@contextlib.contextmanager
-def _ctrl_c_held() -> Iterator[None]:
-    """SIGINT blocked while a stage process starts: a Ctrl-C then waits until the Popen is the
-    caller's to kill (one landing inside Popen left the process running, unknown to anyone, and
-    one landing in a fork hook was only printed). The child unblocks it (_die_with_parent)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a Ctrl-C held back is raised here
-
-
 def _kill(proc: subprocess.Popen) -> None:
     """End a stage's process now and reap it (a second Ctrl-C meanwhile does not leave it running)."""
     try:
@@ -204,7 +187,7 @@ def _kill(proc: subprocess.Popen) -> None:
 
 def _die_with_parent() -> None:
     """In the stage process: get SIGKILL if the runner dies, so no orphan keeps writing; and Ctrl-C
-    as the runner had it before _ctrl_c_held (a signal mask outlives exec)."""
+    as the runner had it before interrupt.held (a signal mask outlives exec)."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         import ctypes

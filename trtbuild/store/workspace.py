@@ -14,8 +14,9 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
+from trtbuild import interrupt
 from trtbuild.keys import canonical_json
 from trtbuild.store import layout
 from trtbuild.store.folder import FolderTransport, file_lock
@@ -42,6 +43,20 @@ class Workspace:
         """A fresh work folder inside the store (stage outputs there are ingested by rename)."""
         self.folder.writing()
         return Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=self.root / layout.TMP))
+
+    @contextlib.contextmanager
+    def work_folder(self, prefix: str) -> Iterator[Path]:
+        """A fresh work folder in tmp/ for the block, removed when the block ends, however it ends. It is
+        made with Ctrl-C held (interrupt.held), so an interrupt cannot land between its making and the
+        guard that removes it."""
+        work = None
+        try:
+            with interrupt.held():
+                work = self.tmpdir(prefix)
+            yield work
+        finally:
+            if work is not None:
+                shutil.rmtree(work, ignore_errors=True)
 
     def clean_tmp(self, older_than_s: float = 24 * 3600, dry_run: bool = False) -> int:
         """Remove (dry: count) tmp/ entries not touched for `older_than_s`."""
