@@ -623,6 +623,8 @@ def test_a_ctrl_c_as_a_work_folder_is_made_leaves_no_folder_behind(tmp_path, mon
     raised only once the folder is the block's to remove: none is left in tmp/."""
     import signal
     import tempfile
+    import threading
+    import time
 
     from trtbuild.store.local import LocalStore
 
@@ -632,13 +634,24 @@ def test_a_ctrl_c_as_a_work_folder_is_made_leaves_no_folder_behind(tmp_path, mon
 
     def made_then_interrupted(*args, **kwargs):
         folder = real_mkdtemp(*args, **kwargs)
-        os.kill(os.getpid(), signal.SIGINT)  # as a terminal's Ctrl-C would, between two bytecodes
+        # A terminal's Ctrl-C goes to the process; the kernel hands it to a thread that does not block
+        # it: here, the other thread. Python then runs the handler in the main thread at its next check.
+        signal.pthread_kill(other.ident, signal.SIGINT)
+        time.sleep(0.2)  # the main thread passes many such checks meanwhile
         return folder
 
     monkeypatch.setattr(tempfile, "mkdtemp", made_then_interrupted)
+    # Another thread is alive, as in a build (progress, transfers), with SIGINT not blocked.
+    release = threading.Event()
+    other = threading.Thread(target=release.wait, daemon=True)
+    other.start()
     entered = []
-    with pytest.raises(KeyboardInterrupt):
-        with store.workspace().work_folder("checkpoint-0123") as work:
-            entered.append(work)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with store.workspace().work_folder("checkpoint-0123") as work:
+                entered.append(work)
+    finally:
+        release.set()
+        other.join()
     assert list((store.root / "tmp").iterdir()) == []
     assert entered == []  # raised as the folder is handed over, before the block runs

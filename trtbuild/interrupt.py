@@ -78,15 +78,27 @@ def _handler(signum, frame) -> None:
 
 @contextlib.contextmanager
 def held() -> Iterator[None]:
-    """SIGINT blocked for the block (in the main thread, where Python runs signal handlers): a Ctrl-C
-    landing meanwhile waits, and is raised as the block ends. For a step that makes something its
-    caller must clean up (a folder, a process): an interrupt then never falls between the making and
-    the cleanup's guard. A child started inside inherits the mask and must unblock it itself."""
+    """A Ctrl-C during the block waits, and is raised as the block ends, as the handler in place would
+    raise it. For a step that makes something its caller must clean up (a folder, a process): an
+    interrupt then never falls between the making and the cleanup's guard. Two parts, since either
+    alone leaks: the handler is swapped for one that only records (the kernel may hand the signal to
+    any thread that does not block it, and Python then runs the handler in the main thread whatever
+    its mask), and SIGINT is blocked, so that a child forked meanwhile starts with it blocked and no
+    handler of ours runs in it before exec (the child unblocks it itself). Main thread only: Python
+    runs handlers, and lets them be set, nowhere else."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a Ctrl-C held back is raised here
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # one the kernel held back arrives now: recorded
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            if callable(previous):
+                previous(signal.SIGINT, None)
+            elif previous == signal.SIG_DFL:
+                os.kill(os.getpid(), signal.SIGINT)
