@@ -283,7 +283,7 @@ def test_the_install_hint_names_the_extra_that_holds_each_package_and_readmes_to
         req = Requirement(line)
         if req.marker is None:
             base.add(req.name.lower())  # always installed: never missing
-        for extra in ("quantize", "trtllm", "vllm"):
+        for extra in ("quantize", "trtllm", "vllm", "llamacpp"):
             if req.marker is not None and req.marker.evaluate({"extra": extra}):
                 extras.setdefault(extra, set()).add(req.name.lower())
     needed = {p for stage in STAGES.values() if stage for p in stage.needs}

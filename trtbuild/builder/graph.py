@@ -19,8 +19,8 @@ from trtbuild.plan import engine_flags
 from trtbuild.facts import quantformats
 from trtbuild.facts import serving
 from trtbuild.serving import options as serving_options
-from trtbuild.facts.nodeids import hf_export_id, quantized_id, trtllm_validate_id, twin_id, validate_id, vllm_validate_id  # noqa: F401 (graph.X_id for callers)
-from trtbuild.plan.expand import CHECKPOINT, ENGINE, HF_CHECKPOINT, Plan, Target
+from trtbuild.facts.nodeids import GGUF_CONVERTED, hf_export_id, quantized_id, trtllm_validate_id, twin_id, validate_id, vllm_validate_id  # noqa: F401 (graph.X_id for callers)
+from trtbuild.plan.expand import CHECKPOINT, ENGINE, GGUF, HF_CHECKPOINT, Plan, Target
 from trtbuild.builder.stages.base import BuildNeeds, Stage, StageRuntime
 from trtbuild.builder.stages.install import install_hint
 from trtbuild.builder.stages.needs import HostNeed, TextInput
@@ -30,7 +30,9 @@ from trtbuild.validate import gates
 SOURCE = "source"
 # `--until STAGE` keeps the nodes at or before STAGE. Checkpoints are validated before any engine.
 STAGE_ORDER = {"source": 0, "calibration": 1, "quantize": 1, "checkpoint": 1, "hf-export": 1, "hf-checkpoint": 1,
-               "reference": 2, "validate": 2, "engine": 3}
+               "gguf-convert": 1, "gguf": 1, "reference": 2, "validate": 2, "engine": 3}
+# llama.cpp's converter writes the source's float weights in the recipe's dtype (its --outtype)
+GGUF_OUTTYPE = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
 
 # ---- why a node cannot run ----------------------------------------------------------------------
@@ -60,7 +62,7 @@ class Param:
 @dataclass
 class Node:
     id: str  # the target name (or "source"): unique in a graph, names the ref
-    kind: str  # source | calibration | quantize | checkpoint | hf-export | hf-checkpoint | reference | validate | engine
+    kind: str  # source | calibration | quantize | checkpoint | hf-export | hf-checkpoint | gguf-convert | gguf | reference | validate | engine
     stage: Optional[Stage]
     inputs: dict[str, str] = field(default_factory=dict)  # role -> node id
     params: dict[str, Param] = field(default_factory=dict)
@@ -147,6 +149,8 @@ class GraphBuilder:
                 self.checkpoint(target)
             elif target.kind == ENGINE:
                 self.engine_target(target)
+            elif target.kind == GGUF:
+                self.gguf(target)
         return Graph(self.recipe.name, self.nodes)
 
     # ---- helpers ----
@@ -311,6 +315,47 @@ class GraphBuilder:
         if target.ok:  # an option the pinned runtimes do not know fails here, at plan time
             serving_options.check_params(node.param_values())
         return node
+
+    def gguf_converted(self) -> str:
+        """The source as llama.cpp's converter writes it (one GGUF in the recipe's dtype, its tokenizer
+        inside): every gguf variant is quantized from it."""
+        if self._find(GGUF_CONVERTED):
+            return GGUF_CONVERTED
+        node = self._add(Node(GGUF_CONVERTED, "gguf-convert", self.registry.get("gguf-convert"), inputs={"source": SOURCE}))
+        node.params["outtype"] = Param(GGUF_OUTTYPE[self.plan.dtype], f"{self._dtype().origin}: convert_hf_to_gguf.py --outtype")
+        return node.id
+
+    def gguf(self, target: Target) -> str:
+        """A gguf target: llama.cpp's quantizer run on the converted source, with serving/ (the
+        llama.cpp server's command), then its validation by llama.cpp itself."""
+        variant, vpath = self.recipe.variants[target.variant], f"variants.{target.variant}"
+        inputs = {"converted": self.gguf_converted()} if target.ok else {}
+        node = self._add(Node(target.name, GGUF, self.registry.get(GGUF), inputs=inputs, impossible=target.reason))
+        gguf_type = quantformats.GGUF_TYPES[variant.gguf]
+        node.params["gguf"] = field_param(variant, "gguf", f"{vpath}.gguf")
+        node.params["ftype"] = Param(gguf_type.ftype, f"llama.cpp: enum llama_ftype of {gguf_type.name} ({quantformats.LLAMA_CPP_SOURCE}/include/llama.h)")
+        limits = self.recipe.limits
+        node.params["n_ctx"] = Param(self.plan.max_seq_len, "recipe: limits.max_seq_len" if limits.max_seq_len
+                                     else "model config (max_position_embeddings x rope factor)")
+        node.params["n_batch"] = field_param(limits, "max_num_tokens", "limits.max_num_tokens")
+        if self.validate and target.ok:
+            self.llamacpp_validation(target.name, target.variant)
+        return node.id
+
+    def llamacpp_validation(self, target: str, vname: str) -> str:
+        """The GGUF as llama.cpp computes it, against the same reference and the gates of its family."""
+        node = Node(validate_id(target), "validate", self.registry.get("validate:llamacpp"),
+                    inputs={"reference": self.reference(), "gguf": target}, serves=target)
+        gguf_type = quantformats.GGUF_TYPES[self.recipe.variants[vname].gguf]
+        limits = gates.default_gates_of_family(gguf_type.family)
+        set_gates = self.recipe.validation.gates.model_dump(exclude_none=True)
+        limits.update(set_gates)
+        node.params["gates"] = Param(limits, "recipe: validate.gates" if set_gates else
+                                     f"default gates for {gguf_type.family} quantization ({gguf_type.name})")
+        node.params["runner"] = Param("llamacpp", "trtbuild: GGUF files are validated as llama.cpp computes them")
+        node.runtime = StageRuntime(target=target)
+        self._add(node)
+        return node.id
 
     def torch_validation(self, target: Target, target_inputs: dict[str, str], weights: str) -> str:
         """The target's accuracy against the reference. A quantized variant is validated through its

@@ -1,4 +1,4 @@
-"""Node ids: the names of targets (`fp8-tp2`, `fp8-tp2-sm90`, `fp8-hf`) and of what the graph
+"""Node ids: the names of targets (`fp8-tp2`, `fp8-tp2-sm90`, `fp8-hf`, `q8-gguf`) and of what the graph
 derives from a target (its validations, its twin engine, its quantized weights, an hf-checkpoint's
 export). Made and parsed here only; a module of its own so that reading a lock (push, pull, ls, the
 report) needs no graph."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-TARGET_STAGES = ("checkpoint", "hf-checkpoint", "engine")  # what a lock's user pulls; the rest are internal
+TARGET_STAGES = ("checkpoint", "hf-checkpoint", "engine", "gguf")  # what a lock's user pulls; the rest are internal
 DERIVED = ":"  # `<target>:<what>`: a node derived from a target (a validation, a twin engine), never a target
 
 
@@ -27,11 +27,18 @@ def hf_id(variant: str) -> str:
     return f"{variant}-hf"
 
 
-_TARGET = re.compile(r"^(?P<variant>.+?)(?:-tp\d+(?:-pp\d+)?(?:-(?P<sm>sm\d+))?|-hf)$")
+def gguf_id(variant: str) -> str:
+    """A GGUF target, llama.cpp's file of a gguf variant (`q8-gguf`)."""
+    return f"{variant}-gguf"
+
+
+GGUF_CONVERTED = "gguf-source"  # the source as llama.cpp's converter writes it, unquantized: every gguf variant's input
+
+_TARGET = re.compile(r"^(?P<variant>.+?)(?:-tp\d+(?:-pp\d+)?(?:-(?P<sm>sm\d+))?|-hf|-gguf)$")
 
 
 def variant_of(target_id: str) -> Optional[str]:
-    """The variant in a target's id (checkpoint_id, engine_id, hf_id); None for any other id."""
+    """The variant in a target's id (checkpoint_id, engine_id, hf_id, gguf_id); None for any other id."""
     match = _TARGET.match(target_id)
     return match.group("variant") if match and DERIVED not in target_id else None
 

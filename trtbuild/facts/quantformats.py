@@ -215,3 +215,76 @@ def trtllm_export_dtype_problem(quant: Optional[str], kv_cache: Optional[str], d
     what = FORMATS[quant].label if quant else KV_FORMATS[kv_cache].label
     return (f"ModelOpt's TensorRT-LLM export writes unquantized tensors in float16 or bfloat16 only; "
             f"dtype {dtype} is not supported with {what}: use bfloat16 or float16")
+
+
+# ---- GGUF: llama.cpp's own quantization types (the gguf backend) ---------------------------------
+# Read from llama.cpp as vendored in llama-cpp-python 0.3.36 (its sdist on PyPI,
+# llama_cpp_python-0.3.36.tar.gz: vendor/llama.cpp/), the quantizer trtbuild runs:
+# - include/llama.h `enum llama_ftype`: the file type each name asks llama_model_quantize for;
+# - tools/quantize/quantize.cpp QUANT_OPTIONS: the names `llama-quantize` takes (Q8_0, Q4_K_M, ...);
+# - ggml/src/ggml-common.h: QK_K 256 (the K-quants' super-block), 32 for Q8_0/Q5_0, and the block
+#   sizes in bytes (the static_asserts: block_q8_0 34, block_q5_0 22, block_q4_0 18, block_q4_K 144, block_q6_K 210);
+# - src/llama-quant.cpp tensor_type_fallback: a tensor whose rows (ne[0]) a K-quant's 256 does not
+#   divide is stored in a 32-block type instead (q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0);
+# - src/llama-quant.cpp llama_tensor_get_type_impl: the output head (the embedding, when tied) is
+#   q8_0 when the block does not divide its rows (or the type is Q8_0), else q6_K.
+LLAMA_CPP_SOURCE = "llama-cpp-python 0.3.36 sdist, vendor/llama.cpp"
+K_QUANT_BLOCK = 256
+
+
+@dataclass(frozen=True)
+class GgmlType:
+    """One ggml tensor type: `block` weights stored in `block_bytes` bytes."""
+
+    name: str
+    block: int
+    block_bytes: int
+    fallback: Optional[str] = None  # tensor_type_fallback's type when `block` does not divide the rows
+
+    @property
+    def bytes_per_weight(self) -> float:
+        return self.block_bytes / self.block
+
+
+GGML_TYPES: dict[str, GgmlType] = {t.name: t for t in (
+    GgmlType("f32", 1, 4), GgmlType("f16", 1, 2), GgmlType("bf16", 1, 2),
+    GgmlType("q8_0", 32, 34), GgmlType("q5_0", 32, 22), GgmlType("q4_0", 32, 18), GgmlType("q5_1", 32, 24),
+    GgmlType("q4_K", K_QUANT_BLOCK, 144, fallback="q5_0"), GgmlType("q5_K", K_QUANT_BLOCK, 176, fallback="q5_1"),
+    GgmlType("q6_K", K_QUANT_BLOCK, 210, fallback="q8_0"),
+)}
+
+
+@dataclass(frozen=True)
+class GgufType:
+    """One `variants.X.gguf` value: a llama.cpp file type (llama-quantize's name for it)."""
+
+    name: str  # llama-quantize's spelling: Q8_0, Q4_K_M
+    ftype: int  # enum llama_ftype: what llama_model_quantize is asked for
+    family: str  # default gates (validate/gates.py): none, 8bit, 4bit
+    weights: str  # the ggml type of most 2-D weights (GGML_TYPES); the estimate counts every weight in it
+    label: str
+
+
+GGUF_TYPES: dict[str, GgufType] = {t.name: t for t in (
+    GgufType("Q8_0", 7, "8bit", "q8_0", "8-bit round-to-nearest blocks of 32"),
+    GgufType("Q6_K", 18, "8bit", "q6_K", "6-bit K-quant"),
+    GgufType("Q5_K_M", 17, "4bit", "q5_K", "5-bit K-quant, medium"),
+    GgufType("Q4_K_M", 15, "4bit", "q4_K", "4-bit K-quant, medium (some tensors in 6 bits)"),
+    GgufType("Q4_0", 2, "4bit", "q4_0", "4-bit round-to-nearest blocks of 32"),
+)}
+GGUF_TYPE_NAMES = tuple(GGUF_TYPES)
+
+
+def gguf_weight_type(gguf_type: str, rows: int) -> GgmlType:
+    """The ggml type llama.cpp's quantizer stores a 2-D weight of `rows` input features in:
+    the type's own, or tensor_type_fallback's when its block does not divide the rows."""
+    main = GGML_TYPES[GGUF_TYPES[gguf_type].weights]
+    if rows % main.block and main.fallback:
+        return GGML_TYPES[main.fallback]
+    return main
+
+
+def gguf_output_type(gguf_type: str, rows: int) -> GgmlType:
+    """The ggml type llama.cpp's quantizer stores the output head (a tied embedding) in."""
+    main = GGML_TYPES[GGUF_TYPES[gguf_type].weights]
+    return GGML_TYPES["q8_0" if rows % main.block or main.name == "q8_0" else "q6_K"]

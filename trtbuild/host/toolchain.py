@@ -29,6 +29,7 @@ DISTRIBUTIONS = {
     "gguf": ("gguf",),
     "safetensors": ("safetensors",),
     "accelerate": ("accelerate",),
+    "llama_cpp": ("llama_cpp_python", "llama-cpp-python"),
 }
 IMAGE_ENV = "TRTBUILD_IMAGE_DIGEST"  # set in a container to the image digest it runs from
 
@@ -62,6 +63,10 @@ def fingerprint(parts: tuple[str, ...]) -> dict[str, Optional[str]]:
             out[part] = os.environ.get(IMAGE_ENV)
         elif part == "python":
             out[part] = platform.python_version()
+        elif part == "llamacpp_converter":
+            from trtbuild.host import llamacpp
+
+            out[part] = llamacpp.converter_fingerprint()
         else:
             out[part] = package_version(part)
     return out
@@ -83,7 +88,7 @@ def standin_parts(versions: dict[str, Optional[str]]) -> list[str]:
 
 def missing(parts: tuple[str, ...]) -> list[str]:
     """Packages among `parts` that are not installed here."""
-    return [p for p in parts if p not in ("cuda", "image", "python") and package_version(p) is None]
+    return [p for p in parts if p not in ("cuda", "image", "python", "llamacpp_converter") and package_version(p) is None]
 
 
 STANDIN_LABEL = "standin"  # the local version label of everything a stand-in toolchain made: 0+standin

@@ -236,3 +236,21 @@ def build_memory_needs(plan, target, workers: Optional[int] = None) -> BuildNeed
     gpu = engine_weights + activation_bytes(model, tp, plan.dtype, limits.max_num_tokens, limits.max_batch_size,
                                             limits.max_beam_width)
     return BuildNeeds(host_ram_bytes=int(workers * per_worker_ram), gpu_bytes_per_worker=int(gpu), workers=workers)
+
+
+def gguf_bytes(model: ModelSpec, gguf_type: str) -> int:
+    """Bytes of llama.cpp's GGUF of the model in `gguf_type`: every 2-D weight of the layers (and an
+    untied embedding) in the type's ggml type, or its fallback where the block does not divide the
+    input features (quantformats.gguf_weight_type); the output head (a tied embedding) in its own
+    type (gguf_output_type); 1-D tensors in float32, as llama.cpp keeps them. The K-quant mixes'
+    6-bit layers (Q4_K_M's attn_v and ffn_down in some layers) are counted in the main type."""
+    from trtbuild.facts.quantformats import gguf_output_type, gguf_weight_type
+
+    def weight(rows: int, cols: int) -> float:
+        return rows * cols * gguf_weight_type(gguf_type, cols).bytes_per_weight
+
+    layer = sum((weight(t.rows, t.cols) if t.quantizable and t.cols > 1 else t.rows * t.cols * 4) * t.copies
+                for t in layer_tensors(model, 1))
+    head = model.vocab_size * model.hidden_size * gguf_output_type(gguf_type, model.hidden_size).bytes_per_weight
+    ends = head + (0 if model.tied_embeddings else weight(model.vocab_size, model.hidden_size)) + model.hidden_size * 4
+    return int(model.num_layers * layer + ends)

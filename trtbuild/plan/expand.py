@@ -21,18 +21,18 @@ from trtbuild.model.config import ModelSpec
 from trtbuild.plan.model_config import find_model_config
 from trtbuild.recipe.schema import LoadedRecipe, Recipe, Variant
 
-CHECKPOINT, ENGINE, HF_CHECKPOINT = "checkpoint", "engine", "hf-checkpoint"
+CHECKPOINT, ENGINE, HF_CHECKPOINT, GGUF = "checkpoint", "engine", "hf-checkpoint", "gguf"
 
 
 @dataclass(frozen=True)
 class Target:
     name: str
-    kind: str  # checkpoint | engine | hf-checkpoint
+    kind: str  # checkpoint | engine | hf-checkpoint | gguf
     variant: str
     tp: Optional[int]
     pp: Optional[int]
     gpu: Optional[str]  # SM, engines only
-    backend: str  # engine | hf-checkpoint
+    backend: str  # engine | hf-checkpoint | gguf
     status: str = "ok"  # ok | impossible
     reason: Optional[str] = None
     depends_on: tuple[str, ...] = ()
@@ -160,6 +160,10 @@ def plan_recipe(loaded: LoadedRecipe, model: Optional[ModelSpec] = None,
 
     targets: list[Target] = []
     for vname, variant in recipe.variants.items():
+        if variant.gguf:
+            if GGUF in recipe.backends:
+                targets.append(_gguf_target(plan, vname, variant))
+            continue
         if ENGINE in recipe.backends:
             for par in recipe.parallelism:
                 ckpt = _checkpoint_target(plan, vname, variant, par.tp, par.pp)
@@ -365,6 +369,33 @@ def _hf_target(plan: Plan, vname: str, variant: Variant) -> Target:
         backend=HF_CHECKPOINT, status="impossible" if reason else "ok", reason=reason, estimate=est,
         serves=serves, serve_notes=serving.serve_notes(variant.quant, variant.kv_cache, sms),
     )
+
+
+def _gguf_target(plan: Plan, vname: str, variant: Variant) -> Target:
+    """llama.cpp's GGUF of the source in the variant's type: possible when llama.cpp's converter maps
+    the architecture (facts/llamacpp.py, read from the pinned converter). Its estimate is the file's
+    weights and a float16 KV cache of max_seq_len tokens (llama.cpp's default cache type)."""
+    from trtbuild.facts import llamacpp
+
+    model, gguf_type = plan.model, quantformats.GGUF_TYPES[variant.gguf]
+    reason = None
+    if model.architecture not in llamacpp.CONVERTER_ARCHITECTURES:
+        reason = (f"not supported: llama.cpp's converter ({llamacpp.PINNED}) has no mapping for {model.architecture} "
+                  "(conversion/__init__.py TEXT_MODEL_MAP)")
+    reason = reason or _limit_rules(plan)
+    warnings = []
+    fallback = {rows: quantformats.gguf_weight_type(variant.gguf, rows) for rows in
+                sorted({model.hidden_size, model.intermediate_size, model.num_heads * model.head_dim})}
+    main = quantformats.GGML_TYPES[gguf_type.weights]
+    odd = {rows: t for rows, t in fallback.items() if t is not main}
+    if reason is None and odd:
+        widths = " and ".join(str(rows) for rows in odd)
+        warnings.append(f"{widths}-wide weights stored in {'/'.join(sorted({t.name for t in odd.values()}))}: "
+                        f"{main.block} does not divide {widths} (llama.cpp's fallback)")
+    est = estimate.Estimate(weights_bytes_per_gpu=estimate.gguf_bytes(model, variant.gguf),
+                            kv_bytes_per_token=estimate.kv_bytes_per_token(model, 1, 1, None, "float16"))
+    return Target(name=nodeids.gguf_id(vname), kind=GGUF, variant=vname, tp=None, pp=None, gpu=None, backend=GGUF,
+                  status="impossible" if reason else "ok", reason=reason, estimate=est, warnings=tuple(warnings))
 
 
 def _matches(rule, target: Target) -> bool:

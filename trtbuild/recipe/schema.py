@@ -28,7 +28,8 @@ from trtbuild.recipe.yamlsource import LocatedDocument, format_path, load_locate
 QuantName = Literal[quantformats.QUANT_NAMES]  # the names of trtbuild/facts/quantformats.py's table
 KvCacheName = Literal[quantformats.KV_CACHE_NAMES]
 DType = Literal["float16", "bfloat16", "float32"]
-Backend = Literal["engine", "hf-checkpoint"]
+Backend = Literal["engine", "hf-checkpoint", "gguf"]
+GgufTypeName = Literal[quantformats.GGUF_TYPE_NAMES]  # llama-quantize's names (trtbuild/facts/quantformats.py)
 Device = Literal["auto", "cpu", "cuda"]
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 # A tag can move; a digest cannot, and the key must name exactly what built the engine.
@@ -134,6 +135,19 @@ class Variant(_Strict):
         None, description="block size along the input dimension of the grouped INT4 formats (default 128)")
     calibration: Optional[CalibrationOverride] = Field(
         None, description="fields that replace the top-level calibration's for this variant only")
+    gguf: Optional[GgufTypeName] = Field(
+        None, description="a llama.cpp file type (`Q8_0`, `Q4_K_M`, `Q6_K`, `Q5_K_M`, `Q4_0`): the variant is a GGUF "
+        "that llama.cpp's own converter and quantizer make from the source (backend `gguf`); it takes no other field")
+
+    @model_validator(mode="after")
+    def _gguf_alone(self) -> "Variant":
+        # llama.cpp quantizes the source's float weights itself: a ModelOpt format or calibration has no say
+        if self.gguf is not None:
+            others = [name for name in ("quant", "kv_cache", "group_size", "calibration") if getattr(self, name) is not None]
+            if others:
+                raise ValueError(f"a gguf variant is llama.cpp's quantization of the source: {', '.join(others)} "
+                                 "cannot be set beside gguf (make a separate variant)")
+        return self
 
     @model_validator(mode="after")
     def _group_size_only_for_grouped(self) -> "Variant":
@@ -152,6 +166,11 @@ class Variant(_Strict):
     @property
     def needs_calibration(self) -> bool:
         return self.quant is not None or self.kv_cache is not None
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The backends that build this variant: a gguf variant only the gguf backend, others the rest."""
+        return ("gguf",) if self.gguf else ("engine", "hf-checkpoint")
 
 
 class Parallelism(_Strict):
@@ -225,7 +244,7 @@ class Exclude(_Strict):
     pp: Optional[Count] = Field(None, description="a pipeline-parallel degree")
     gpu: Optional[GpuName] = Field(None, description="an SM (`sm90`) or a product (`H100`, matched by its SM); "
                                    "matches engine targets only")
-    backend: Optional[Backend] = Field(None, description="`engine` or `hf-checkpoint`")
+    backend: Optional[Backend] = Field(None, description="`engine`, `hf-checkpoint` or `gguf`")
 
     @model_validator(mode="after")
     def _not_empty(self) -> "Exclude":
@@ -309,7 +328,8 @@ class Recipe(_Strict):
     backends: list[Backend] = Field(default_factory=lambda: ["engine"], min_length=1,
                                     description="`engine` (TensorRT engines, TensorRT-LLM 1.2.x) and/or `hf-checkpoint` "
                                     "(a quantized Hugging Face checkpoint for TensorRT-LLM's PyTorch backend, vLLM, "
-                                    "SGLang); default `[engine]`")
+                                    "SGLang) and/or `gguf` (llama.cpp's files of the variants that name a `gguf` type); "
+                                    "default `[engine]`")
     toolchain: Toolchain = Field(default_factory=Toolchain, description="the TensorRT-LLM version (and image) engines "
                                  "are built with")
     engine: Engine = Field(default_factory=Engine, description="options of the engine build")
@@ -422,6 +442,12 @@ def _cross_check(recipe: Recipe) -> list[tuple[tuple, str, bool]]:
             problems.append((("toolchain", "tensorrt_llm"), reason, False))
         if not recipe.gpus:
             problems.append((("gpus",), "the engine backend needs at least one GPU (an SM such as sm90, or a product such as H100)", False))
+    gguf_variants = [name for name, variant in recipe.variants.items() if variant.gguf]
+    if "gguf" in recipe.backends and not gguf_variants:
+        problems.append((("backends",), "the gguf backend builds the variants that name a llama.cpp type "
+                         "(`gguf: Q8_0`, ...); no variant does", False))
+    if gguf_variants and "gguf" not in recipe.backends:
+        problems.append((("variants", gguf_variants[0], "gguf"), "a gguf variant needs `gguf` in backends", False))
     seen: dict[tuple[int, int], int] = {}
     for i, par in enumerate(recipe.parallelism):
         if (par.tp, par.pp) in seen:

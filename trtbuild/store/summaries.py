@@ -114,6 +114,47 @@ class HfCheckpointSummary(OpenSummary):
     serving: Serving = Field(description="What serving/ holds and which runtimes serve the checkpoint.")
 
 
+class GgufFile(BaseModel):
+    """One GGUF file as llama.cpp's reader (gguf-py's GGUFReader) sees it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    file: str = Field(description="Its path in the artifact.")
+    bytes: int = Field(ge=0, description="Its size in bytes.")
+    architecture: str = Field(description="general.architecture: llama.cpp's name of the model's architecture.")
+    file_type: int = Field(description="general.file_type: the enum llama_ftype it was written as.")
+    tensors: dict[str, int] = Field(description="ggml tensor type -> how many tensors are stored in it.")
+    tokenizer: str = Field(description="tokenizer.ggml.model: the tokenizer inside the file (gpt2, llama, ...).")
+    vocab_size: int = Field(ge=1, description="Tokens in the file's vocabulary.")
+
+
+class GgufConvertSummary(StageSummary):
+    """The source as llama.cpp's converter wrote it (convert_hf_to_gguf.py)."""
+
+    kind: Literal["gguf-convert"] = Field("gguf-convert", exclude=True, description="Always `gguf-convert`.")
+    gguf: GgufFile = Field(description="The converted file.")
+    outtype: str = Field(description="convert_hf_to_gguf.py's --outtype.")
+    converter: str = Field(description="Which converter ran (the key's toolchain part llamacpp_converter).")
+
+
+class LlamaCppServing(BaseModel):
+    """serving/ of a GGUF: the llama.cpp server's command, as llama-cpp-python's own parser took it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    files: list[str] = Field(description="Files written under serving/, relative to the artifact.")
+    command: list[str] = Field(description="The server's command line, run from the artifact's folder.")
+    llama_cpp_python: str = Field(description="The llama-cpp-python version whose parser accepted the options.")
+
+
+class GgufSummary(StageSummary):
+    """A GGUF target: llama.cpp's quantizer's output and how llama.cpp serves it."""
+
+    kind: Literal["gguf"] = Field("gguf", exclude=True, description="Always `gguf`.")
+    gguf_type: str = Field(description="The llama-quantize type the recipe asked for (Q8_0, Q4_K_M, ...).")
+    gguf: GgufFile = Field(description="The quantized file.")
+    fallback_tensors: int = Field(ge=0, description="Tensors llama.cpp stored in a fallback type (its block does not divide their rows).")
+    serving: LlamaCppServing = Field(description="How llama.cpp serves it.")
+
+
 class EngineToolchainUsed(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     tensorrt_llm: Optional[str] = Field(description="tensorrt_llm version that built the engine.")
@@ -217,7 +258,7 @@ class ValidationSummary(StageSummary):
 
 
 Summary = Union[SourceSummary, CalibrationSummary, QuantizeSummary, CheckpointSummary, HfExportSummary,
-                HfCheckpointSummary, EngineSummary, ReferenceSummary, ValidationSummary]
+                HfCheckpointSummary, GgufConvertSummary, GgufSummary, EngineSummary, ReferenceSummary, ValidationSummary]
 
 SUMMARY_MODELS: dict[str, type[StageSummary]] = {
     model.model_fields["kind"].default: model for model in Summary.__args__  # type: ignore[attr-defined]

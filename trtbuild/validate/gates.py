@@ -23,6 +23,11 @@ FAMILY = {None: "none", **{name: f.family for name, f in quantformats.FORMATS.it
 HIGHER_IS_BETTER = {"top1_agreement"}
 
 
+def default_gates_of_family(family: str) -> dict[str, float]:
+    """The default gates of a quantization family (`none`, `8bit`, `4bit`)."""
+    return dict(DEFAULT_GATES[family])
+
+
 def default_gates(quant: Optional[str], kv_cache: Optional[str]) -> dict[str, float]:
     family = FAMILY[quant]
     if family == "none" and kv_cache is not None:  # a quantized KV cache alone behaves like 8-bit

@@ -100,9 +100,15 @@ def reference(model, windows: np.ndarray, device: str, k: int = TOP_K, progress=
 
 
 def compare(model, windows: np.ndarray, ref: dict[str, np.ndarray], device: str, progress=None) -> Comparison:
+    return compare_log_probs(lambda window: _log_probs(model, window, device), windows, ref, progress)
+
+
+def compare_log_probs(log_probs, windows: np.ndarray, ref: dict[str, np.ndarray], progress=None) -> Comparison:
+    """The candidate whose full log-probabilities per window `log_probs(window)` gives ([L-1, V]),
+    against the reference: the one comparison of every runner that sees the whole distribution."""
     kl, top1, cand_nll = [], [], []
     for i, window in enumerate(windows):
-        logp = _log_probs(model, window, device)
+        logp = log_probs(window)
         kl.append(kl_topk(ref["topk_ids"][i], ref["topk_logp"][i], logp))
         top1.append((logp.argmax(axis=-1) == ref["topk_ids"][i][:, 0]).astype(np.float64))
         cand_nll.append(-logp[np.arange(len(window) - 1), window[1:]].astype(np.float64))

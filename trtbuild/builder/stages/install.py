@@ -5,7 +5,7 @@ from __future__ import annotations
 # README's set-up installs this torch before trtbuild[quantize], so that pip takes its CPU build
 # rather than a multi-GB CUDA one (tests/test_cli.py checks the README still says so).
 CPU_TORCH = "torch==2.13.0"
-EXTRA_OF = {"tensorrt_llm": "trtllm", "vllm": "vllm"}  # every other package a stage needs comes with trtbuild[quantize]
+EXTRA_OF = {"tensorrt_llm": "trtllm", "vllm": "vllm", "llama_cpp": "llamacpp"}  # every other package a stage needs comes with trtbuild[quantize]
 
 
 def extra_for(package: str) -> str:
@@ -19,6 +19,8 @@ def install_hint(absent: list[str]) -> str:
         if extra == "quantize":
             commands.append(f"`python3 -m pip install {CPU_TORCH} 'trtbuild[quantize]'` "
                             "(torch first, so that pip takes its CPU build)")
+        elif extra == "llamacpp":
+            commands.append("`python3 -m pip install 'trtbuild[llamacpp]'` (it compiles llama.cpp: about 3.5 minutes on 2 cores)")
         else:
             commands.append(f"`python3 -m pip install 'trtbuild[{extra}]'` on a GPU host")
     pronoun = "it" if len(absent) == 1 else "them"

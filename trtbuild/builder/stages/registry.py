@@ -39,6 +39,14 @@ STAGES: dict[str, Optional[Stage]] = {
                                    overlay="weights"),
     # trtllm-build here (tensorrt_llm installed in this environment, its scripts on PATH), or in the
     # recipe's container image (toolchain.image: only docker needed here; the key names the image).
+    # llama.cpp's own converter (the sdist of the installed llama-cpp-python: host/llamacpp.py) and
+    # quantizer (llama_model_quantize in its library), then the file as llama.cpp computes it.
+    "gguf-convert": Stage("gguf-convert", 1, "trtbuild.builder.stages.gguf:convert",
+                          toolchain=("llama_cpp", "llamacpp_converter", "torch", "transformers", "numpy"),
+                          needs=("llama_cpp", "torch", "transformers")),
+    "gguf": Stage("gguf", 1, "trtbuild.builder.stages.gguf:quantize", toolchain=("llama_cpp",), needs=("llama_cpp",)),
+    "validate:llamacpp": Stage("validate", 1, "trtbuild.builder.stages.validate:validate_llamacpp",
+                               toolchain=("llama_cpp",), needs=("llama_cpp",)),
     "engine": Stage("engine", 1, "trtbuild.builder.stages.engine:build_engine", toolchain=("tensorrt_llm", "tensorrt"),
                     needs=("tensorrt_llm",), timing_cache=True),
     "engine:image": Stage("engine", 1, "trtbuild.builder.stages.engine:build_engine", toolchain=("image",), timing_cache=True),

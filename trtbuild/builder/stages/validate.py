@@ -142,6 +142,20 @@ def validate_vllm(ctx: StageContext) -> None:
     _write_report(ctx, windows, comparison, started, extra, warnings)
 
 
+def validate_llamacpp(ctx: StageContext) -> None:
+    """A GGUF as llama.cpp computes it (llama-cpp-python, every position's logits), on the CPU."""
+    from trtbuild.builder.stages.gguf import MODEL_FILE
+    from trtbuild.host import llamacpp
+    from trtbuild.validate import llamacpp_runner
+
+    started = time.monotonic()
+    windows, ref = _load_reference(ctx)
+    comparison = llamacpp_runner.compare(ctx.inputs["gguf"] / MODEL_FILE, windows, ref,
+                                         progress=lambda d, t: report_progress(d, t, "validation windows"))
+    _write_report(ctx, windows, comparison, started, {"runner": f"llama.cpp (llama-cpp-python {llamacpp.version()})",
+                                                      "device": "cpu", "logits_path": "logits_all"})
+
+
 def _write_report(ctx: StageContext, windows: np.ndarray, comparison, started: float, runner: dict,
                   warnings: Optional[list] = None) -> None:
     from trtbuild.validate import metrics

@@ -1,0 +1,140 @@
+"""The gguf backend's stages: llama.cpp's own converter (gguf-convert) and quantizer (gguf), each
+run as llama.cpp ships it, never re-implemented.
+
+- convert: convert_hf_to_gguf.py of the llama.cpp that the installed llama-cpp-python was built
+  from (host/llamacpp.py), on the source folder, in the recipe's dtype: one GGUF with the
+  tokenizer inside, the input of every gguf variant.
+- quantize: llama_model_quantize (llama.cpp's C API, what `llama-quantize` calls) with the
+  variant's llama_ftype, then serving/: the llama.cpp server's command (llama-cpp-python's
+  OpenAI-compatible server), its options parsed by that server's own argument parser.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+from trtbuild.builder.stages.base import StageContext
+from trtbuild.errors import TrtbuildError
+from trtbuild.facts import quantformats
+from trtbuild.store.summaries import GgufConvertSummary, GgufFile, GgufSummary, LlamaCppServing
+
+MODEL_FILE = "model.gguf"
+SERVING_DIR = "serving"
+SERVER_FILE = f"{SERVING_DIR}/llamacpp_server.json"
+SERVER_MODULE = "llama_cpp.server"
+# general.name of every file: the converter would take the source folder's name, which is a store
+# path (a checkout's digest) and not a fact of the model.
+MODEL_NAME = "model"
+
+
+def convert(ctx: StageContext) -> None:
+    from trtbuild.host import llamacpp
+
+    script = llamacpp.converter()
+    out = ctx.out / MODEL_FILE
+    command = [sys.executable, str(script), str(ctx.inputs["source"]), "--outfile", str(out),
+               "--outtype", ctx.params["outtype"], "--model-name", MODEL_NAME]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if done.returncode or not out.is_file():
+        lines = [line for line in (done.stderr + done.stdout).strip().splitlines() if line.strip()]
+        raise TrtbuildError(f"llama.cpp's converter ({script}) failed on the source: {lines[-1] if lines else f'exit {done.returncode}'}")
+    ctx.report(GgufConvertSummary(gguf=describe(out, ctx.out), outtype=ctx.params["outtype"],
+                                  converter=ctx.runtime.toolchain.get("llamacpp_converter") or str(script)))
+
+
+def quantize(ctx: StageContext) -> None:
+    import ctypes
+
+    import llama_cpp
+
+    source = ctx.inputs["converted"] / MODEL_FILE
+    out = ctx.out / MODEL_FILE
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ctx.params["ftype"]
+    params.nthread = os.cpu_count() or 1  # rows are quantized independently: the bytes do not depend on it
+    status = llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), ctypes.byref(params))
+    if status != 0 or not out.is_file():
+        raise TrtbuildError(f"{source}: llama.cpp's quantizer failed ({ctx.params['gguf']}, llama_model_quantize returned {status})")
+    gguf = describe(out, ctx.out)
+    serving = write_serving(ctx.out, ctx.params)
+    ctx.report(GgufSummary(gguf_type=ctx.params["gguf"], gguf=gguf, fallback_tensors=fallback_count(out, ctx.params["gguf"]),
+                           serving=serving))
+
+
+def server_command(params: dict, model: str = MODEL_FILE) -> list[str]:
+    """The llama.cpp server's command for a GGUF target, run from the artifact's folder."""
+    return ["python3", "-m", SERVER_MODULE, "--model", model, "--n_ctx", str(params["n_ctx"]),
+            "--n_batch", str(params["n_batch"])]
+
+
+def parse_server_options(argv: list[str]) -> dict:
+    """`argv` (the options after `-m llama_cpp.server`) as llama-cpp-python's own server parses
+    them (llama_cpp/server/__main__.py: add_args_from_model over Settings, then ModelSettings):
+    an option it does not know, or a value it refuses, raises TrtbuildError naming it."""
+    import argparse
+
+    from llama_cpp.server.cli import add_args_from_model, parse_model_from_args
+    from llama_cpp.server.settings import ModelSettings, Settings
+
+    parser = argparse.ArgumentParser(prog=SERVER_MODULE, exit_on_error=False, add_help=False)
+    add_args_from_model(parser, Settings)
+    try:
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            raise TrtbuildError(f"llama-cpp-python's server does not take {' '.join(unknown)}")
+        return parse_model_from_args(ModelSettings, args).model_dump(mode="json")
+    except (argparse.ArgumentError, ValueError) as exc:
+        raise TrtbuildError(f"llama-cpp-python's server refuses {' '.join(argv)}: {exc}") from None
+
+
+def write_serving(out: Path, params: dict) -> LlamaCppServing:
+    from trtbuild.host import llamacpp
+
+    command = server_command(params)
+    parse_server_options(command[3:])
+    serving = LlamaCppServing(files=[SERVER_FILE], command=command, llama_cpp_python=llamacpp.version() or "")
+    (out / SERVING_DIR).mkdir(exist_ok=True)
+    (out / SERVER_FILE).write_text(json.dumps(serving.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
+    return serving
+
+
+def read_serving(folder: Path) -> Optional[LlamaCppServing]:
+    path = folder / SERVER_FILE
+    return LlamaCppServing.model_validate_json(path.read_text()) if path.is_file() else None
+
+
+def _reader(path: Path):
+    from gguf import GGUFReader
+
+    return GGUFReader(str(path))
+
+
+def _field(reader, name: str):
+    field = reader.fields.get(name)
+    return field.contents() if field is not None else None
+
+
+def describe(path: Path, root: Path) -> GgufFile:
+    """The file as gguf-py (llama.cpp's own reader) sees it."""
+    reader = _reader(path)
+    tensors: dict[str, int] = {}
+    for tensor in reader.tensors:
+        tensors[tensor.tensor_type.name.lower()] = tensors.get(tensor.tensor_type.name.lower(), 0) + 1
+    arch = _field(reader, "general.architecture")
+    return GgufFile(file=path.relative_to(root).as_posix(), bytes=path.stat().st_size, architecture=arch,
+                    file_type=int(_field(reader, "general.file_type")), tensors=dict(sorted(tensors.items())),
+                    tokenizer=_field(reader, "tokenizer.ggml.model"),
+                    vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data))
+
+
+def fallback_count(path: Path, gguf_type: str) -> int:
+    """Tensors that llama.cpp stored in a fallback type: 2-D weights whose rows the type's block does
+    not divide (quantformats.gguf_weight_type)."""
+    main = quantformats.GGML_TYPES[quantformats.GGUF_TYPES[gguf_type].weights]
+    return sum(1 for t in _reader(path).tensors
+               if len(t.shape) >= 2 and int(t.shape[0]) % main.block and t.tensor_type.name.lower() != main.name.lower())
