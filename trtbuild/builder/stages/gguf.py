@@ -43,8 +43,37 @@ def convert(ctx: StageContext) -> None:
     if done.returncode or not out.is_file():
         lines = [line for line in (done.stderr + done.stdout).strip().splitlines() if line.strip()]
         raise TrtbuildError(f"llama.cpp's converter ({script}) failed on the source: {lines[-1] if lines else f'exit {done.returncode}'}")
+    problem = tokenizer_problem(out, ctx.inputs["source"])
+    if problem:
+        raise TrtbuildError(f"{out.name}: the tokenizer inside is not the source's: {problem}")
     ctx.report(GgufConvertSummary(gguf=describe(out, ctx.out), outtype=ctx.params["outtype"],
                                   converter=ctx.runtime.toolchain.get("llamacpp_converter") or str(script)))
+
+
+# Texts whose ids llama.cpp must give exactly as the source's tokenizer does: spaces, accents,
+# digits, newlines and tabs, CJK and an emoji (bytes outside the base vocabulary).
+PROBE_TEXTS = ("Hello world, the quick brown fox jumps over the lazy dog.",
+               "  Émile's café: 12,345 tokens\n\nnew line\ttab", "日本語のテキスト 🙂")
+_TOKENIZE = ("import json, sys, llama_cpp\n"
+             "llm = llama_cpp.Llama(sys.argv[1], vocab_only=True, verbose=False)\n"
+             "print(json.dumps([llm.tokenize(t.encode(), add_bos=False, special=False) for t in json.loads(sys.argv[2])]))")
+
+
+def tokenizer_problem(gguf: Path, source: Path) -> Optional[str]:
+    """Why llama.cpp's tokenizer of `gguf` is not the source folder's (None: it encodes PROBE_TEXTS
+    to the same ids). llama.cpp runs in a process of its own: a vocabulary it cannot run aborts it."""
+    from transformers import AutoTokenizer
+
+    expected = [AutoTokenizer.from_pretrained(source)(text, add_special_tokens=False)["input_ids"] for text in PROBE_TEXTS]
+    done = subprocess.run([sys.executable, "-c", _TOKENIZE, str(gguf), json.dumps(PROBE_TEXTS)], capture_output=True, text=True)
+    if done.returncode:
+        lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("#")]
+        return f"llama.cpp cannot run it (exit {done.returncode}: {lines[-1] if lines else 'no message'})"
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    for text, want, have in zip(PROBE_TEXTS, expected, got):
+        if want != have:
+            return f"llama.cpp encodes {text!r} as {have[:8]}..., the source's tokenizer as {want[:8]}..."
+    return None
 
 
 def quantize(ctx: StageContext) -> None:

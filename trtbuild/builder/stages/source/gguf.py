@@ -57,6 +57,7 @@ def _convert(ctx: StageContext, gguf: Path, dtype) -> None:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     _special_tokens_as_the_gguf_says(tokenizer, gguf)
     tokenizer.save_pretrained(ctx.out, legacy_format=False)
+    _byte_level_as_the_gguf_says(ctx.out, gguf)
     params = sum(p.numel() for p in model.parameters())
     ctx.report(SourceSummary(architecture=config.architectures[0] if config.architectures else None,
                              parameters=params, dtype=ctx.params["dtype"]))
@@ -105,3 +106,27 @@ def _special_tokens_as_the_gguf_says(tokenizer, gguf: Path) -> None:
     for key, attribute in ADD_FLAGS.items():
         if key in metadata and hasattr(tokenizer, attribute):
             setattr(tokenizer, attribute, bool(metadata[key]))  # fast llama tokenizers rebuild their post-processor
+
+
+def _byte_level_as_the_gguf_says(folder: Path, gguf: Path) -> None:
+    """A GGUF whose tokenizer is GPT-2's byte-level BPE (tokenizer.ggml.model `gpt2`: SmolLM2's, with
+    pre-tokenizer `smollm`) is loaded by transformers 4.57 as a LlamaTokenizer with byte fallback and
+    a SentencePiece decoder in front of the byte-level one. It encodes the same ids, but the folder
+    then claims a SentencePiece-style tokenizer: llama.cpp's converter takes it for one
+    (gguf-py vocab.py LlamaHfVocab accepts a BPE model with byte_fallback) and writes a GGUF whose
+    tokenizer llama.cpp cannot run on text. Written as the byte-level BPE it is, the folder encodes
+    and decodes exactly as before and converts to `gpt2` with its pre-tokenizer."""
+    import json
+
+    from trtbuild.model.gguf_header import read_header
+
+    if read_header(gguf).metadata.get("tokenizer.ggml.model") != "gpt2":
+        return
+    tokenizer_file, config_file = folder / "tokenizer.json", folder / "tokenizer_config.json"
+    tokenizer = json.loads(tokenizer_file.read_text(encoding="utf-8"))
+    tokenizer["model"]["byte_fallback"] = False
+    tokenizer["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    tokenizer_file.write_text(json.dumps(tokenizer, ensure_ascii=False, indent=2), encoding="utf-8")
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config["tokenizer_class"] = "GPT2Tokenizer"
+    config_file.write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
