@@ -227,7 +227,9 @@ def trtllm_export_dtype_problem(quant: Optional[str], kv_cache: Optional[str], d
 # - src/llama-quant.cpp tensor_type_fallback: a tensor whose rows (ne[0]) a K-quant's 256 does not
 #   divide is stored in a 32-block type instead (q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0);
 # - src/llama-quant.cpp llama_tensor_get_type_impl: the output head (the embedding, when tied) is
-#   q8_0 when the block does not divide its rows (or the type is Q8_0), else q6_K.
+#   q8_0 when the block does not divide its rows (or the type is Q8_0), else q6_K; Q4_K_M and Q5_K_M
+#   store attn_v and ffn_down in q6_K in the layers `use_more_bits` picks (the first and last eighth,
+#   and every third between).
 LLAMA_CPP_SOURCE = "llama-cpp-python 0.3.36 sdist, vendor/llama.cpp"
 K_QUANT_BLOCK = 256
 
@@ -261,24 +263,33 @@ class GgufType:
     name: str  # llama-quantize's spelling: Q8_0, Q4_K_M
     ftype: int  # enum llama_ftype: what llama_model_quantize is asked for
     family: str  # default gates (validate/gates.py): none, 8bit, 4bit
-    weights: str  # the ggml type of most 2-D weights (GGML_TYPES); the estimate counts every weight in it
+    weights: str  # the ggml type of most 2-D weights (GGML_TYPES)
     label: str
+    # the K-quant mixes' type for attn_v and ffn_down in the layers use_more_bits picks (None: none)
+    more_bits: Optional[str] = None
 
 
 GGUF_TYPES: dict[str, GgufType] = {t.name: t for t in (
     GgufType("Q8_0", 7, "8bit", "q8_0", "8-bit round-to-nearest blocks of 32"),
     GgufType("Q6_K", 18, "8bit", "q6_K", "6-bit K-quant"),
-    GgufType("Q5_K_M", 17, "4bit", "q5_K", "5-bit K-quant, medium"),
-    GgufType("Q4_K_M", 15, "4bit", "q4_K", "4-bit K-quant, medium (some tensors in 6 bits)"),
+    GgufType("Q5_K_M", 17, "4bit", "q5_K", "5-bit K-quant, medium", more_bits="q6_K"),
+    GgufType("Q4_K_M", 15, "4bit", "q4_K", "4-bit K-quant, medium (some tensors in 6 bits)", more_bits="q6_K"),
     GgufType("Q4_0", 2, "4bit", "q4_0", "4-bit round-to-nearest blocks of 32"),
 )}
 GGUF_TYPE_NAMES = tuple(GGUF_TYPES)
 
 
-def gguf_weight_type(gguf_type: str, rows: int) -> GgmlType:
+def use_more_bits(layer: int, layers: int) -> bool:
+    """llama-quant.cpp's use_more_bits: the layers whose attn_v and ffn_down a K mix keeps in more bits."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def gguf_weight_type(gguf_type: str, rows: int, more_bits: bool = False) -> GgmlType:
     """The ggml type llama.cpp's quantizer stores a 2-D weight of `rows` input features in:
-    the type's own, or tensor_type_fallback's when its block does not divide the rows."""
-    main = GGML_TYPES[GGUF_TYPES[gguf_type].weights]
+    the type's own (its `more_bits` one where asked), or tensor_type_fallback's when its block does
+    not divide the rows."""
+    fmt = GGUF_TYPES[gguf_type]
+    main = GGML_TYPES[fmt.more_bits if more_bits and fmt.more_bits else fmt.weights]
     if rows % main.block and main.fallback:
         return GGML_TYPES[main.fallback]
     return main

@@ -239,18 +239,26 @@ def build_memory_needs(plan, target, workers: Optional[int] = None) -> BuildNeed
 
 
 def gguf_bytes(model: ModelSpec, gguf_type: str) -> int:
-    """Bytes of llama.cpp's GGUF of the model in `gguf_type`: every 2-D weight of the layers (and an
-    untied embedding) in the type's ggml type, or its fallback where the block does not divide the
-    input features (quantformats.gguf_weight_type); the output head (a tied embedding) in its own
-    type (gguf_output_type); 1-D tensors in float32, as llama.cpp keeps them. The K-quant mixes'
-    6-bit layers (Q4_K_M's attn_v and ffn_down in some layers) are counted in the main type."""
-    from trtbuild.facts.quantformats import gguf_output_type, gguf_weight_type
+    """Bytes of llama.cpp's GGUF of the model in `gguf_type`, as llama.cpp's quantizer picks each
+    tensor's type (facts/quantformats.py): the layers' 2-D weights (and an untied embedding) in the
+    type's ggml type, attn_v and ffn_down in the K mixes' more-bits type where use_more_bits says, a
+    fallback where the block does not divide the input features; the output head (a tied embedding)
+    in gguf_output_type; 1-D tensors in float32. The tokenizer and metadata are not counted."""
+    from trtbuild.facts.quantformats import gguf_output_type, gguf_weight_type, use_more_bits
 
-    def weight(rows: int, cols: int) -> float:
-        return rows * cols * gguf_weight_type(gguf_type, cols).bytes_per_weight
+    kv_out = model.num_kv_heads * model.head_dim
+    experts = max(1, model.num_experts)
 
-    layer = sum((weight(t.rows, t.cols) if t.quantizable and t.cols > 1 else t.rows * t.cols * 4) * t.copies
+    def weight(rows: int, cols: int, more_bits: bool = False) -> float:
+        return rows * cols * gguf_weight_type(gguf_type, cols, more_bits).bytes_per_weight
+
+    plain = sum((weight(t.rows, t.cols) if t.quantizable and t.cols > 1 else t.rows * t.cols * 4) * t.copies
                 for t in layer_tensors(model, 1))
+    # attn_v (kv_out x hidden) and ffn_down (hidden x intermediate) of a more-bits layer, replacing their plain share
+    extra = (weight(kv_out, model.hidden_size, True) - weight(kv_out, model.hidden_size)
+             + (weight(model.hidden_size, model.intermediate_size, True)
+                - weight(model.hidden_size, model.intermediate_size)) * experts)
+    layers = sum(plain + (extra if use_more_bits(i, model.num_layers) else 0) for i in range(model.num_layers))
     head = model.vocab_size * model.hidden_size * gguf_output_type(gguf_type, model.hidden_size).bytes_per_weight
     ends = head + (0 if model.tied_embeddings else weight(model.vocab_size, model.hidden_size)) + model.hidden_size * 4
-    return int(model.num_layers * layer + ends)
+    return int(layers + ends)
