@@ -173,11 +173,14 @@ class GraphBuilder:
 
     def _gates(self, vname: str) -> Param:
         variant = self.recipe.variants[vname]
-        limits = gates.default_gates(variant.quant, variant.kv_cache)
+        if variant.gguf:  # llama.cpp's type decides the family
+            family = quantformats.GGUF_TYPES[variant.gguf].family
+            limits, default_origin = gates.default_gates_of_family(family), f"{family} quantization ({variant.gguf})"
+        else:
+            limits, default_origin = gates.default_gates(variant.quant, variant.kv_cache), f"{gates.FAMILY[variant.quant]} quantization"
         set_gates = self.recipe.validation.gates.model_dump(exclude_none=True)
         limits.update(set_gates)
-        return Param(limits, "recipe: validate.gates" if set_gates else
-                     f"default gates for {gates.FAMILY[variant.quant]} quantization")
+        return Param(limits, "recipe: validate.gates" if set_gates else f"default gates for {default_origin}")
 
     # ---- one method per kind of node ----
     def source(self) -> str:
@@ -346,12 +349,7 @@ class GraphBuilder:
         """The GGUF as llama.cpp computes it, against the same reference and the gates of its family."""
         node = Node(validate_id(target), "validate", self.registry.get("validate:llamacpp"),
                     inputs={"reference": self.reference(), "gguf": target}, serves=target)
-        gguf_type = quantformats.GGUF_TYPES[self.recipe.variants[vname].gguf]
-        limits = gates.default_gates_of_family(gguf_type.family)
-        set_gates = self.recipe.validation.gates.model_dump(exclude_none=True)
-        limits.update(set_gates)
-        node.params["gates"] = Param(limits, "recipe: validate.gates" if set_gates else
-                                     f"default gates for {gguf_type.family} quantization ({gguf_type.name})")
+        node.params["gates"] = self._gates(vname)
         node.params["runner"] = Param("llamacpp", "trtbuild: GGUF files are validated as llama.cpp computes them")
         node.runtime = StageRuntime(target=target)
         self._add(node)
