@@ -20,10 +20,15 @@ from click.testing import CliRunner
 from jsonschema import Draft202012Validator, FormatChecker
 
 from conftest import NEMO_DATA, RECIPES, ROOT, minimal
+from trtbuild.deploy.select import package_words
+from trtbuild.host.toolchain import package_version
 from trtbuild.cli import cli
 from trtbuild.store.local import LocalStore
 
 SCHEMAS = ROOT / "docs" / "schemas"
+
+# this host's llama-cpp-python, as Host.describe ends (probed like the other packages; not faked here)
+LLAMACPP = package_words("llama_cpp_python", package_version("llama_cpp"))
 TINY_HF = NEMO_DATA / "hf_tiny_llama_tied_bf16"
 RECIPE = ("schema: 1\nname: tiny\nsource: {path: model}\ngpus: [sm90]\nlimits: {max_input_len: 128, max_seq_len: 256}\n"
           "validate: {samples: 2, seq_len: 32}\n")
@@ -289,7 +294,7 @@ def test_pull_json_when_nothing_fits_lists_every_candidate_and_exits_1(project, 
     assert result.exit_code == 1
     assert result.stderr == (
         f"no target of {project.lock} fits this host (1x NVIDIA L40S (sm89, 45.0 GiB), tensorrt_llm {TRTLLM}, "
-        f"tensorrt {TRT}, no vllm, no sglang):\n"
+        f"tensorrt {TRT}, no vllm, no sglang, {LLAMACPP}):\n"
         "  base-tp1: held back: built with --no-validate\n"
         f"to make one: add sm89 to the recipe's `gpus:`, then run `trtbuild build {project.recipe} --gpu auto` on "
         "this host\n")

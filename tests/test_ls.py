@@ -12,12 +12,17 @@ import pytest
 
 import summarykit
 from conftest import minimal, needs_no_trtllm, key_fields
+from trtbuild.deploy.select import package_words
+from trtbuild.host.toolchain import package_version
 from trtbuild.deploy import listing as published
 from trtbuild.store.records import ActionRecord, Digest, Execution
 from trtbuild.store.local import LocalStore
 from trtbuild.store.transfer import PushItem, push
 
 TRTLLM, TRT = "1.2.1", "10.13.2"
+
+# this host's llama-cpp-python, as Host.describe ends (probed like the other packages; not faked here)
+LLAMACPP = package_words("llama_cpp_python", package_version("llama_cpp"))
 NOW = dt.datetime(2026, 12, 3, 12, 0, 0, tzinfo=dt.timezone.utc)
 CHECKPOINT_TOOLS = {"modelopt": "0.47.0", "torch": "2.13.0", "transformers": "4.57.6"}
 ENGINE_FACTS = {"schema": 1, "kind": "engine", "sm": "sm90", "tp": 1, "pp": 1, "world_size": 1, "quantization": None,
@@ -127,7 +132,7 @@ def test_ls_compatible_marks_what_fits_a_recorded_h100_and_says_why_the_rest_doe
     checkpoint = "no: a TensorRT-LLM checkpoint: no runtime serves it as it is (the engines built from it do)"
     wide = len(TABLE[1])  # the toolchain column is as wide as the checkpoints' versions; FITS comes after it
     expected = [
-        f"host: 1x NVIDIA H100 80GB HBM3 (sm90, 79.6 GiB), tensorrt_llm {TRTLLM}, tensorrt {TRT}, no vllm, no sglang",
+        f"host: 1x NVIDIA H100 80GB HBM3 (sm90, 79.6 GiB), tensorrt_llm {TRTLLM}, tensorrt {TRT}, no vllm, no sglang, {LLAMACPP}",
         TABLE[0].ljust(wide) + "  FITS",
         TABLE[1] + "  " + checkpoint,
         TABLE[2] + "  " + checkpoint,

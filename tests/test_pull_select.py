@@ -7,11 +7,13 @@ from __future__ import annotations
 import pytest
 
 from trtbuild.lock.lockfile import LockedPlatform, LockedRecipe, LockedTarget, LockFile
-from trtbuild.deploy.select import Host, build_hint, choose, no_fit_lines
+from trtbuild.deploy.select import Host, build_hint, choose, no_fit_lines, package_words
 from trtbuild.host.toolchain import package_version
 
 GIB = 1024 ** 3
 TRTLLM, TRT = "1.2.1", "10.13.2"
+# this host's llama-cpp-python, as Host.describe ends (probed like the other packages; these tests do not fake it)
+LLAMACPP = package_words("llama_cpp_python", package_version("llama_cpp"))
 
 if package_version("vllm") is not None or package_version("sglang") is not None:  # found where the tests assume none
     pytest.skip("assumes a host without vllm and sglang", allow_module_level=True)
@@ -165,7 +167,7 @@ def test_gpu_sm_counts_only_this_hosts_gpus_of_that_sm(host):
     h = host("H100", gpu_filter="sm80", tensorrt_llm=TRTLLM, tensorrt=TRT)
     selection = choose(matrix(), h, formats=formats, variant_order=VARIANTS)
     assert selection.chosen is None
-    assert h.describe() == "no sm80 GPU, tensorrt_llm 1.2.1, tensorrt 10.13.2, no vllm, no sglang"
+    assert h.describe() == f"no sm80 GPU, tensorrt_llm 1.2.1, tensorrt 10.13.2, no vllm, no sglang, {LLAMACPP}"
     assert build_hint("x.yaml", matrix(), h) == ("to make one: run `trtbuild build x.yaml --gpu auto` on a host with "
                                                 "an sm80 GPU and tensorrt_llm")
 
@@ -177,7 +179,7 @@ def test_no_gpu_lists_every_target_with_why_and_the_build_that_would_make_one(ho
     assert selection.chosen is None
     no_gpu = "this host has no NVIDIA GPU (NVML sees none)"
     assert no_fit_lines(selection, h, "recipes/tiny.lock", build_hint("recipes/tiny.yaml", lock, h)) == [
-        "no target of recipes/tiny.lock fits this host (no NVIDIA GPU, tensorrt_llm 1.2.1, tensorrt 10.13.2, no vllm, no sglang):",
+        f"no target of recipes/tiny.lock fits this host (no NVIDIA GPU, tensorrt_llm 1.2.1, tensorrt 10.13.2, no vllm, no sglang, {LLAMACPP}):",
         "  base-tp1: a TensorRT-LLM checkpoint: no runtime serves it as it is (the engines built from it do)",
         f"  base-tp1-sm80: sm: the engine is for sm80; {no_gpu}",
         f"  base-tp1-sm89: sm: the engine is for sm89; {no_gpu}",
@@ -201,7 +203,7 @@ def test_a_gpu_host_without_an_engine_of_its_sm_is_told_to_add_it(host):
     selection = choose(lock, h, formats=formats)
     assert no_fit_lines(selection, h, "x.lock", build_hint("x.yaml", lock, h)) == [
         "no target of x.lock fits this host (1x NVIDIA H100 80GB HBM3 (sm90, 79.6 GiB), tensorrt_llm 1.2.1, "
-        "tensorrt 10.13.2, no vllm, no sglang):",
+        f"tensorrt 10.13.2, no vllm, no sglang, {LLAMACPP}):",
         "  base-tp1-sm80: sm: the engine is for sm80; this host has sm90 (1x NVIDIA H100 80GB HBM3)",
         "to make one: add sm90 to the recipe's `gpus:`, then run `trtbuild build x.yaml --gpu auto` on this host",
     ]

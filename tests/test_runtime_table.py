@@ -37,8 +37,10 @@ def test_every_reader_offers_the_runtimes_of_the_table():
 
     table = tuple(serving.table().runtimes)
     assert serving.RUNTIMES == runtime_names.RUNTIMES == table  # the command line's quick read is the table's
-    assert select.RUNTIMES == (serving.ENGINE_RUNTIME, *table)  # pull's candidates, in preference order
-    assert tuple(_option(_command("pull"), "runtime").type.choices) == ("auto", serving.ENGINE_RUNTIME, *table)
+    # pull's candidates, in preference order: llama.cpp (a GGUF, on the CPU) after every GPU runtime
+    pulled = (serving.ENGINE_RUNTIME, *table, runtime_names.LLAMACPP_RUNTIME)
+    assert select.RUNTIMES == pulled
+    assert tuple(_option(_command("pull"), "runtime").type.choices) == ("auto", *pulled)
     assert tuple(inspect.signature(check.check_checkpoint).parameters["runtimes"].default) == table
     help_text = _option(_command("check"), "runtimes").help
     assert all(name in help_text for name in table)

@@ -13,6 +13,8 @@ import pytest
 import yaml
 
 from conftest import minimal, key_fields
+from trtbuild.deploy.select import package_words
+from trtbuild.host.toolchain import package_version
 from trtbuild.lock import lockfile
 from trtbuild.lock.lockfile import LockedPlatform, LockedRecipe, LockedTarget, LockFile
 from trtbuild.store.records import ActionRecord, Digest, Execution
@@ -22,6 +24,9 @@ from trtbuild.store.local import LocalStore
 from trtbuild.store.transfer import PushItem, materialize_to, pull, push
 
 TRTLLM, TRT = "1.2.1", "10.13.2"
+
+# this host's llama-cpp-python, as Host.describe ends (probed like the other packages; not faked here)
+LLAMACPP = package_words("llama_cpp_python", package_version("llama_cpp"))
 
 
 def make_artifact(store: LocalStore, folder: Path, files: dict[str, bytes], target: str, n: int,
@@ -389,7 +394,7 @@ def test_pull_exits_1_listing_every_target_when_nothing_fits(project, run, recor
     assert result.exit_code == 1
     assert result.stderr == (
         f"no target of {project.lock_path} fits this host (1x NVIDIA L40S (sm89, 45.0 GiB), tensorrt_llm {TRTLLM}, "
-        f"tensorrt {TRT}, no vllm, no sglang):\n"
+        f"tensorrt {TRT}, no vllm, no sglang, {LLAMACPP}):\n"
         "  base-tp1: a TensorRT-LLM checkpoint: no runtime serves it as it is (the engines built from it do)\n"
         "  base-tp1-sm90: sm: the engine is for sm90; this host has sm89 (1x NVIDIA L40S)\n"
         f"to make one: add sm89 to the recipe's `gpus:`, then run `trtbuild build {project.recipe} --gpu auto` on this host\n")

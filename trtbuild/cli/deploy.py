@@ -4,6 +4,7 @@ it onto a deploy host, list what it publishes, and check that a folder can be se
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import click
@@ -55,8 +56,9 @@ def push(recipe: Path | None, targets, store_url, allow_unvalidated, as_json) ->
 @click.option("--gpu", default="auto", show_default=True, metavar="auto|SM",
               help="auto: every GPU NVML sees; an SM: only this host's GPUs of that SM count.")
 @click.option("--runtime", type=click.Choice(["auto", *PULL_RUNTIMES]), default="auto",
-              show_default=True, help="What will serve it: a TensorRT engine, or an hf-checkpoint on TensorRT-LLM's "
-              "PyTorch backend (1.3+), vLLM or SGLang.")
+              show_default=True, help="What will serve it: a TensorRT engine, an hf-checkpoint on TensorRT-LLM's "
+              "PyTorch backend (1.3+), vLLM or SGLang, or a gguf target on llama.cpp (llama-cpp-python's server, "
+              "on the CPU).")
 @click.option("--prefer", type=click.Choice(["throughput", "latency"]), default="throughput", show_default=True,
               help="Among targets that fit: the fewest GPUs (throughput) or the most (latency).")
 @click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -77,8 +79,10 @@ def pull(lock_or_recipe: Path | None, target, gpu, runtime, prefer, dest, store_
     is not on this host (a deploy host) is pulled by the lock `trtbuild push` published in the
     store, read on every pull, when it is of this very recipe (its digest). With --target auto, choose for this host: engines
     of its SM and exact tensorrt_llm / tensorrt, hf-checkpoints a runtime here serves on its SM,
-    what fits in memory, then --prefer, then the recipe's variant order. --dry-run only chooses: it
-    prints the target it would pull and downloads nothing. A bar of bytes is drawn on stderr when it
+    what fits in memory, then --prefer, then the recipe's variant order; gguf targets (llama.cpp, on
+    the CPU, where llama-cpp-python is installed) only after those, so a host without an NVIDIA GPU
+    takes one. --dry-run only chooses: it prints the target it would pull and downloads nothing. A
+    gguf target's packaged server command is printed on stderr (in the JSON: serving_command). A bar of bytes is drawn on stderr when it
     is a terminal (never with --json). Exit 0 pulled (or chosen), 1 nothing fits (every target is
     listed with the reason; with --json, also on stdout) or the store is damaged, 2 on invalid input.
     """
@@ -94,13 +98,16 @@ def pull(lock_or_recipe: Path | None, target, gpu, runtime, prefer, dest, store_
     if as_json:
         click.echo(json.dumps(pulled.as_json(), indent=2))
     elif dry_run:
+        from trtbuild.deploy.select import served_on
+
         chosen = pulled.chosen
-        gpus = f", {chosen.world_size} GPU{'s' if chosen.world_size != 1 else ''}" \
-            if chosen and chosen.world_size else ""
-        runtime_of = f" ({chosen.runtime}{gpus})" if chosen and chosen.runtime else ""
+        runtime_of = f" ({chosen.runtime}, {served_on(chosen.runtime, chosen.world_size)})" \
+            if chosen and chosen.runtime else ""
         click.echo(f"would pull {pulled.target}{runtime_of}: artifact {pulled.digest}")
     else:
         click.echo(str(pulled.path))
+        if pulled.serving_command:  # on stderr: stdout stays the folder alone, for `cd "$(trtbuild pull ...)"`
+            click.echo(f"serve it from that folder: {shlex.join(pulled.serving_command)}", err=True)
 
 
 @click.command("ls")
@@ -160,10 +167,15 @@ def check(folder: Path, lock_path: Path | None, runtimes: tuple[str, ...], gpus:
     (config.json and safetensors, as an hf-checkpoint target holds): the loader rules of
     TensorRT-LLM's PyTorch backend (>=1.3), vLLM and SGLang on its configs and tensor headers, and
     the SMs each serves it on; one `defect:` line per tensor missing or wrong (whatever a loader
-    does with it), then one line per runtime, or per reason it is rejected.
+    does with it), then one line per runtime, or per reason it is rejected. A GGUF folder
+    (model.gguf, as a gguf target holds): this host's llama.cpp loads it (llama-cpp-python, in a
+    process of its own) and its report.json and packaged server options are checked; OK with the
+    llama-cpp-python version, the file's type and architecture and the server command, or one line
+    per problem naming the file (llama.cpp's reason when it cannot load it).
 
     Exit 0 when it fits / every asked runtime accepts it (on every asked SM) and it has no
-    defects, 1 when not (a stand-in engine never fits), 2 when DIR is neither.
+    defects / llama.cpp loads it, 1 when not (a stand-in engine never fits), 2 when DIR is none of
+    these.
     """
     from trtbuild.deploy.check import check_folder
 

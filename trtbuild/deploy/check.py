@@ -1,5 +1,6 @@
-"""`trtbuild check DIR`: an engine folder against this host (engine_check), or a Hugging Face
-checkpoint against the runtimes' loader rules (serving/check.py), whichever DIR is."""
+"""`trtbuild check DIR`: an engine folder against this host (engine_check), a Hugging Face
+checkpoint against the runtimes' loader rules (serving/check.py), or a GGUF artifact against this
+host's llama.cpp (gguf_check), whichever DIR is."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from trtbuild.errors import InvalidInput
 
 @dataclass
 class Checked:
-    result: Any  # engine_check.CheckResult or serving.check.ServingCheck: as_json() and lines()
+    result: Any  # engine_check.CheckResult, serving.check.ServingCheck or gguf_check.GgufCheck: as_json() and lines()
     exit_code: int  # 0 fits / accepted, 1 not
 
     def as_json(self) -> dict:
@@ -25,9 +26,18 @@ class Checked:
 def check_folder(folder: Path, lock_path: Optional[Path] = None, runtimes: Sequence[str] = (),
                  gpus: Sequence[str] = ()) -> Checked:
     """`runtimes` and `gpus` (none: every runtime, at least one SM) apply to a checkpoint, `lock_path`
-    to an engine (its engine targets that would fit); either given for the other kind is one line."""
+    to an engine (its engine targets that would fit); either given for another kind is one line. A
+    GGUF artifact takes neither: llama.cpp on this host is what it is checked against."""
     from trtbuild.deploy.engine_check import check, is_hf_checkpoint
+    from trtbuild.deploy.gguf_check import check_gguf, is_gguf_folder
 
+    if is_gguf_folder(folder):
+        given = [option for option, value in (("--lock", lock_path), ("--runtime", runtimes), ("--gpu", gpus)) if value]
+        if given:
+            raise InvalidInput(f"{given[0]} does not apply to a GGUF folder ({folder}): it is checked against this "
+                               "host's llama.cpp")
+        gguf = check_gguf(folder)
+        return Checked(gguf, gguf.exit_code)
     if is_hf_checkpoint(folder):
         from trtbuild.serving.check import RUNTIMES, check_checkpoint
 

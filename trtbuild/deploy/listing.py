@@ -19,10 +19,11 @@ from trtbuild.plan.estimate import format_bytes
 from trtbuild.lock.lockfile import LockedRecipe, LockedTarget, LockFile
 from trtbuild.facts.nodeids import (checkpoint_of_engine, is_target, trtllm_validate_id, validate_id, variant_of,
                               vllm_validate_id)
-from trtbuild.deploy.select import Host, choose
+from trtbuild.deploy.select import Host, choose, served_on
+from trtbuild.facts.runtime_names import LLAMACPP_RUNTIME
 from trtbuild.store.platform import EnginePlatform
 from trtbuild.store.records import ActionRecord, Ref, format_utc
-from trtbuild.store.summaries import EngineSummary, HfCheckpointSummary, ValidationSummary, kind_of
+from trtbuild.store.summaries import EngineSummary, GgufSummary, HfCheckpointSummary, ValidationSummary, kind_of
 from trtbuild.store.base import Store
 from trtbuild.validate import gates
 
@@ -79,10 +80,13 @@ class Published:
     @property
     def serves(self) -> Optional[dict[str, list[str]]]:
         """An hf-checkpoint's loader check: runtime -> the SMs it serves it on (its package record);
-        an engine's SM under `trtllm-engine`."""
+        an engine's SM under `trtllm-engine`; a GGUF's `llamacpp` with no SM (its packaged server runs
+        llama.cpp on the CPU)."""
         summary = self.record.summary if self.record is not None else None
         if isinstance(summary, EngineSummary):
             return {ENGINE_RUNTIME: [summary.sm]}
+        if isinstance(summary, GgufSummary):
+            return {LLAMACPP_RUNTIME: []}
         return summary.serving.serves if isinstance(summary, HfCheckpointSummary) else None
 
     @property
@@ -99,7 +103,7 @@ class Published:
 
 
 def _is_target(target: str, record: Optional[ActionRecord]) -> bool:
-    """Checkpoints, hf-checkpoints and engines, not the nodes derived from them (nodeids.is_target).
+    """Checkpoints, hf-checkpoints, engines and GGUF files, not the nodes derived from them (nodeids.is_target).
     Without a record, the name says it (`<variant>-tp1`, `-hf`; not `source`, `reference`)."""
     return is_target(target, record.stage.split(":")[0]) if record else variant_of(target) is not None
 
@@ -238,19 +242,21 @@ def _toolchain_cell(item: Published) -> str:
 
 
 def _serves_cell(item: Published) -> str:
-    """`trtllm>=1.3 sm89 sm90; vllm sm89 sm90` for an hf-checkpoint, the SM for an engine, else -."""
+    """`trtllm>=1.3 sm89 sm90; vllm sm89 sm90` for an hf-checkpoint, the SM for an engine,
+    `llamacpp cpu` for a GGUF, else -."""
     serves = item.serves
     if not serves:
         return "-"
     if item.stage == "engine":
         return " ".join(serves[ENGINE_RUNTIME])
+    if item.stage == "gguf":
+        return f"{LLAMACPP_RUNTIME} cpu"
     return serving.served_text(serves)
 
 
 def _fit_cell(item: Published) -> str:
     if item.fits:
-        gpus = f"{item.world_size} GPU{'s' if item.world_size != 1 else ''}"
-        return f"yes ({item.runtime}, {gpus})"
+        return f"yes ({item.runtime}, {served_on(item.runtime, item.world_size)})"
     return "no: " + "; ".join(item.reasons)
 
 

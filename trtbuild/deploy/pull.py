@@ -34,11 +34,12 @@ class Pulled:
     path: Optional[Path] = None
     chosen: Optional[Candidate] = None  # the candidate of `target`, when it was judged
     moved: Optional[Moved] = None
+    serving_command: Optional[list[str]] = None  # a gguf target's packaged server command, run from `path`
 
     def as_json(self) -> dict:
         return {"target": self.target, "digest": self.digest, "path": str(self.path) if self.path else None,
                 "runtime": self.chosen.runtime if self.chosen else None,
-                "moved": self.moved.as_json() if self.moved else None,
+                "moved": self.moved.as_json() if self.moved else None, "serving_command": self.serving_command,
                 "host": self.host.as_json(), "candidates": [c.as_json() for c in self.selection.candidates]}
 
 
@@ -111,7 +112,20 @@ def pull(lock_or_recipe: Optional[Path], target: str = "auto", gpu: str = "auto"
     if dry_run:  # the choice alone (a deploy script's question), without touching the artifact
         return pulled
     pulled.digest, pulled.path, pulled.moved = _download(source, name, entry, dest, progress)
+    if entry.stage == "gguf":
+        pulled.serving_command = _gguf_command(pulled.path)
     return pulled
+
+
+def _gguf_command(folder: Path) -> list[str]:
+    """The llama.cpp server command a gguf artifact packages (serving/llamacpp_server.json); one line
+    when the pulled folder has none (the artifact is not what its stage writes)."""
+    from trtbuild.builder.stages.gguf import SERVER_FILE, read_serving
+
+    serving = read_serving(folder)
+    if serving is None:
+        raise TrtbuildError(f"{folder / SERVER_FILE}: not found; a gguf artifact packages its server command there")
+    return list(serving.command)
 
 
 def _open_source(lock_or_recipe: Optional[Path], store_url: Optional[str]) -> _Source:

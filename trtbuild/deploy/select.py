@@ -10,7 +10,13 @@ The rules, in order:
 3. An hf-checkpoint needs a runtime installed here that serves its format on this SM (the support
    table, trtbuild/data/runtime-support.json, each fact cited) and enough GPUs of that SM to hold its bytes (it counts
    as the fewest GPUs that do: the runtime shards it at load time, so that is its world size).
-4. Among those that fit: the fewest GPUs (--prefer throughput: more replicas per host) or the most
+4. A gguf target (a GGUF file) needs llama-cpp-python installed here (package metadata; its server
+   is what the artifact's serving/llamacpp_server.json runs), and no GPU: the packaged command runs
+   llama.cpp on the CPU, so it has no world size and no SM or memory rule. Whether this host's
+   llama.cpp really loads the file is `trtbuild check`'s question, not the choice's.
+5. Among those that fit: a GPU target before a gguf one (a GPU host serves an engine or an
+   hf-checkpoint rather than llama.cpp on its CPU; a host without an NVIDIA GPU can only take a
+   gguf target), then the fewest GPUs (--prefer throughput: more replicas per host) or the most
    (--prefer latency), then the recipe's variant order (without the recipe: the lock's order), then
    the runtime in --runtime's order (an engine before a checkpoint of the same variant), then the
    lock's order.
@@ -31,23 +37,29 @@ from trtbuild.plan.estimate import format_bytes
 from trtbuild.lock.lockfile import LockedTarget, LockFile, targets_of
 from trtbuild.facts.gpus import resolve_gpu, sm_number
 from trtbuild.facts.nodeids import variant_of
+from trtbuild.facts.runtime_names import LLAMACPP_RUNTIME
 from trtbuild.facts.serving import serving_sms
 from trtbuild.host.toolchain import EngineToolchain, package_version, probe_engine_toolchain
 
 RUNTIMES = serving.PULL_RUNTIMES  # --runtime's choices besides auto, in preference order
 PREFER = ("throughput", "latency")
-SERVABLE_STAGES = ("engine", "hf-checkpoint")
+SERVABLE_STAGES = ("engine", "hf-checkpoint", "gguf")
+LLAMACPP_PACKAGE = "llama_cpp"  # toolchain.package_version's name of llama-cpp-python (its distributions)
+LLAMACPP_INSTALL = "python3 -m pip install 'llama-cpp-python[server]'"
+# How describe() names a package where its JSON key (a Python identifier) is not the name people install
+PACKAGE_LABELS = {"llama_cpp_python": "llama-cpp-python"}
 
 @dataclass(frozen=True)
 class Host:
-    """What this host offers: GPUs (NVML), the engine toolchain, and the installed version of each
-    runtime table runtime's package (package metadata)."""
+    """What this host offers: GPUs (NVML), the engine toolchain, the installed version of each
+    runtime table runtime's package, and of llama-cpp-python (package metadata)."""
 
     gpus: tuple[hardware.DetectedGpu, ...]
     tensorrt_llm: Optional[str]
     tensorrt: Optional[str]
     runtimes: dict[str, Optional[str]] = field(default_factory=dict)  # runtime -> its package's version
     gpu_filter: Optional[str] = None  # --gpu SM: only this host's GPUs of that SM count
+    llama_cpp_python: Optional[str] = None  # what serves a gguf target (LLAMACPP_RUNTIME)
 
     def runtime_version(self, runtime: str) -> Optional[str]:
         return self.runtimes.get(runtime)
@@ -57,6 +69,7 @@ class Host:
         out = {"tensorrt_llm": self.tensorrt_llm, "tensorrt": self.tensorrt}
         for runtime, version in self.runtimes.items():
             out.setdefault(serving.RUNTIME_INFO[runtime].package, version)
+        out["llama_cpp_python"] = self.llama_cpp_python
         return out
 
     @classmethod
@@ -68,7 +81,7 @@ class Host:
             gpus = tuple(g for g in gpus if g.sm == sm)
         engine = probe_engine_toolchain()
         runtimes = {name: package_version(r.package) for name, r in serving.RUNTIME_INFO.items()}
-        return cls(gpus, engine.tensorrt_llm, engine.tensorrt, runtimes, sm)
+        return cls(gpus, engine.tensorrt_llm, engine.tensorrt, runtimes, sm, package_version(LLAMACPP_PACKAGE))
 
     def engine_host(self) -> HostFacts:
         return HostFacts(self.gpus, EngineToolchain(tensorrt_llm=self.tensorrt_llm, tensorrt=self.tensorrt))
@@ -82,13 +95,18 @@ class Host:
         else:
             gpus = f"no {self.gpu_filter} GPU" if self.gpu_filter else "no NVIDIA GPU"
         parts = [gpus]
-        for name, version in self._packages().items():
-            parts.append(f"{name} {version}" if version else f"no {name}")
+        parts.extend(package_words(name, version) for name, version in self._packages().items())
         return ", ".join(parts)
 
     def as_json(self) -> dict:
         return {"gpus": [{"index": g.index, "name": g.name, "sm": g.sm, "memory_bytes": g.memory_bytes} for g in self.gpus],
                 **self._packages(), "gpu": self.gpu_filter}
+
+
+def package_words(name: str, version: Optional[str]) -> str:
+    """`vllm 0.33.0` or `no vllm`, a package as Host.describe names it."""
+    label = PACKAGE_LABELS.get(name, name)
+    return f"{label} {version}" if version else f"no {label}"
 
 
 def _parse_sm(value: str) -> str:
@@ -183,6 +201,20 @@ def _hf_candidate(cand: Candidate, target: LockedTarget, fmt: Optional[tuple[Opt
     cand.reasons.extend(reasons)
 
 
+def _gguf_candidate(cand: Candidate, host: Host) -> None:
+    if host.llama_cpp_python is None:
+        cand.reasons.append(f"{LLAMACPP_RUNTIME}: llama-cpp-python is not installed ({LLAMACPP_INSTALL})")
+        return
+    cand.runtime = LLAMACPP_RUNTIME  # on the CPU: no world size
+
+
+def served_on(runtime: Optional[str], world_size: Optional[int]) -> str:
+    """Where a fitting candidate runs, as pull and ls say it: `2 GPUs`, or `CPU` for llama.cpp."""
+    if runtime == LLAMACPP_RUNTIME:
+        return "CPU"
+    return f"{world_size} GPU{'s' if world_size != 1 else ''}"
+
+
 def _engine_candidate(cand: Candidate, target: LockedTarget, host: Host) -> None:
     p = target.platform
     if p is None:
@@ -215,6 +247,11 @@ def choose(lock: LockFile, host: Host, runtime: str = "auto", prefer: str = "thr
                 cand.reasons.append(f"runtime: --runtime {runtime} does not load TensorRT engines")
             else:
                 _engine_candidate(cand, target, host)
+        elif target.stage == "gguf":
+            if LLAMACPP_RUNTIME not in runtimes:
+                cand.reasons.append(f"runtime: --runtime {runtime} does not serve GGUF files")
+            else:
+                _gguf_candidate(cand, host)
         else:
             hf_runtimes = tuple(r for r in runtimes if r in serving.RUNTIMES)
             if not hf_runtimes:
@@ -227,8 +264,9 @@ def choose(lock: LockFile, host: Host, runtime: str = "auto", prefer: str = "thr
 
     def rank(c: Candidate) -> tuple:
         v = variants.index(c.variant) if c.variant in variants else len(variants)
-        gpus = c.world_size if prefer == "throughput" else -c.world_size
-        return (gpus, v, RUNTIMES.index(c.runtime), order[c.target])
+        gpus = c.world_size or 0  # llama.cpp's: none
+        return (c.runtime == LLAMACPP_RUNTIME, gpus if prefer == "throughput" else -gpus, v, RUNTIMES.index(c.runtime),
+                order[c.target])
 
     fitting = sorted((c for c in candidates if c.fits), key=rank)
     return Selection(fitting[0] if fitting else None, candidates)
@@ -247,8 +285,12 @@ def no_fit_lines(selection: Selection, host: Host, lock_name: str, build_command
 
 def build_hint(recipe: str, lock: LockFile, host: Host) -> str:
     """The `trtbuild build` command that would make a target for this host ("" for `recipe`: the
-    embedded demo, built by the bare command)."""
+    embedded demo, built by the bare command); or, when the lock has gguf targets and this host
+    lacks llama-cpp-python, the install that would serve them."""
     recipe = f" {recipe}" if recipe else ""
+    if host.llama_cpp_python is None and any(t.stage == "gguf" for _, t in targets_of(lock)):
+        # the lock already holds what this host could serve without a GPU: no build is needed
+        return f"to serve its gguf targets (on the CPU): `{LLAMACPP_INSTALL}`"
     if not host.gpus and host.gpu_filter:
         return (f"to make one: run `trtbuild build{recipe} --gpu auto` on a host with an {host.gpu_filter} GPU "
                 "and tensorrt_llm")

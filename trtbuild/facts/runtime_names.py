@@ -13,10 +13,15 @@ TABLE_FILE = "runtime-support.json"
 # What `pull` also chooses among besides the table's runtimes: a TensorRT engine, served by the
 # TensorRT-LLM it was built with (the engine's own facts decide, deploy/engine_check.py).
 ENGINE_RUNTIME = "trtllm-engine"
+# ... and a GGUF file, served by llama.cpp through llama-cpp-python's OpenAI-compatible server (the
+# command its artifact packages, serving/llamacpp_server.json); it needs no GPU.
+LLAMACPP_RUNTIME = "llamacpp"
 
 RUNTIMES: tuple[str, ...] = tuple(json.loads(resources.files("trtbuild").joinpath("data", TABLE_FILE).read_text())
                                   ["runtimes"])
-PULL_RUNTIMES = (ENGINE_RUNTIME, *RUNTIMES)  # what `pull --runtime` chooses among, in preference order
+# what `pull --runtime` chooses among, in preference order: llama.cpp last, so a GPU host takes an
+# engine or an hf-checkpoint before a GGUF
+PULL_RUNTIMES = (ENGINE_RUNTIME, *RUNTIMES, LLAMACPP_RUNTIME)
 
 
 def names_text(names: Sequence[str] = RUNTIMES) -> str:

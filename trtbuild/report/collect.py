@@ -9,6 +9,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trtbuild.facts.nodeids import trtllm_validate_id, validate_id, vllm_validate_id
+from trtbuild.facts.runtime_names import LLAMACPP_RUNTIME
 from trtbuild.lock.lockfile import LockedTarget, LockFile
 from trtbuild.plan.expand import Plan, Target, serving_sms_of
 from trtbuild.store.local import LocalStore
@@ -22,9 +23,10 @@ class ReportRow(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     target: str = Field(description="The target's name.")
-    kind: str = Field(description="checkpoint, hf-checkpoint or engine.")
+    kind: str = Field(description="checkpoint, hf-checkpoint, engine or gguf.")
     variant: Optional[str] = Field(None, description="The recipe variant it belongs to.")
-    quant: Optional[str] = Field(None, description="The variant's weight quantization.")
+    quant: Optional[str] = Field(None, description="The variant's weight quantization (a gguf variant's: its llama.cpp "
+                                 "type, Q8_0 ...).")
     kv_cache: Optional[str] = Field(None, description="The variant's KV-cache quantization.")
     tp: Optional[int] = Field(None, description="Tensor parallelism.")
     pp: Optional[int] = Field(None, description="Pipeline parallelism.")
@@ -41,7 +43,7 @@ class ReportRow(BaseModel):
     gates_passed: Optional[bool] = Field(None, description="The target's gate verdict as decided when its validations "
                                                            "ran (the lock's); None: not validated.")
     measured_by: Optional[str] = Field(None, description="`RUNNER on DEVICE` of the numbers shown.")
-    serves: Optional[str] = Field(None, description="An hf-checkpoint's runtimes and SMs.")
+    serves: Optional[str] = Field(None, description="An hf-checkpoint's runtimes and SMs; a gguf target's llama.cpp.")
     reason: Optional[str] = Field(None, description="Why it is failed, skipped or impossible.")
 
     @model_validator(mode="before")
@@ -117,10 +119,13 @@ def rows(plan: Plan, store: LocalStore, lock: Optional[LockFile]) -> list[Report
         serves = None
         if target.kind == "hf-checkpoint" and target.ok:  # the build's loader check, else the plan's table
             serves = _judged(target, entry.serves if entry is not None else None, serving_sms).serves_line()
+        elif target.kind == "gguf" and target.ok:  # its packaged server runs llama.cpp, on the CPU
+            serves = f"{LLAMACPP_RUNTIME} (CPU)"
         # the verdict decided when the validations ran (the lock's gates_passed): failed when any of them failed
         verdict = not any(v.gates_passed is False for v in ran)
         out.append(ReportRow(
-            target=target.name, kind=target.kind, variant=target.variant, quant=variant.quant,
+            target=target.name, kind=target.kind, variant=target.variant,
+            quant=variant.quant if variant.gguf is None else variant.gguf,  # a gguf variant has no `quant:`, its type instead
             kv_cache=variant.kv_cache, tp=target.tp, pp=target.pp, gpu=target.gpu, status=status,
             size_bytes=record.size if record else None,
             weights_bytes_per_gpu=est.weights_bytes_per_gpu if est else None,
