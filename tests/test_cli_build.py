@@ -92,7 +92,7 @@ def test_a_recipe_whose_source_is_missing_creates_no_store(project):
 @pytest.mark.parametrize("args, line", [
     (("--gpu", "sm75"), "--gpu: 'sm75' is not a supported architecture; use one of sm80, sm86, sm89, sm90, sm100, sm120"),
     (("--until", "publishing"), "--until publishing: not a stage (source, calibration, quantize, checkpoint, hf-export, "
-                                "hf-checkpoint, reference, validate, engine)"),
+                                "hf-checkpoint, gguf-convert, gguf, reference, validate, engine)"),
     (("--locked",), "--locked: tiny.lock: no lock file; run `trtbuild build` without --locked to write it"),
 ], ids=["gpu", "until", "locked"])
 def test_build_errors_are_exactly_one_line(project, args, line):
