@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import mmap
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ class GGUFHeader:
     version: int
     metadata: dict[str, Any]  # key -> int, float, bool, str or GGUFArray
     tensors: dict[str, tuple[int, ...]]  # name -> dims as GGUF stores them (fastest-varying first)
+    tensor_types: dict[str, int] = field(default_factory=dict)  # name -> its ggml type (gguf.GGMLQuantizationType)
 
 
 class _Cursor:
@@ -129,19 +130,20 @@ def read_header(path: Path) -> GGUFHeader:
             for _ in range(kv_count):
                 key = cur.string()
                 metadata[key] = _value(cur, cur.unpack("I"), FORMATS, STRING, ARRAY)
-            tensors = {}
+            tensors, tensor_types = {}, {}
             for _ in range(tensor_count):
                 name = cur.string()
                 dims = cur.unpack("I")
                 tensors[name] = tuple(cur.unpack("Q") for _ in range(dims))
-                cur.skip(4 + 8)  # ggml type, data offset
+                tensor_types[name] = cur.unpack("I")
+                cur.skip(8)  # data offset
     except FileNotFoundError:
         raise InvalidInput(f"{path}: no such file") from None
     except OSError as exc:
         raise InvalidInput(f"{path}: cannot read ({exc.strerror or exc})") from None
     except (ValueError, struct.error) as exc:  # a truncated or garbled header
         raise InvalidInput(f"{path}: malformed GGUF header ({exc})") from None
-    return GGUFHeader(path, version, metadata, tensors)
+    return GGUFHeader(path, version, metadata, tensors, tensor_types)
 
 
 # general.architecture -> (HF class, model_type, hidden_act, where head_dim is stated): the dense

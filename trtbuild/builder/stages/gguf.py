@@ -137,33 +137,36 @@ def read_serving(folder: Path) -> Optional[LlamaCppServing]:
     return LlamaCppServing.model_validate_json(path.read_text()) if path.is_file() else None
 
 
-def _reader(path: Path):
-    from gguf import GGUFReader
+def _type_names(header) -> dict[str, str]:
+    """Tensor name -> its ggml type's name (`q4_k`), as gguf-py (llama.cpp's package) names the ids."""
+    from gguf import GGMLQuantizationType
 
-    return GGUFReader(str(path))
-
-
-def _field(reader, name: str):
-    field = reader.fields.get(name)
-    return field.contents() if field is not None else None
+    return {name: GGMLQuantizationType(type_id).name.lower() for name, type_id in header.tensor_types.items()}
 
 
 def describe(path: Path, root: Path) -> GgufFile:
-    """The file as gguf-py (llama.cpp's own reader) sees it."""
-    reader = _reader(path)
+    """The file's header: what llama.cpp will read of it (trtbuild's header walk, which skips the
+    vocabulary's contents: gguf-py's GGUFReader decodes every token, 2 s for SmolLM2's)."""
+    from trtbuild.model.gguf_header import read_header
+
+    header = read_header(path)
     tensors: dict[str, int] = {}
-    for tensor in reader.tensors:
-        tensors[tensor.tensor_type.name.lower()] = tensors.get(tensor.tensor_type.name.lower(), 0) + 1
-    arch = _field(reader, "general.architecture")
-    return GgufFile(file=path.relative_to(root).as_posix(), bytes=path.stat().st_size, architecture=arch,
-                    file_type=int(_field(reader, "general.file_type")), tensors=dict(sorted(tensors.items())),
-                    tokenizer=_field(reader, "tokenizer.ggml.model"),
-                    vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data))
+    for type_name in _type_names(header).values():
+        tensors[type_name] = tensors.get(type_name, 0) + 1
+    metadata = header.metadata
+    return GgufFile(file=path.relative_to(root).as_posix(), bytes=path.stat().st_size,
+                    architecture=metadata["general.architecture"], file_type=int(metadata["general.file_type"]),
+                    tensors=dict(sorted(tensors.items())), tokenizer=metadata["tokenizer.ggml.model"],
+                    vocab_size=metadata["tokenizer.ggml.tokens"].length)
 
 
 def fallback_count(path: Path, gguf_type: str) -> int:
     """Tensors that llama.cpp stored in a fallback type: 2-D weights whose rows the type's block does
     not divide (quantformats.gguf_weight_type)."""
+    from trtbuild.model.gguf_header import read_header
+
     main = quantformats.GGML_TYPES[quantformats.GGUF_TYPES[gguf_type].weights]
-    return sum(1 for t in _reader(path).tensors
-               if len(t.shape) >= 2 and int(t.shape[0]) % main.block and t.tensor_type.name.lower() != main.name.lower())
+    header = read_header(path)
+    types = _type_names(header)
+    return sum(1 for name, dims in header.tensors.items()
+               if len(dims) >= 2 and dims[0] % main.block and types[name] != main.name.lower())

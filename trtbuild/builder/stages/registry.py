@@ -76,7 +76,10 @@ STAGES: dict[str, Optional[Stage]] = {
 # pays the imports and the model load once. Engines and TensorRT-LLM or vLLM validation keep a
 # process of their own, which frees the GPU memory they take when they end.
 SHARE_A_WORKER = frozenset({"source:gguf", "source:nemo", "calibration", "quantize", "checkpoint:convert",
-                            "checkpoint:export", "hf-export:convert", "hf-export:export", "reference", "validate"})
+                            "checkpoint:export", "hf-export:convert", "hf-export:export", "reference", "validate",
+                            # its converter and llama.cpp's tokenizer probe run in processes of their own;
+                            # in the worker, the probe's transformers is imported already
+                            "gguf-convert"})
 
 # Each stage knows its registry name: the lock file records the toolchain per stage id.
 STAGES = {kind: (replace(stage, id=kind, shares_worker=kind in SHARE_A_WORKER) if stage else None)
