@@ -641,6 +641,9 @@ def test_a_ctrl_c_as_a_work_folder_is_made_leaves_no_folder_behind(tmp_path, mon
         return folder
 
     monkeypatch.setattr(tempfile, "mkdtemp", made_then_interrupted)
+    # Python's own Ctrl-C handler, as in a terminal: a run started in a shell's background (CI
+    # runners, nohup) inherits SIGINT ignored, and an ignored signal raises nothing
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     # Another thread is alive, as in a build (progress, transfers), with SIGINT not blocked.
     release = threading.Event()
     other = threading.Thread(target=release.wait, daemon=True)
@@ -653,5 +656,6 @@ def test_a_ctrl_c_as_a_work_folder_is_made_leaves_no_folder_behind(tmp_path, mon
     finally:
         release.set()
         other.join()
+        signal.signal(signal.SIGINT, previous)
     assert list((store.root / "tmp").iterdir()) == []
     assert entered == []  # raised as the folder is handed over, before the block runs
