@@ -37,6 +37,7 @@ from trtbuild.plan.estimate import format_bytes
 from trtbuild.lock.lockfile import LockedTarget, LockFile, targets_of
 from trtbuild.facts.gpus import resolve_gpu, sm_number
 from trtbuild.facts.nodeids import variant_of
+from trtbuild.facts import llamacpp as llamacpp_facts
 from trtbuild.facts.runtime_names import LLAMACPP_RUNTIME
 from trtbuild.facts.serving import serving_sms
 from trtbuild.host.toolchain import EngineToolchain, package_version, probe_engine_toolchain
@@ -45,7 +46,7 @@ RUNTIMES = serving.PULL_RUNTIMES  # --runtime's choices besides auto, in prefere
 PREFER = ("throughput", "latency")
 SERVABLE_STAGES = ("engine", "hf-checkpoint", "gguf")
 LLAMACPP_PACKAGE = "llama_cpp"  # toolchain.package_version's name of llama-cpp-python (its distributions)
-LLAMACPP_INSTALL = "python3 -m pip install 'llama-cpp-python[server]'"
+LLAMACPP_INSTALL = llamacpp_facts.INSTALL
 # How describe() names a package where its JSON key (a Python identifier) is not the name people install
 PACKAGE_LABELS = {"llama_cpp_python": "llama-cpp-python"}
 

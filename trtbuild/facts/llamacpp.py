@@ -11,4 +11,7 @@ _FACTS = json.loads(resources.files("trtbuild").joinpath("data", "llamacpp.json"
 
 PINNED_VERSION: str = _FACTS["llama_cpp_python"]  # the llama-cpp-python trtbuild[llamacpp] installs
 PINNED = f"llama-cpp-python {PINNED_VERSION}"
+# The one install command for it, wherever a message names it: the extra holds the pin, and
+# CMAKE_ARGS leaves out the multimodal library its compile of llama.cpp would build for nothing.
+INSTALL = "CMAKE_ARGS=-DLLAVA_BUILD=OFF python3 -m pip install 'trtbuild[llamacpp]'"
 CONVERTER_ARCHITECTURES: frozenset[str] = frozenset(_FACTS["converter_architectures"]["names"])

@@ -39,7 +39,8 @@ class ConverterUnavailable(TrtbuildError):
 
 
 def version() -> Optional[str]:
-    """The installed llama-cpp-python version (package metadata, no import), None when absent."""
+    """The installed llama-cpp-python version (package metadata, no import), None when absent.
+    Read here rather than through host.toolchain, which asks this module for the converter's part."""
     from importlib import metadata
 
     try:
@@ -85,7 +86,9 @@ def converter() -> Path:
         return script
     installed = version()
     if installed is None:
-        raise ConverterUnavailable(f"needs {DISTRIBUTION}: install it with `python3 -m pip install 'trtbuild[llamacpp]'`")
+        from trtbuild.facts.llamacpp import INSTALL
+
+        raise ConverterUnavailable(f"needs {DISTRIBUTION}: install it with `{INSTALL}`")
     folder = tool_cache() / f"llama.cpp-{DISTRIBUTION}-{installed}"
     if not (folder / CONVERTER).is_file():
         folder.parent.mkdir(parents=True, exist_ok=True)

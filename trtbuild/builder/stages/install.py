@@ -20,8 +20,9 @@ def install_hint(absent: list[str]) -> str:
             commands.append(f"`python3 -m pip install {CPU_TORCH} 'trtbuild[quantize]'` "
                             "(torch first, so that pip takes its CPU build)")
         elif extra == "llamacpp":
-            commands.append("`CMAKE_ARGS=-DLLAVA_BUILD=OFF python3 -m pip install 'trtbuild[llamacpp]'` "
-                            "(it compiles llama.cpp: about 3.5 minutes on 2 cores)")
+            from trtbuild.facts.llamacpp import INSTALL
+
+            commands.append(f"`{INSTALL}` (it compiles llama.cpp: about 3.5 minutes on 2 cores)")
         else:
             commands.append(f"`python3 -m pip install 'trtbuild[{extra}]'` on a GPU host")
     pronoun = "it" if len(absent) == 1 else "them"
