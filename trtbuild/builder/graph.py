@@ -336,7 +336,7 @@ class GraphBuilder:
         node = self._add(Node(target.name, GGUF, self.registry.get(GGUF), inputs=inputs, impossible=target.reason))
         gguf_type = quantformats.GGUF_TYPES[variant.gguf]
         node.params["gguf"] = field_param(variant, "gguf", f"{vpath}.gguf")
-        node.params["ftype"] = Param(gguf_type.ftype, f"llama.cpp: enum llama_ftype of {gguf_type.name} ({quantformats.LLAMA_CPP_SOURCE}/include/llama.h)")
+        node.params["ftype"] = Param(gguf_type.ftype, f"llama.cpp: enum llama_ftype of {gguf_type.name} ({quantformats.LLAMA_CPP_SOURCE}: include/llama.h)")
         limits = self.recipe.limits
         node.params["n_ctx"] = Param(self.plan.max_seq_len, "recipe: limits.max_seq_len" if limits.max_seq_len
                                      else "model config (max_position_embeddings x rope factor)")

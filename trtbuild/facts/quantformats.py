@@ -219,7 +219,8 @@ def trtllm_export_dtype_problem(quant: Optional[str], kv_cache: Optional[str], d
 
 # ---- GGUF: llama.cpp's own quantization types (the gguf backend) ---------------------------------
 # Read from llama.cpp as vendored in llama-cpp-python 0.3.36 (its sdist on PyPI,
-# llama_cpp_python-0.3.36.tar.gz: vendor/llama.cpp/), the quantizer trtbuild runs:
+# llama_cpp_python-0.3.36.tar.gz: vendor/llama.cpp/, which is ggml-org/llama.cpp at commit
+# 0c1e57098bba43ac29e6e3b677cdceebdd22334f, its CHANGELOG says), the quantizer trtbuild runs:
 # - include/llama.h `enum llama_ftype`: the file type each name asks llama_model_quantize for;
 # - tools/quantize/quantize.cpp QUANT_OPTIONS: the names `llama-quantize` takes (Q8_0, Q4_K_M, ...);
 # - ggml/src/ggml-common.h: QK_K 256 (the K-quants' super-block), 32 for Q8_0/Q5_0, and the block
@@ -230,7 +231,7 @@ def trtllm_export_dtype_problem(quant: Optional[str], kv_cache: Optional[str], d
 #   q8_0 when the block does not divide its rows (or the type is Q8_0), else q6_K; Q4_K_M and Q5_K_M
 #   store attn_v and ffn_down in q6_K in the layers `use_more_bits` picks (the first and last eighth,
 #   and every third between).
-LLAMA_CPP_SOURCE = "llama-cpp-python 0.3.36 sdist, vendor/llama.cpp"
+LLAMA_CPP_SOURCE = "ggml-org/llama.cpp@0c1e57098 (llama-cpp-python 0.3.36's vendor/llama.cpp)"
 K_QUANT_BLOCK = 256
 
 
