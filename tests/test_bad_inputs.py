@@ -9,6 +9,7 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -227,6 +228,62 @@ def test_ctrl_c_during_a_pull_exits_130_with_one_line_and_no_dest(checkpoint):
     assert not dest.exists() and not list(checkpoint.glob(".served.partial-*"))
     verify = trtbuild(checkpoint, "cache", "verify")
     assert verify.returncode == 0, verify.stderr
+
+
+
+# Ctrl-C the moment a work folder exists, before the code that made it has returned (mkdtemp and
+# Path.mkdir call os.mkdir): the folder must still go. This is the window between a work folder's
+# mkdir and the guard that removes it.
+INTERRUPT_AFTER_MKDIR = r"""
+import os, signal, sys
+wanted = sys.argv.pop(1)
+mkdir = os.mkdir
+def mkdir_then_ctrl_c(path, *args, **kwargs):
+    mkdir(path, *args, **kwargs)
+    if os.path.basename(os.fspath(path)).startswith(wanted):
+        signal.raise_signal(signal.SIGINT)  # its handler runs before this call returns
+os.mkdir = mkdir_then_ctrl_c
+sys.argv[0] = "trtbuild"
+from trtbuild.cli.entry import main
+main()
+"""
+
+
+def interrupted_after_mkdir(project: Path, prefix: str, *args, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", INTERRUPT_AFTER_MKDIR, prefix, *map(str, args)],
+                          capture_output=True, text=True, cwd=project, env=env_for(project, **extra), timeout=600,
+                          preexec_fn=sigint_as_at_a_terminal)
+
+
+def test_ctrl_c_as_a_push_staging_folder_is_made_leaves_nothing_in_tmp(checkpoint):
+    result = interrupted_after_mkdir(checkpoint, "push-", "push", "tiny.yaml", "--store", checkpoint / "shared")
+    assert (result.returncode, result.stdout, result.stderr) == (130, "", INTERRUPTED + "\n")
+    assert list((checkpoint / "store" / "tmp").iterdir()) == []
+
+
+@pytest.mark.parametrize("folder", ["pull-", "checkout-"])
+def test_ctrl_c_as_a_pull_makes_a_work_folder_leaves_nothing_in_tmp(checkpoint, folder):
+    shared, local = checkpoint / "shared", checkpoint / "local"
+    pushed = trtbuild(checkpoint, "push", "tiny.yaml", "--store", shared)
+    assert pushed.returncode == 0, pushed.stderr
+    pull = ("pull", "tiny.yaml", "--store", shared, "--target", "base-hf")
+    first = trtbuild(checkpoint, *pull, TRTBUILD_CACHE=str(local))  # a store that exists (a new one is dropped whole)
+    assert first.returncode == 0, first.stderr
+    shutil.rmtree(local / "checkouts")  # so the next pull makes its checkout again
+    result = interrupted_after_mkdir(checkpoint, folder, *pull, TRTBUILD_CACHE=str(local))
+    assert (result.returncode, result.stdout, result.stderr) == (130, "", INTERRUPTED + "\n")
+    assert list((local / "tmp").iterdir()) == []
+    verify = trtbuild(checkpoint, "cache", "verify", TRTBUILD_CACHE=str(local))
+    assert (verify.returncode, verify.stderr) == (0, ""), verify.stderr
+
+
+def test_ctrl_c_as_a_pull_makes_its_dest_folder_leaves_no_partial(checkpoint):
+    pushed = trtbuild(checkpoint, "push", "tiny.yaml", "--store", checkpoint / "shared")
+    assert pushed.returncode == 0, pushed.stderr
+    result = interrupted_after_mkdir(checkpoint, ".served.partial-", "pull", "tiny.yaml", "--store",
+                                     checkpoint / "shared", "--target", "base-hf", "--dest", checkpoint / "served")
+    assert (result.returncode, result.stdout, result.stderr) == (130, "", INTERRUPTED + "\n")
+    assert not (checkpoint / "served").exists() and not list(checkpoint.glob(".served.partial-*"))
 
 
 # ---- what used to be silent ----------------------------------------------------------------------

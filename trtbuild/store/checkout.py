@@ -5,7 +5,6 @@ stat cache: a blob the store wrote and protected, unchanged since, is trusted wi
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path, PurePosixPath
 
 from trtbuild.errors import InvalidInput
@@ -54,17 +53,15 @@ def materialize(store: Store, digest: str) -> Path:
             return final
         if final.exists():  # not made by this code (renames are atomic): rebuild it
             work_area.remove_checkout(digest)
-        work = work_area.tmpdir(f"checkout-{digest[:12]}")
-        try:
+        # the work folder goes however the block ends (a full disk, Ctrl-C): no half-made checkout
+        # in tmp/; once renamed into place there is nothing left to remove
+        with work_area.work_folder(f"checkout-{digest[:12]}") as work:
             work.chmod(0o755)
             for entry in manifest.entries:
                 dest = work / entry.path
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 store.place_blob(entry.sha256, dest, entry.executable)
             os.rename(work, final)
-        except BaseException:  # a full disk, Ctrl-C: no half-made checkout left in tmp/
-            shutil.rmtree(work, ignore_errors=True)
-            raise
     return final
 
 

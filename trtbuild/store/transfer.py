@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Protocol, TypeVar
 
-from trtbuild import fsfaults
+from trtbuild import fsfaults, interrupt
 from trtbuild.errors import InvalidInput, TrtbuildError
 from trtbuild.store.records import ActionRecord
 from trtbuild.store import lease
@@ -80,8 +80,7 @@ def _push_blobs(local: Store, remote: Store, manifest: Manifest, moved: Moved, p
     # content-addressed: there means whole (the store verifies its own)
     missing = _to_move(manifest, lambda entries: remote.each(lambda e: remote.has_blob(e.sha256), entries),
                        moved, progress)
-    work = local.workspace("staging blobs to push").tmpdir("push")
-    try:
+    with local.workspace("staging blobs to push").work_folder("push") as work:
         staged = []
         for entry in missing:
             local.verify_blob(entry.sha256)  # never publish bytes this store no longer vouches for
@@ -93,8 +92,6 @@ def _push_blobs(local: Store, remote: Store, manifest: Manifest, moved: Moved, p
         remote.put_blobs(staged, progress)  # all in flight together (S3: one transfer manager)
         moved.blobs += len(missing)
         moved.bytes += sum(e.size for e in missing)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def push(local: Store, remote: Store, items: list[PushItem], lock: Optional[tuple[str, bytes]] = None,
@@ -215,8 +212,7 @@ def pull_artifact(remote: Store, local: Store, digest: str, progress: Optional[B
     manifest = remote.get_manifest(digest)  # checked against its digest and for unsafe paths
     local.create()
     missing = _to_move(manifest, lambda entries: [_local_has(local, e.sha256) for e in entries], moved, progress)
-    work = local.workspace("pulling").tmpdir("pull")
-    try:
+    with local.workspace("pulling").work_folder("pull") as work:
         fetched = [(entry.sha256, work / entry.sha256) for entry in missing]
         try:
             moved.bytes += sum(_copy_all_verified(remote, fetched, progress))
@@ -228,8 +224,6 @@ def pull_artifact(remote: Store, local: Store, digest: str, progress: Optional[B
         for blob, staged in fetched:  # only once every blob checked out: a bad one leaves nothing behind
             local.put_blob(staged, blob, owned=True)
         local.put_manifest(manifest)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return moved
 
 
@@ -357,7 +351,8 @@ def materialize_to(store: Store, digest: str, dest: Path) -> Path:
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_partials(dest)
-        work, held = _start_partial(dest)
+        with interrupt.held():  # Ctrl-C between its mkdir and this assignment would leave the folder
+            work, held = _start_partial(dest)
         checkout(store, digest, work)
         os.rename(work, dest)
         done, held = held, None

@@ -40,7 +40,8 @@ class Workspace:
 
     # ---- areas -----------------------------------------------------------------------------------
     def tmpdir(self, prefix: str) -> Path:
-        """A fresh work folder inside the store (stage outputs there are ingested by rename)."""
+        """A fresh work folder inside the store (stage outputs there are ingested by rename), left to
+        the caller: work_folder is the one that is removed however its block ends."""
         self.folder.writing()
         return Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=self.root / layout.TMP))
 
