@@ -127,6 +127,33 @@ def test_converted_gguf_holds_the_tokenizer_the_gguf_encodes(tiny_gguf, tmp_path
     assert (saved.bos_token, saved.eos_token, saved.pad_token) == ("<|im_start|>", "<|im_end|>", "<|im_end|>")
 
 
+VLLM_ENCODES = """
+import json, sys
+from vllm.tokenizers import get_tokenizer
+tokenizer = get_tokenizer(sys.argv[1])
+print(json.dumps([tokenizer.encode(text, add_special_tokens=False) for text in json.loads(sys.argv[2])]))
+"""
+
+
+def test_converted_gguf_tokenizer_loads_in_vllm_as_it_serves(tiny_gguf, tmp_path):
+    """`vllm serve` and `vllm bench serve` load the folder's tokenizer with vLLM's own loader
+    (transformers 5 and tokenizers 0.23 in vLLM 0.33's environment), which refuses a
+    tokenizer_config.json whose add_prefix_space is null; it must encode as trtbuild's transformers does."""
+    from transformers import AutoTokenizer
+
+    sys.path.insert(0, str(ROOT / "tests" / "realloaders"))
+    import judging
+
+    out = tmp_path / "out"
+    out.mkdir()
+    convert_gguf(StageContext(out=out, inputs={}, params={"dtype": "float32"}, runtime={"file": str(tiny_gguf)}))
+    ours = AutoTokenizer.from_pretrained(out)
+    done = subprocess.run([str(judging.vllm_python()), "-c", VLLM_ENCODES, str(out), json.dumps(TEXTS)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == [ours(text, add_special_tokens=False).input_ids for text in TEXTS]
+
+
 @pytest.fixture(scope="module")
 def demo_build(demo_source):
     return demo_source

@@ -13,7 +13,7 @@ STAGES: dict[str, Optional[Stage]] = {
     # 2: the tokenizer the GGUF encodes, no longer a copy of the GGUF as tokenizer.model
     # 3: a byte-level BPE tokenizer (tokenizer.ggml.model gpt2) written as one, not as transformers'
     # LlamaTokenizer with byte fallback (llama.cpp's converter took that for SentencePiece)
-    "source:gguf": Stage("source", 3, "trtbuild.builder.stages.source.gguf:convert_gguf",
+    "source:gguf": Stage("source", 4, "trtbuild.builder.stages.source.gguf:convert_gguf",
                          toolchain=("torch", "transformers", "gguf"), needs=("torch", "transformers", "gguf", "accelerate")),
     # Later stages land with their issues; until then their nodes are skipped with this reason.
     "source:hf": Stage("source", 1, "trtbuild.builder.stages.source.hf:download", isolated=False),

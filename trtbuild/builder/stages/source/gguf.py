@@ -129,4 +129,17 @@ def _byte_level_as_the_gguf_says(folder: Path, gguf: Path) -> None:
     tokenizer_file.write_text(json.dumps(tokenizer, ensure_ascii=False, indent=2), encoding="utf-8")
     config = json.loads(config_file.read_text(encoding="utf-8"))
     config["tokenizer_class"] = "GPT2Tokenizer"
+    # transformers 4.57 writes add_prefix_space null; transformers 5 (vLLM's tokenizer loader) hands it
+    # to tokenizers' ByteLevel, which refuses null. The pre-tokenizer's own value is the one it encodes with.
+    config["add_prefix_space"] = _byte_level_prefix_space(tokenizer["pre_tokenizer"])
     config_file.write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+
+
+def _byte_level_prefix_space(pre_tokenizer: dict) -> bool:
+    """add_prefix_space of the ByteLevel pre-tokenizer (alone or in a Sequence); False without one."""
+    if pre_tokenizer.get("type") == "ByteLevel":
+        return bool(pre_tokenizer.get("add_prefix_space", False))
+    for part in pre_tokenizer.get("pretokenizers", []) if pre_tokenizer.get("type") == "Sequence" else []:
+        if part.get("type") == "ByteLevel":
+            return bool(part.get("add_prefix_space", False))
+    return False
