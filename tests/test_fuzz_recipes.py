@@ -278,7 +278,7 @@ def test_a_scalar_yaml_cannot_construct_is_one_line(sandbox, value, problem):
     (minimal("backends: *g", gpus="&g [sm90]"), ("backends", 0), "'sm90' is not one of engine, hf-checkpoint, gguf"),
     (minimal("x-limits: &l {max_batch_size: 8}\nlimits: {<<: *l, max_input_len: 64}"), ("x-limits",),
      "unknown key 'x-limits' (did you mean 'limits'? allowed: schema, name, source, dtype, variants, calibration, parallelism, limits, serving, "
-     "gpus, backends, toolchain, engine, exclude, validate, publish)"),
+     "gpus, backends, toolchain, engine, exclude, validate, publish, bench)"),
     (minimal("limits: &l {max_batch_size: 8, <<: *l}"), ("limits", "max_batch_size"),
      "duplicate key 'max_batch_size' (first at line 7)"),
     ("schema: 1\n---\nschema: 1\n", None,

@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from trtbuild.bench.workload import Bench, Workload  # noqa: F401 (docs/recipe.md documents both here)
 from trtbuild.facts import gpus as gpu_facts
 from trtbuild.facts import quantformats
 from trtbuild.facts import trtllm
@@ -338,6 +339,8 @@ class Recipe(_Strict):
     validation: Validate = Field(default_factory=Validate, alias="validate",
                                  description="accuracy validation: evaluation text, windows, device, gates")
     publish: Publish = Field(default_factory=Publish, description="where built artifacts are published")
+    bench: Bench = Field(default_factory=Bench, description="serving workloads `trtbuild bench` drives against each "
+                                                            "artifact (measurements, never part of a key)")
 
     @field_validator("schema_version", mode="before")
     @classmethod

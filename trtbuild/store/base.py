@@ -321,6 +321,46 @@ class Store:
     def describe_record(self, key: str) -> str:
         return self.transport.describe(layout.record(key))
 
+    # ---- measurements and warm-start caches (trtbuild/bench/records.py) ------------------------------
+    def put_bench(self, record) -> None:
+        """Store a serving measurement beside its artifact; a later run of the same measurement (same id)
+        replaces it."""
+        self.transport.put(layout.bench_record(record.artifact.hash, record.id), _json_line(dump(record)))
+
+    def bench_records(self, artifact: Optional[str] = None) -> list:
+        """The measurements of `artifact` (of every artifact when None), oldest first. One that does not
+        parse is a corrupt store, named."""
+        from trtbuild.bench.records import BenchRecord, parse_model
+
+        prefix = layout.BENCH + (f"{artifact}/" if artifact is not None else "")
+        out = []
+        for rel, _ in self.transport.list(prefix):
+            if layout.measured_of(rel, layout.BENCH) is None:
+                continue
+            out.append(parse_model(BenchRecord, self._read(rel), self.transport.describe(rel), "bench record"))
+        return sorted(out, key=lambda r: (r.created, r.id))
+
+    def delete_bench(self, artifact: str, measurement: str) -> None:
+        self.transport.delete(layout.bench_record(artifact, measurement))
+
+    def put_warmstart(self, record) -> None:
+        self.transport.put(layout.warmstart_record(record.key.artifact, record.key.digest()), _json_line(dump(record)))
+
+    def warmstart_records(self, artifact: Optional[str] = None) -> list:
+        """The warm-start caches captured on `artifact` (on every artifact when None), oldest first."""
+        from trtbuild.bench.records import WarmStartRecord, parse_model
+
+        prefix = layout.WARMSTART + (f"{artifact}/" if artifact is not None else "")
+        out = []
+        for rel, _ in self.transport.list(prefix):
+            if layout.measured_of(rel, layout.WARMSTART) is None:
+                continue
+            out.append(parse_model(WarmStartRecord, self._read(rel), self.transport.describe(rel), "warm-start record"))
+        return sorted(out, key=lambda r: (r.created, r.key.digest()))
+
+    def delete_warmstart(self, artifact: str, key_digest: str) -> None:
+        self.transport.delete(layout.warmstart_record(artifact, key_digest))
+
     # ---- refs ------------------------------------------------------------------------------------------
     def _parse_ref(self, recipe: str, target: str, data: bytes) -> Ref:
         try:

@@ -16,6 +16,8 @@ AC = "ac/"
 REFS = "refs/"
 LEASES = "leases/"  # a shared store's push and gc leases (store/lease.py)
 PUSHED_LOCKS = "locks/"  # a bucket's published lock files (in a folder, locks/ holds flock files instead)
+BENCH = "bench/"  # serving measurements, by the artifact they measure (trtbuild/bench/records.py)
+WARMSTART = "warmstart/"  # captured runtime caches, by the artifact they were captured on
 #: the top-level folders of which one shows that something was ever stored
 STORED_ROOTS = ("cas/", "manifests/", "ac/", "refs/")
 
@@ -77,6 +79,22 @@ def ref_of(rel: str) -> Optional[tuple[str, str]]:
 def claim(recipe: str) -> str:
     """Which recipe owns the refs under a recipe name."""
     return f"{REFS}{recipe}/{_CLAIM}"
+
+
+def bench_record(artifact: str, measurement: str) -> str:
+    return f"{BENCH}{artifact}/{measurement}.json"
+
+
+def warmstart_record(artifact: str, key_digest: str) -> str:
+    return f"{WARMSTART}{artifact}/{key_digest}.json"
+
+
+def measured_of(rel: str, area: str) -> Optional[tuple[str, str]]:
+    """(artifact digest, record id) of a bench/ or warmstart/ entry (`area`), or None for another file."""
+    parts = rel[len(area):].split("/")
+    if len(parts) != 2 or not parts[1].endswith(".json"):
+        return None
+    return parts[0], parts[1][:-len(".json")]
 
 
 def lease(name: str) -> str:
