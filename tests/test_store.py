@@ -536,7 +536,8 @@ def test_gc_dry_run_counts_exactly_what_the_sweep_removes(store, tmp_path):
     real = gc(store, pinned=set(), keep_last=1)
     assert dry.as_json() == real.as_json()
     assert real.as_json() == {"records": ["2" * 64], "manifests": 2, "blobs": 2, "bytes_freed": 300 + 6,
-                              "checkouts": 1, "tmp": 1, "failures": 1, "size_after": 400, "over_budget": False}
+                              "checkouts": 1, "tmp": 1, "failures": 1, "size_after": 400, "over_budget": False,
+                              "measurements": 0}
     assert store.workspace().failures() == ["3" * 64] and store.manifest_digests() == [kept.digest]
 
 

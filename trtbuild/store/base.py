@@ -343,6 +343,25 @@ class Store:
     def delete_bench(self, artifact: str, measurement: str) -> None:
         self.transport.delete(layout.bench_record(artifact, measurement))
 
+    def describe_bench(self, artifact: str, measurement: str) -> str:
+        return self.transport.describe(layout.bench_record(artifact, measurement))
+
+    def measured_files(self, area: str) -> list[tuple[str, str, str]]:
+        """(artifact, record id, where) of every file under bench/ or warmstart/ (`area`: layout.BENCH or
+        layout.WARMSTART), parsed or not: gc and verify judge each one by its name."""
+        out = []
+        for rel, _ in self.transport.list(area):
+            named = layout.measured_of(rel, area)
+            if named is not None:
+                out.append((*named, self.transport.describe(rel)))
+        return sorted(out)
+
+    def read_measured(self, area: str, artifact: str, record_id: str) -> bytes:
+        """A bench/ or warmstart/ record's bytes as stored, unchecked (for verify)."""
+        rel = layout.bench_record(artifact, record_id) if area == layout.BENCH else \
+            layout.warmstart_record(artifact, record_id)
+        return self._read(rel)
+
     def put_warmstart(self, record) -> None:
         self.transport.put(layout.warmstart_record(record.key.artifact, record.key.digest()), _json_line(dump(record)))
 
@@ -360,6 +379,9 @@ class Store:
 
     def delete_warmstart(self, artifact: str, key_digest: str) -> None:
         self.transport.delete(layout.warmstart_record(artifact, key_digest))
+
+    def describe_warmstart(self, artifact: str, key_digest: str) -> str:
+        return self.transport.describe(layout.warmstart_record(artifact, key_digest))
 
     # ---- refs ------------------------------------------------------------------------------------------
     def _parse_ref(self, recipe: str, target: str, data: bytes) -> Ref:

@@ -46,6 +46,7 @@ class GcReport:
     failures: int = 0
     size_after: int = 0
     over_budget: bool = False
+    measurements: int = 0  # bench and warm-start records of artifacts removed
 
     def as_json(self) -> dict:
         return dict(self.__dict__)
@@ -100,7 +101,14 @@ def sweep(store: Store, live: Live, dry_run: bool = False, named: Optional[Calla
     hears the location of each object removed (or, dry, that would be)."""
     tell = named or (lambda where: None)
     report = GcReport(records=list(live.doomed), over_budget=live.over_budget)
-    live_blobs: set[str] = set()
+    doomed_measured, raws, caches = _measured(store, live.digests)
+    live = Live(live.digests | caches, live.doomed, live.over_budget)  # a kept warm-start record keeps its cache
+    for where, remove in doomed_measured:
+        report.measurements += 1
+        tell(where)
+        if not dry_run:
+            remove()
+    live_blobs: set[str] = set(raws)
     for digest in live.digests:
         if store.has_manifest(digest):
             live_blobs |= {e.sha256 for e in store.get_manifest(digest).entries}
@@ -129,6 +137,33 @@ def sweep(store: Store, live: Live, dry_run: bool = False, named: Optional[Calla
         _sweep_workspace(store, live, report, dry_run)
     report.size_after = _size_of(store, live.digests)
     return report
+
+
+def _measured(store: Store, digests: set[str]):
+    """([(where, remove)] of the bench and warm-start records of artifacts outside `digests`; the raw
+    results blobs and the cache artifacts that the other records name, which stay with them). A record
+    that does not parse keeps nothing (`cache verify` names it)."""
+    from pydantic import ValidationError
+
+    from trtbuild.bench.records import BenchRecord, WarmStartRecord
+    from trtbuild.store import layout
+
+    doomed, raws, caches = [], set(), set()
+    for area, model, delete in ((layout.BENCH, BenchRecord, store.delete_bench),
+                                (layout.WARMSTART, WarmStartRecord, store.delete_warmstart)):
+        for artifact, record_id, where in store.measured_files(area):
+            if artifact not in digests:
+                doomed.append((where, lambda d=delete, a=artifact, r=record_id: d(a, r)))
+                continue
+            try:
+                record = model.model_validate_json(store.read_measured(area, artifact, record_id))
+            except (ValidationError, ValueError, FileNotFoundError):
+                continue
+            if isinstance(record, BenchRecord):
+                raws.add(record.raw.hash)
+            else:
+                caches.add(record.cache.hash)
+    return doomed, raws, caches
 
 
 def _sweep_workspace(store: Store, live: Live, report: GcReport, dry_run: bool) -> None:

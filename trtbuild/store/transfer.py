@@ -80,6 +80,13 @@ def _push_blobs(local: Store, remote: Store, manifest: Manifest, moved: Moved, p
     # content-addressed: there means whole (the store verifies its own)
     missing = _to_move(manifest, lambda entries: remote.each(lambda e: remote.has_blob(e.sha256), entries),
                        moved, progress)
+    _send_blobs(local, remote, missing, moved, progress)
+
+
+def _send_blobs(local: Store, remote: Store, missing: list, moved: Moved, progress=None) -> None:
+    """Send `missing` (manifest entries: sha256, size) from `local` to `remote`, each verified first."""
+    if not missing:
+        return
     with local.workspace("staging blobs to push").work_folder("push") as work:
         staged = []
         for entry in missing:
@@ -133,6 +140,10 @@ def _push_items(local: Store, remote: Store, items: list[PushItem], held, progre
             moved.skipped_blobs += len({e.sha256 for e in manifest.entries})
         if held is not None:
             held.renew()  # a long push keeps its lease
+    for digest in digests:  # measured with the artifact: its measurements and warm-start caches go with it
+        _push_measured(local, remote, digest, moved, progress)
+        if held is not None:
+            held.renew()
 
     if claim is not None and any(item.ref is not None for item in items):
         remote.claim_recipe(*claim)
@@ -156,6 +167,50 @@ def _push_items(local: Store, remote: Store, items: list[PushItem], held, progre
         if item.ref is not None:
             moved.refs += 1
     return moved
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A blob to move that no manifest names (a bench record's raw results): as a manifest entry."""
+
+    sha256: str
+    size: int
+    path: str
+
+
+def _measured_of(store: Store, digest: str) -> tuple[list, list]:
+    """The artifact's bench records and warm-start records in `store`, each checked: a raw-results blob
+    or a cache artifact a record names that `store` lacks is an error naming the record, before
+    anything moves."""
+    bench, warm = store.bench_records(digest), store.warmstart_records(digest)
+    for record in bench:
+        if not store.has_blob(record.raw.hash):
+            raise CorruptStore(f"bench record {store.describe_bench(digest, record.id)}: names raw results blob "
+                               f"{record.raw.hash}, which {store.location} lacks; run `trtbuild bench` again")
+    for record in warm:
+        if not store.has_manifest(record.cache.hash):
+            raise CorruptStore(f"warm-start record {store.describe_warmstart(digest, record.key.digest())}: names "
+                               f"cache artifact {record.cache.hash}, whose manifest {store.location} lacks")
+    return bench, warm
+
+
+def _push_measured(local: Store, remote: Store, digest: str, moved: Moved, progress=None) -> None:
+    """The artifact's measurements and warm-start caches, after the artifact: each record's bytes
+    (raw results blob; cache artifact's blobs and manifest) before the record that names them."""
+    bench, warm = _measured_of(local, digest)
+    raws = list({r.raw.hash: _Entry(r.raw.hash, r.raw.size_bytes, f"raw results of bench record {r.id}")
+                 for r in bench}.values())
+    missing = [e for e, there in zip(raws, remote.each(lambda e: remote.has_blob(e.sha256), raws)) if not there]
+    moved.skipped_blobs += len(raws) - len(missing)
+    _send_blobs(local, remote, missing, moved, None)
+    for record in warm:
+        if not remote.has_manifest(record.cache.hash):
+            manifest = local.get_manifest(record.cache.hash)
+            _push_blobs(local, remote, manifest, moved, progress)
+            remote.put_manifest(manifest)
+    bench, warm = _newer(remote, digest, bench, warm)
+    remote.each(remote.put_bench, bench)
+    remote.each(remote.put_warmstart, warm)
 
 
 # ---- pull ------------------------------------------------------------------------------------------
@@ -238,7 +293,47 @@ def pull(remote: Store, local: Store, key_or_digest: str, progress: Optional[Byt
     if record is not None:
         local.put_record(record)
         moved.records += 1
+    pull_measured(remote, local, digest, moved)
     return digest, moved
+
+
+def pull_measured(remote: Store, local: Store, digest: str, moved: Optional[Moved] = None) -> Moved:
+    """The artifact's bench records (with their raw results, verified) and warm-start records (with
+    their cache artifacts, verified) from `remote` into `local`: the bytes first, then the records."""
+    moved = moved if moved is not None else Moved()
+    bench, warm = _measured_of(remote, digest)
+    raws = list({r.raw.hash: r.raw for r in bench}.values())
+    missing = [raw for raw in raws if not _local_has(local, raw.hash)]
+    moved.skipped_blobs += len(raws) - len(missing)
+    if missing:
+        with local.workspace("pulling").work_folder("pull") as work:
+            fetched = [(raw.hash, work / raw.hash) for raw in missing]
+            moved.bytes += sum(_copy_all_verified(remote, fetched))
+            moved.blobs += len(fetched)
+            for blob, staged in fetched:
+                local.put_blob(staged, blob, owned=True)
+    for record in warm:
+        if not local.has_manifest(record.cache.hash):
+            got = pull_artifact(remote, local, record.cache.hash)
+            moved.blobs, moved.bytes = moved.blobs + got.blobs, moved.bytes + got.bytes
+            moved.skipped_blobs += got.skipped_blobs
+    bench, warm = _newer(local, digest, bench, warm)
+    for record in bench:
+        local.put_bench(record)
+    for record in warm:
+        local.put_warmstart(record)
+    return moved
+
+
+def _newer(dest: Store, digest: str, bench: list, warm: list) -> tuple[list, list]:
+    """The records `dest` lacks, or holds an older run of (same id, earlier `created`): a later run of
+    a measurement replaces it, an earlier one never does."""
+    if not bench and not warm:
+        return [], []
+    there = {r.id: r.created for r in dest.bench_records(digest)} if bench else {}
+    warm_there = {r.key.digest(): r.created for r in dest.warmstart_records(digest)} if warm else {}
+    return ([r for r in bench if r.id not in there or there[r.id] < r.created],
+            [r for r in warm if r.key.digest() not in warm_there or warm_there[r.key.digest()] < r.created])
 
 
 # ---- materialize into a folder of the user's --------------------------------------------------------

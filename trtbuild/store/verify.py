@@ -28,6 +28,7 @@ class Scan:
     bad_manifests: dict[str, str] = field(default_factory=dict)  # digest -> why
     bad_records: dict[str, str] = field(default_factory=dict)  # key -> why
     bad_refs: dict[tuple[str, str], str] = field(default_factory=dict)  # (recipe, target) -> why
+    bad_measured: dict[tuple[str, str, str], str] = field(default_factory=dict)  # (area, artifact, id) -> why
 
 
 def scan(store: Store, progress=None) -> Scan:
@@ -105,7 +106,44 @@ def scan(store: Store, progress=None) -> Scan:
     for recipe, target, why in malformed:
         found.problems.append(f"{store.describe_ref(recipe, target)}: malformed ({why})")
         found.bad_refs[(recipe, target)] = f"malformed ({why})"
+    _scan_measured(store, found, present)
     return found
+
+
+def _scan_measured(store: Store, found: Scan, present: set[str]) -> None:
+    """Every bench and warm-start record: it parses, sits where its content files it, and what it names
+    is there and sound (the artifact measured; a bench record's raw results blob; a warm-start
+    record's cache artifact)."""
+    from trtbuild.bench.records import BenchRecord, WarmStartRecord, parse_model
+    from trtbuild.store import layout
+
+    for area, model, what in ((layout.BENCH, BenchRecord, "bench record"),
+                              (layout.WARMSTART, WarmStartRecord, "warm-start record")):
+        for artifact, record_id, where in store.measured_files(area):
+            named = (area, artifact, record_id)
+            try:
+                record = parse_model(model, store.read_measured(area, artifact, record_id), where, what)
+            except CorruptStore as exc:
+                found.problems.append(str(exc))
+                found.bad_measured[named] = "malformed"
+                continue
+            filed = (record.artifact.hash, record.id) if area == layout.BENCH else (record.key.artifact,
+                                                                                     record.key.digest())
+            why = None
+            if filed != (artifact, record_id):
+                why = f"its content files it as {area}{filed[0]}/{filed[1]}.json"
+            elif artifact not in found.good_manifests:
+                why = f"names artifact {artifact}, whose manifest is " + (
+                    "bad" if artifact in found.bad_manifests else "missing")
+            elif area == layout.BENCH and (record.raw.hash not in present or record.raw.hash in found.bad_blobs):
+                why = f"names raw results blob {record.raw.hash}, which is " + (
+                    "corrupt" if record.raw.hash in found.bad_blobs else "missing")
+            elif area == layout.WARMSTART and record.cache.hash not in found.good_manifests:
+                why = f"names cache artifact {record.cache.hash}, whose manifest is " + (
+                    "bad" if record.cache.hash in found.bad_manifests else "missing")
+            if why:
+                found.problems.append(f"{where}: {why}")
+                found.bad_measured[named] = why
 
 
 def verify(store: Store, progress=None) -> list[str]:
@@ -139,4 +177,16 @@ def _drop(store: Store, found: Scan) -> list[str]:
     for (recipe, target), why in sorted(found.bad_refs.items()):
         store.delete_ref(recipe, target)
         done.append(f"dropped ref {store.describe_ref(recipe, target)} ({why}): the next build points it again")
+    from trtbuild.store import layout
+
+    for (area, artifact, record_id), why in sorted(found.bad_measured.items()):
+        if area == layout.BENCH:
+            where = store.describe_bench(artifact, record_id)
+            store.delete_bench(artifact, record_id)
+            done.append(f"dropped bench record {where} ({why}): `trtbuild bench` measures it again")
+        else:
+            where = store.describe_warmstart(artifact, record_id)
+            store.delete_warmstart(artifact, record_id)
+            done.append(f"dropped warm-start record {where} ({why}): `trtbuild bench --capture-warm-start` "
+                        "captures it again")
     return done
