@@ -69,10 +69,15 @@ def push(recipe: Path | None, targets, store_url, allow_unvalidated, as_json) ->
 @click.option("--allow-unvalidated", is_flag=True,
               help="Also pull (and choose among) targets of a --no-validate build, as `push --allow-unvalidated` "
                    "publishes them; never one whose validation failed or a stand-in made.")
+@click.option("--warm-start", is_flag=True,
+              help="Then install the warm-start cache captured on the artifact (vLLM's or TensorRT-LLM's compile "
+                   "and autotune caches, `bench --capture-warm-start`) where the runtime looks ($VLLM_CACHE_ROOT, "
+                   "default ~/.cache/vllm), only when this host matches every part of its key; else one line "
+                   "naming the part that differs, nothing installed, exit 1.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the choice, every target's fit and the path as JSON (also when nothing fits).")
 def pull(lock_or_recipe: Path | None, target, gpu, runtime, prefer, dest, store_url, dry_run, allow_unvalidated,
-         as_json) -> None:
+         warm_start, as_json) -> None:
     """Download a target of LOCK_OR_RECIPE (a `.lock` file, or a recipe: its lock, default: the
     embedded demo recipe) from --store (default: the recipe's publish.store; for a lock, the one it
     records) into the local store, verifying every blob, and print where it is. A recipe whose lock
@@ -85,12 +90,16 @@ def pull(lock_or_recipe: Path | None, target, gpu, runtime, prefer, dest, store_
     gguf target's packaged server command is printed on stderr (in the JSON: serving_command). A bar of bytes is drawn on stderr when it
     is a terminal (never with --json). Exit 0 pulled (or chosen), 1 nothing fits (every target is
     listed with the reason; with --json, also on stdout) or the store is damaged, 2 on invalid input.
+    --warm-start then installs the artifact's warm-start cache that matches this host (a line on
+    stderr; in the JSON: warm_start), or refuses the one captured elsewhere with one line naming the
+    part of its key that differs (exit 1, the artifact pulled, no cache installed); none captured:
+    a line saying so, exit 0.
     """
     from trtbuild.deploy import pull as deploy_pull
 
     try:
         pulled = deploy_pull.pull(lock_or_recipe, target, gpu, runtime, prefer, dest, store_url, dry_run,
-                                  allow_unvalidated, _bar(as_json))
+                                  allow_unvalidated, _bar(as_json), warm_start=warm_start)
     except deploy_pull.NothingFits as exc:
         if as_json:  # a deploy script reads every candidate's reasons; the lines still go to stderr
             click.echo(json.dumps(exc.pulled.as_json(), indent=2))
@@ -108,6 +117,10 @@ def pull(lock_or_recipe: Path | None, target, gpu, runtime, prefer, dest, store_
         click.echo(str(pulled.path))
         if pulled.serving_command:  # on stderr: stdout stays the folder alone, for `cd "$(trtbuild pull ...)"`
             click.echo(f"serve it from that folder: {shlex.join(pulled.serving_command)}", err=True)
+    if pulled.warm_start is not None:  # the artifact is pulled either way; a refused cache is exit 1
+        click.echo(pulled.warm_start.line, err=True)
+        if pulled.warm_start.refused:
+            raise click.exceptions.Exit(1)
 
 
 @click.command("ls")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Optional
 from trtbuild.errors import InvalidInput, TrtbuildError
 
 if TYPE_CHECKING:
+    from trtbuild.bench.warmstart import Installed
     from trtbuild.deploy.push import ProgressBar
     from trtbuild.deploy.select import Candidate, Host, Selection
     from trtbuild.lock.lockfile import LockFile
@@ -35,12 +36,14 @@ class Pulled:
     chosen: Optional[Candidate] = None  # the candidate of `target`, when it was judged
     moved: Optional[Moved] = None
     serving_command: Optional[list[str]] = None  # a gguf target's packaged server command, run from `path`
+    warm_start: Optional[Installed] = None  # with --warm-start: the cache installed, refused or none captured
 
     def as_json(self) -> dict:
         return {"target": self.target, "digest": self.digest, "path": str(self.path) if self.path else None,
                 "runtime": self.chosen.runtime if self.chosen else None,
                 "moved": self.moved.as_json() if self.moved else None, "serving_command": self.serving_command,
-                "host": self.host.as_json(), "candidates": [c.as_json() for c in self.selection.candidates]}
+                "host": self.host.as_json(), "candidates": [c.as_json() for c in self.selection.candidates],
+                **({"warm_start": self.warm_start.as_json()} if self.warm_start is not None else {})}
 
 
 class NothingFits(TrtbuildError):
@@ -85,9 +88,12 @@ class _Source:
 
 def pull(lock_or_recipe: Optional[Path], target: str = "auto", gpu: str = "auto", runtime: str = "auto",
          prefer: str = "throughput", dest: Optional[Path] = None, store_url: Optional[str] = None,
-         dry_run: bool = False, allow_unvalidated: bool = False, progress: Optional[ProgressBar] = None) -> Pulled:
+         dry_run: bool = False, allow_unvalidated: bool = False, progress: Optional[ProgressBar] = None,
+         warm_start: bool = False) -> Pulled:
     """Choose `target` (auto: the best fit for this host) and, unless `dry_run`, pull it into the
-    local store (verified) and materialize it (into `dest`, else the store's read-only checkout).
+    local store (verified) and materialize it (into `dest`, else the store's read-only checkout);
+    with `warm_start`, then install the warm-start cache captured on it that matches this host
+    (bench/warmstart.pull_install: `.warm_start` says which, or the line refusing it).
     Raises NothingFits, or one line for anything else that stops it."""
     from trtbuild.deploy.select import Host, build_hint, choose, no_fit_lines
 
@@ -114,6 +120,12 @@ def pull(lock_or_recipe: Optional[Path], target: str = "auto", gpu: str = "auto"
     pulled.digest, pulled.path, pulled.moved = _download(source, name, entry, dest, progress)
     if entry.stage == "gguf":
         pulled.serving_command = _gguf_command(pulled.path)
+    if warm_start:  # after the artifact is here: a refused cache never undoes the pull (the CLI exits 1)
+        from trtbuild.bench.warmstart import pull_install
+
+        chosen_runtime = pulled.chosen.runtime if pulled.chosen else None
+        pulled.warm_start = pull_install(source.store(), name, pulled.digest, pulled.path,
+                                         runtime if runtime != "auto" else chosen_runtime)
     return pulled
 
 
