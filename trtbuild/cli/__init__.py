@@ -49,10 +49,10 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from trtbuild.cli import build, cache, deploy, lock, plan, report
+    from trtbuild.cli import bench, build, cache, deploy, lock, plan, report
 
     for command in (plan.plan, plan.schema, build.build, build.explain, build.path_of, deploy.push, deploy.pull,
-                    deploy.ls, deploy.check, cache.cache, lock.lock_group, report.report):
+                    deploy.ls, deploy.check, cache.cache, lock.lock_group, report.report, bench.bench):
         cli.add_command(command)
 
 
