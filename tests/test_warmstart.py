@@ -231,3 +231,84 @@ def test_pull_warm_start_of_an_artifact_nothing_was_captured_on_says_so(shared, 
         0, "no warm-start cache was captured of fp8-hf for vllm; the runtime will compile and tune at its first start\n")
     assert not (tmp_path / "vllm-cache-root").exists()
     assert os.path.isdir(result.stdout.strip())
+
+
+# ---- bench --capture-warm-start's second start --------------------------------------------------------------
+
+STANDIN_SERVE = '''#!{python}
+"""A stand-in `vllm serve` for capture_after_runs (no vLLM runs on the CPU): what vLLM 0.26.0 does with
+VLLM_CACHE_ROOT, in miniature: the first start writes torch_compile_cache/<hash>/..., a later one
+finds it (or, with STANDIN_RECOMPILE, compiles into another folder); then it answers /v1/models."""
+import http.server, json, os, sys
+from pathlib import Path
+
+root = Path(os.environ["VLLM_CACHE_ROOT"]) / "torch_compile_cache"
+made = sorted(root.iterdir()) if root.is_dir() else []
+if not made or os.environ.get("STANDIN_RECOMPILE"):
+    graph = root / f"{{len(made):010d}}" / "rank_0_0" / "backbone" / "computation_graph.py"
+    graph.parent.mkdir(parents=True)
+    graph.write_text("def forward(x):\\n    return x\\n")
+
+
+class Models(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({{"object": "list", "data": [{{"id": "model"}}]}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), Models).serve_forever()
+'''
+
+
+@pytest.fixture
+def standin_serve(tmp_path, monkeypatch, h100_with_vllm):
+    """`vllm` on PATH is STANDIN_SERVE; an fp8-hf folder with its packaged options."""
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "vllm").write_text(STANDIN_SERVE.format(python=sys.executable))
+    (bin_dir / "vllm").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return write_tree(tmp_path / "fp8-hf", {"config.json": b"{}", "serving/vllm_args.json": json.dumps(OPTIONS).encode()})
+
+
+def test_the_second_start_on_the_first_starts_cache_is_timed_and_captured(standin_serve, store, tmp_path):
+    from trtbuild.bench.server import RuntimeServer, server_spec
+    from trtbuild.bench.warmstart import capture_after_runs, runtime_env
+
+    root = tmp_path / "cache-root"
+    root.mkdir()
+    spec = server_spec("vllm", standin_serve, "fp8-hf", runtime_env("vllm", root))
+    with RuntimeServer(spec, 30) as cold:
+        pass
+    record = capture_after_runs(store, spec, ARTIFACT, "fp8-hf", cold.time_to_ready_s, 30, root)
+    assert record.key == CAPTURED.model_copy(update=HERE)
+    assert record.cold_ready_s == cold.time_to_ready_s
+    assert store.warmstart_records(ARTIFACT) == [record]
+    assert [e.path for e in store.get_manifest(record.cache.hash).entries] == [
+        "torch_compile_cache/0000000000/rank_0_0/backbone/computation_graph.py"]
+
+
+def test_a_second_start_that_compiles_again_is_not_captured(standin_serve, store, tmp_path, monkeypatch):
+    from trtbuild.bench.server import RuntimeServer, server_spec
+    from trtbuild.bench.warmstart import capture_after_runs, runtime_env
+
+    monkeypatch.setenv("STANDIN_RECOMPILE", "1")
+    root = tmp_path / "cache-root"
+    root.mkdir()
+    spec = server_spec("vllm", standin_serve, "fp8-hf", runtime_env("vllm", root))
+    with RuntimeServer(spec, 30) as cold:
+        pass
+    with pytest.raises(Exception) as refused:
+        capture_after_runs(store, spec, ARTIFACT, "fp8-hf", cold.time_to_ready_s, 30, root)
+    assert str(refused.value) == ("fp8-hf: the second start of vllm compiled again into "
+                                  "torch_compile_cache/0000000001 instead of reusing the first start's (0000000000); "
+                                  "warm-start cache not captured")
+    assert store.warmstart_records() == []

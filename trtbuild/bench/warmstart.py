@@ -364,3 +364,41 @@ def pull_install(store, target: str, digest: str, folder: Path, runtime: Optiona
         f" (start trtllm-serve with {facts.TRTLLM_CACHE_ENV}={dest / facts.TRTLLM_CACHE_FILE})"
     return Installed(f"warm-start cache {chosen.cache.hash[:12]} of {target} installed into {dest}{told}",
                      installed=chosen.cache.hash, path=dest)
+
+
+# ---- bench --capture-warm-start -------------------------------------------------------------------------
+
+def _compile_folders(root: Path) -> set[str]:
+    folder = Path(root) / facts.TORCH_COMPILE_CACHE
+    return {p.name for p in folder.iterdir() if p.is_dir()} if folder.is_dir() else set()
+
+
+def capture_after_runs(store, spec, digest: str, target: str, cold_ready_s: float, ready_timeout_s: float,
+                       root: Path, say: Callable[[str], None] = lambda line: None) -> WarmStartRecord:
+    """The second half of `bench --capture-warm-start`, called once the runs on the first (cold) start
+    are over and that server is stopped. The cold start was made with `spec`, whose env pointed the
+    runtime at `root`, a fresh empty folder (runtime_env(spec.runtime, root)); this starts the runtime
+    again with the same spec (so on the caches the first start left in `root`), times it to ready,
+    stops it, and stores `root` as the artifact's warm-start cache under this host's key. vLLM is held
+    to its own naming: a second start that made another torch_compile_cache/<hash> folder did not
+    reuse the first's (another configuration or path), and nothing is captured then."""
+    from trtbuild.bench.server import RuntimeServer
+
+    if spec.runtime not in facts.RUNTIMES:
+        raise TrtbuildError(f"--capture-warm-start: {spec.runtime} keeps no cache trtbuild captures "
+                            f"({', '.join(facts.RUNTIMES)} do)")
+    entries = serve_entries(spec.folder, spec.runtime)
+    tp, pp, options = entries[0] if len(entries) == 1 else (1, 1, {})
+    cold = _compile_folders(root)
+    say(f"starting {spec.runtime} on {target} again, on the caches of its first start")
+    with RuntimeServer(spec, ready_timeout_s) as server:
+        warm_ready_s = server.time_to_ready_s
+    say(f"{spec.runtime} ready in {warm_ready_s:.1f} s with the caches (cold: {cold_ready_s:.1f} s)")
+    added = sorted(_compile_folders(root) - cold)
+    if spec.runtime == "vllm" and cold and added:
+        raise TrtbuildError(f"{target}: the second start of vllm compiled again into "
+                            f"{facts.TORCH_COMPILE_CACHE}/{added[0]} instead of reusing the first start's "
+                            f"({', '.join(sorted(cold))}); warm-start cache not captured")
+    record = capture(store, root, host_key(digest, spec.runtime, options, tp, pp), cold_ready_s, warm_ready_s)
+    say(f"warm-start cache {record.cache.hash[:12]} of {target} captured ({record.cache.size_bytes:,} bytes)")
+    return record
