@@ -9,6 +9,7 @@ leaves no server behind; the records of runs already finished are kept (each is 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform as platform_module
 import socket
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from trtbuild.bench import loadgen as loadgens
+from trtbuild.bench import warmstart
 from trtbuild.bench.records import BenchRecord, LoadGenerator, Platform, bench_id
 from trtbuild.bench.server import RUNTIMES, RuntimeServer, server_spec
 from trtbuild.bench.workload import Bench, Workload
@@ -192,10 +194,13 @@ def host_platform(runtime: str, gpus: int) -> Platform:
 
 def bench(recipe: Optional[Path], targets: list[str], runtime: str = "auto", workloads: Optional[list[str]] = None,
           loadgen: str = "auto", workloads_file: Optional[Path] = None, env: Optional[dict[str, str]] = None,
-          say: Callable[[str], None] = lambda line: None) -> list[BenchRecord]:
+          say: Callable[[str], None] = lambda line: None, capture_warm_start: bool = False) -> list[BenchRecord]:
     """Measure each target on its runtime with each workload (all of the recipe's, else those named)
     at each of its concurrency levels; the records, in order, each written to the local store as it
-    is made. `env`: overrides for the server's environment (a warm-start cache's location)."""
+    is made. `env`: overrides for the server's environment (a warm-start cache's location).
+    `capture_warm_start` (vllm, trtllm): the first start gets a fresh, empty cache folder; once the
+    runs end and it is stopped, the runtime is started again on what it left there, timed, and the
+    folder captured as the artifact's warm-start cache (bench/warmstart.capture_after_runs)."""
     from trtbuild.host.toolchain import package_version, standin_parts
     from trtbuild.recipe.schema import load_recipe_or_demo
     from trtbuild.store.local import open_store
@@ -213,13 +218,19 @@ def bench(recipe: Optional[Path], targets: list[str], runtime: str = "auto", wor
                                f"({', '.join(w.name for w in section.workloads)})") from None
     store = open_store(None, missing_ok=True)
     records: list[BenchRecord] = []
-    with store.using():
+    with store.using(), contextlib.ExitStack() as scratch:  # scratch: the warm-start cache folders, however it ends
         found = resolve(loaded, store, targets)
         for artifact in found:
             served_by = pick_runtime(artifact.kind, runtime, artifact.target)
             generator = loadgens.choose(loadgen, served_by)
             tokenizer = tokenizer_folder(loaded, store, artifact)
             spec = server_spec(served_by, artifact.folder, f"{artifact.target} ({artifact.digest[:12]})", env)
+            cache_root = None
+            if capture_warm_start:  # the cold start: a cache folder of its own, empty
+                cache_root = scratch.enter_context(store.workspace("bench").work_folder("warmstart")) / "cache"
+                cache_root.mkdir()
+                spec = server_spec(served_by, artifact.folder, spec.artifact,
+                                   {**(env or {}), **warmstart.runtime_env(served_by, cache_root)})
             host = host_platform(served_by, spec.gpus)
             runtime_version = package_version(PACKAGE_OF[served_by])
             extra = request_extra(served_by, artifact)
@@ -249,6 +260,9 @@ def bench(recipe: Optional[Path], targets: list[str], runtime: str = "auto", wor
                             standin=standin_parts({PACKAGE_OF[served_by]: runtime_version, generator: run.version}))
                         store.put_bench(record)  # each run's record whole as it ends: a later failure keeps it
                         records.append(record)
+            if cache_root is not None:
+                warmstart.capture_after_runs(store, spec, artifact.digest, artifact.target, server.time_to_ready_s,
+                                             section.ready_timeout_s, cache_root, say)
     return records
 
 

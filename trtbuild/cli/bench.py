@@ -50,8 +50,14 @@ def _table(records) -> None:
 @click.option("--loadgen", type=click.Choice(["auto", "aiperf", "vllm-bench"]), default="auto", show_default=True,
               help="The load generator. auto: vLLM's `vllm bench serve` for a vLLM server when vLLM is installed "
                    "here, else NVIDIA aiperf (any OpenAI-compatible server; the bench extra installs it).")
+@click.option("--capture-warm-start", is_flag=True,
+              help="vllm, trtllm: start the runtime on an empty cache folder, and after the runs start it again on "
+                   "what it compiled and tuned there; store that folder as the artifact's warm-start cache, keyed "
+                   "by this host (`pull --warm-start` installs it where every part of the key matches), with both "
+                   "times to ready.")
 @click.option("--json", "as_json", is_flag=True, help="Print the records as JSON ({\"schema\": 1, \"records\": [...]}).")
-def bench(recipe: Path | None, targets, runtime, workloads, workloads_file, loadgen, as_json) -> None:
+def bench(recipe: Path | None, targets, runtime, workloads, workloads_file, loadgen, capture_warm_start,
+          as_json) -> None:
     """Measure TARGET's artifact of RECIPE (default: the embedded demo recipe) on the runtime that
     serves it: start the runtime from the options the artifact packages on a loopback port, wait
     until GET /v1/models answers (recipe bench.ready_timeout_s), drive each workload at each of its
@@ -67,7 +73,8 @@ def bench(recipe: Path | None, targets, runtime, workloads, workloads_file, load
     from trtbuild.bench.run import bench as run_bench
 
     say = (lambda line: None) if as_json else (lambda line: click.echo(line, err=True))
-    records = run_bench(recipe, list(targets), runtime, list(workloads) or None, loadgen, workloads_file, say=say)
+    records = run_bench(recipe, list(targets), runtime, list(workloads) or None, loadgen, workloads_file, say=say,
+                        capture_warm_start=capture_warm_start)
     if as_json:
         click.echo(json.dumps({"schema": JSON_SCHEMA_VERSION,
                                "records": [r.model_dump(mode="json", by_alias=True) for r in records]}, indent=2))
