@@ -216,7 +216,7 @@ def properties_without_description(node, where="") -> list[str]:
     return out
 
 
-VERSIONS = {"check": 2, "pull": 2, "ls": 2}  # the outputs past version 1 (docs/json-output.md says why)
+VERSIONS = {"check": 2, "pull": 3, "ls": 3}  # the outputs past version 1 (docs/json-output.md says why)
 
 
 @pytest.mark.parametrize("path", SCHEMA_FILES, ids=lambda p: p.name)

@@ -174,7 +174,7 @@ def test_ls_json_gives_every_field_of_every_target(folder_store, tmp_path, run, 
              "gates_passed": True, "runner": "tensorrt_llm 1.2.1", "device": "cuda:0"},
             {"id": "base-tp1:validate", "kld_mean": 0.00123456, "top1_agreement": 0.98514, "ppl_delta_pct": 0.4213,
              "gates_passed": True, "runner": "torch", "device": "cpu"}],
-        "fits": None, "runtime": None, "world_size": None, "reasons": []}
+        "fits": None, "runtime": None, "world_size": None, "reasons": [], "measurements": []}
     assert data["published"][3]["standin"] == ["modelopt"]
     assert data["published"][3]["validations"] == [  # vLLM's figures decide before torch's
         {"id": "fp8-hf:validate-vllm", "kld_mean": 0.0042, "top1_agreement": 0.9612, "ppl_delta_pct": 0.51,

@@ -104,6 +104,8 @@ def pull(lock_or_recipe: Path | None, target, gpu, runtime, prefer, dest, store_
         if as_json:  # a deploy script reads every candidate's reasons; the lines still go to stderr
             click.echo(json.dumps(exc.pulled.as_json(), indent=2))
         raise
+    if pulled.selection.note and target == "auto":  # how it was chosen: by measured figures, or by the rule
+        click.echo(pulled.selection.note, err=True)
     if as_json:
         click.echo(json.dumps(pulled.as_json(), indent=2))
     elif dry_run:

@@ -58,6 +58,7 @@ class Published:
     runtime: Optional[str] = None
     world_size: Optional[int] = None
     reasons: list[str] = field(default_factory=list)
+    measurements: list = field(default_factory=list)  # its bench records (trtbuild/bench/records.py), oldest first
 
     @property
     def stage(self) -> Optional[str]:
@@ -99,7 +100,19 @@ class Published:
                 "created": format_utc(self.created) if self.created else None,
                 "age_seconds": _age_seconds(self.created, now), "toolchain": self.toolchain, "standin": self.standin,
                 "serves": self.serves, "validations": [v.as_json() for v in self.validations], "fits": self.fits, "runtime": self.runtime,
-                "world_size": self.world_size, "reasons": self.reasons}
+                "world_size": self.world_size, "reasons": self.reasons,
+                "measurements": [measurement_json(r) for r in self.measurements]}
+
+
+def measurement_json(record) -> dict:
+    """One bench record as ls --json summarizes it: where and how it was measured, and its headline figures."""
+    f, p = record.figures, record.platform
+    return {"runtime": record.runtime, "runtime_version": record.runtime_version, "device": p.device,
+            "product": p.product, "sm": p.sm, "gpus": p.count, "workload": record.workload,
+            "concurrency": record.workload_spec.get("concurrency"), "output_tok_s": f.output_token_throughput,
+            "request_throughput": f.request_throughput, "ttft_p50_ms": f.ttft_ms.p50, "tpot_p50_ms": f.tpot_ms.p50,
+            "e2el_p50_ms": f.e2el_ms.p50, "e2el_p99_ms": f.e2el_ms.p99, "time_to_ready_s": record.time_to_ready_s,
+            "created": format_utc(record.created), "host": record.host, "standin": record.standin}
 
 
 def _is_target(target: str, record: Optional[ActionRecord]) -> bool:
@@ -152,7 +165,7 @@ def list_published(store: Store, recipe: Optional[str] = None) -> list[Published
         if not _is_target(target, record):
             continue
         size = record.size if record else (store.get_manifest(ref.digest).size if store.has_manifest(ref.digest) else None)
-        item = Published(name, target, ref, record, size)
+        item = Published(name, target, ref, record, size, measurements=store.bench_records(ref.digest))
         for vid in _validation_ids(target, record):
             vref = refs.get((name, vid))
             vrecord = record_of(vref) if vref else None
@@ -260,14 +273,36 @@ def _fit_cell(item: Published) -> str:
     return "no: " + "; ".join(item.reasons)
 
 
+def _load(record) -> str:
+    return f"{record.runtime}, {record.platform.product}, {record.workload}@{record.workload_spec.get('concurrency')}"
+
+
+def _serving_cell(item: Published) -> str:
+    """The best of its measured figures, each with where it was measured: `910 tok/s (vllm, NVIDIA H200,
+    chat-short@8); TTFT p50 11 ms (...); E2EL p99 270 ms (...)`, or - when it has none."""
+    records = [r for r in item.measurements if not r.standin]
+    if not records:
+        return "-"
+    fast = max(records, key=lambda r: r.figures.output_token_throughput)
+    first = min(records, key=lambda r: r.figures.ttft_ms.p50)
+    tail = min(records, key=lambda r: r.figures.e2el_ms.p99)
+    return (f"{fast.figures.output_token_throughput:.1f} tok/s ({_load(fast)}); "
+            f"TTFT p50 {first.figures.ttft_ms.p50:.1f} ms ({_load(first)}); "
+            f"E2EL p99 {tail.figures.e2el_ms.p99:.1f} ms ({_load(tail)})")
+
+
 def table_lines(published: list[Published], now: dt.datetime, compatible: bool = False) -> list[str]:
-    """Aligned columns, one row per target; with `compatible`, a FITS column last."""
-    header = ["RECIPE", "TARGET", "STAGE", "SIZE", "KL", "TOP-1", "PPL", "MEASURED BY", "AGE", "SERVES", "TOOLCHAIN"]
+    """Aligned columns, one row per target; a SERVING column of measured figures when any target has
+    some; with `compatible`, a FITS column last."""
+    measured = any(item.measurements for item in published)
+    header = ["RECIPE", "TARGET", "STAGE", "SIZE", "KL", "TOP-1", "PPL", "MEASURED BY", "AGE", "SERVES",
+              *(["SERVING (MEASURED)"] if measured else []), "TOOLCHAIN"]
     rows = []
     for item in published:
         kl, top1, ppl, by = _headline(item)
         row = [item.recipe, item.target, item.stage or "?", format_bytes(item.size) if item.size is not None else "-",
-               kl, top1, ppl, by, format_age(_age_seconds(item.created, now)), _serves_cell(item), _toolchain_cell(item)]
+               kl, top1, ppl, by, format_age(_age_seconds(item.created, now)), _serves_cell(item),
+               *([_serving_cell(item)] if measured else []), _toolchain_cell(item)]
         if compatible:
             row.append(_fit_cell(item))
         rows.append(row)

@@ -43,6 +43,7 @@ class Pulled:
                 "runtime": self.chosen.runtime if self.chosen else None,
                 "moved": self.moved.as_json() if self.moved else None, "serving_command": self.serving_command,
                 "host": self.host.as_json(), "candidates": [c.as_json() for c in self.selection.candidates],
+                "chosen_by": self.selection.chosen_by_json(),
                 **({"warm_start": self.warm_start.as_json()} if self.warm_start is not None else {})}
 
 
@@ -66,6 +67,7 @@ class _Source:
     recipe_words: str  # the recipe as the hint to build names it ("" for the demo)
     loaded: Optional[LoadedRecipe]
     opened: Optional[Store] = None
+    store_exists: Optional[bool] = None  # asked once, by the first measurements() call
 
     def store(self) -> Store:
         from trtbuild.store.local import open_store
@@ -73,6 +75,16 @@ class _Source:
         if self.opened is None:
             self.opened = open_store(self.store_url)
         return self.opened
+
+    def measurements(self, digest: str) -> list:
+        """The artifact's serving measurements in the shared store (one listing; none from a store that
+        is not there yet: a dry run may choose before anything was pushed)."""
+        from trtbuild.store.local import open_store
+
+        store = self.opened or open_store(self.store_url, missing_ok=True)
+        if self.store_exists is None:
+            self.store_exists = store.exists()
+        return store.bench_records(digest) if self.store_exists else []
 
     def formats(self, target_id: str, entry):
         """An hf-checkpoint's (quant, kv_cache): the recipe's variant, else its record in the store."""
@@ -103,7 +115,8 @@ def pull(lock_or_recipe: Optional[Path], target: str = "auto", gpu: str = "auto"
     lock = source.lock
     variants = list(source.loaded.recipe.variants) if source.loaded else None
     host = Host.probe(gpu)
-    selection = choose(lock, host, runtime, prefer, source.formats, variants, allow_unvalidated=allow_unvalidated)
+    selection = choose(lock, host, runtime, prefer, source.formats, variants, allow_unvalidated=allow_unvalidated,
+                       measurements=source.measurements if target == "auto" else None)
     pulled = Pulled(host, selection)
     if target == "auto":
         if selection.chosen is None:

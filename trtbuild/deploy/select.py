@@ -61,6 +61,7 @@ class Host:
     runtimes: dict[str, Optional[str]] = field(default_factory=dict)  # runtime -> its package's version
     gpu_filter: Optional[str] = None  # --gpu SM: only this host's GPUs of that SM count
     llama_cpp_python: Optional[str] = None  # what serves a gguf target (LLAMACPP_RUNTIME)
+    cpu: Optional[str] = None  # the CPU's model name: a gguf target's measurements are of it
 
     def runtime_version(self, runtime: str) -> Optional[str]:
         return self.runtimes.get(runtime)
@@ -82,7 +83,8 @@ class Host:
             gpus = tuple(g for g in gpus if g.sm == sm)
         engine = probe_engine_toolchain()
         runtimes = {name: package_version(r.package) for name, r in serving.RUNTIME_INFO.items()}
-        return cls(gpus, engine.tensorrt_llm, engine.tensorrt, runtimes, sm, package_version(LLAMACPP_PACKAGE))
+        return cls(gpus, engine.tensorrt_llm, engine.tensorrt, runtimes, sm, package_version(LLAMACPP_PACKAGE),
+                   hardware.cpu_model())
 
     def engine_host(self) -> HostFacts:
         return HostFacts(self.gpus, EngineToolchain(tensorrt_llm=self.tensorrt_llm, tensorrt=self.tensorrt))
@@ -141,6 +143,15 @@ class Candidate:
 class Selection:
     chosen: Optional[Candidate]
     candidates: list[Candidate]  # every target of the lock, in the lock's order
+    chosen_by: Optional[str] = None  # "measured" or "rule" when measurements were asked for; None otherwise
+    measured: Optional[object] = None  # measured.Measured: the figures that chose
+    note: Optional[str] = None  # the one line that says how it was chosen (pull prints it on stderr)
+
+    def chosen_by_json(self) -> Optional[dict]:
+        if self.chosen_by is None:
+            return None
+        return {"by": self.chosen_by, **(self.measured.as_json() if self.measured is not None else
+                                         {"workload": None, "concurrency": None, "product": None, "figures": []})}
 
 
 def _runtime_problem(runtime: str, version: Optional[str]) -> Optional[str]:
@@ -228,12 +239,14 @@ def _engine_candidate(cand: Candidate, target: LockedTarget, host: Host) -> None
 def choose(lock: LockFile, host: Host, runtime: str = "auto", prefer: str = "throughput",
            formats: Optional[Callable[[str, LockedTarget], Optional[tuple[Optional[str], Optional[str]]]]] = None,
            variant_order: Optional[list[str]] = None, published_only: bool = True,
-           allow_unvalidated: bool = False) -> Selection:
+           allow_unvalidated: bool = False, measurements: Optional[Callable[[str], list]] = None) -> Selection:
     """Every target of `lock` judged against `host`, and the one to pull (None when nothing fits).
     `formats(id, target)`: an hf-checkpoint's (quant, kv_cache); `variant_order`: the recipe's;
     `published_only`: a target the rule of what a store publishes holds back never fits (False for
     a lock made of a store's refs, which are what it publishes); `allow_unvalidated` (`pull
-    --allow-unvalidated`): as `push --allow-unvalidated`, what no validation judged may be chosen."""
+    --allow-unvalidated`): as `push --allow-unvalidated`, what no validation judged may be chosen;
+    `measurements(digest)`: an artifact's bench records (asked once per fitting candidate of the
+    chosen kind, GPU or gguf), which rank before the rule when they compare two of them (measured.py)."""
     runtimes = RUNTIMES if runtime == "auto" else (runtime,)
     candidates = []
     for target_id, target in targets_of(lock):
@@ -270,7 +283,34 @@ def choose(lock: LockFile, host: Host, runtime: str = "auto", prefer: str = "thr
                 order[c.target])
 
     fitting = sorted((c for c in candidates if c.fits), key=rank)
-    return Selection(fitting[0] if fitting else None, candidates)
+    selection = Selection(fitting[0] if fitting else None, candidates)
+    if measurements is not None and selection.chosen is not None:
+        _by_measurement(selection, fitting, lock, host, prefer, measurements)
+    return selection
+
+
+def _by_measurement(selection: Selection, fitting: list[Candidate], lock: LockFile, host: Host, prefer: str,
+                    measurements: Callable[[str], list]) -> None:
+    """Replace the rule's choice by the best measured one of the same kind (GPU, or llama.cpp on the
+    CPU) when this host's product has figures comparing two of them; say which way it went."""
+    from trtbuild.deploy import measured
+
+    gguf = measured.is_gguf(selection.chosen)
+    kind = [c for c in fitting if measured.is_gguf(c) == gguf]
+    found = measured.host_product(host.gpus, host.cpu, gguf)
+    ranked = None
+    if found is not None and len(kind) >= 2:
+        digests = {c.target: lock.targets[c.target].digest for c in kind}
+        ranked = measured.rank(kind, digests, measurements, prefer, *found)
+    if ranked is None:
+        selection.chosen_by = "rule"
+        if len(kind) < 2:  # one fits: nothing was chosen between
+            return
+        selection.note = measured.describe_rule(selection.chosen.target, found[1] if found else None, prefer, gguf)
+        return
+    selection.chosen, selection.measured = ranked
+    selection.chosen_by = "measured"
+    selection.note = measured.describe(selection.chosen.target, selection.measured, prefer)
 
 
 def no_fit_lines(selection: Selection, host: Host, lock_name: str, build_command: str) -> list[str]:

@@ -110,3 +110,18 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if detect_gpus() and torch_has_cuda() else "cpu"
     return device
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (`model name`, first processor), else what Python's
+    platform module says: the product a CPU measurement's platform names (trtbuild/bench/run.py)."""
+    import platform
+
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

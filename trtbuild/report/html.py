@@ -213,7 +213,8 @@ def _plot_text(points: list, left_out: list[tuple[str, str]], info: dict) -> tup
     return alt, _esc(caption), '<ul class="plot-notes">' + "".join(items) + "</ul>"
 
 
-def render_report(title: str, rows: Sequence[Union[ReportRow, Mapping[str, Any]]], out_dir: Path) -> tuple[Path, Path]:
+def render_report(title: str, rows: Sequence[Union[ReportRow, Mapping[str, Any]]], out_dir: Path,
+                  serving: Sequence = ()) -> tuple[Path, Path]:
     """Write `report.html` and `report.png` (accuracy against size) into out_dir; return their paths.
 
     `rows` has one ReportRow (or its fields as a mapping) per target of a recipe's build matrix
@@ -227,6 +228,9 @@ def render_report(title: str, rows: Sequence[Union[ReportRow, Mapping[str, Any]]
     info = render_png(title, points, png_path)
     alt, caption, notes = _plot_text(points, left_out, info)
     summary, statuses = _summary(rows)
+    from trtbuild.report.serving import section
+
+    measured = section(serving, out_dir, _esc)  # "Serving measurements" (report/serving.py); "" without records
 
     head = "".join(f'<th scope="col">{_esc(c)}</th>' for c in COLUMNS)
     body = "\n".join(_row_html(r) for r in rows)
@@ -260,6 +264,7 @@ def render_report(title: str, rows: Sequence[Union[ReportRow, Mapping[str, Any]]
 <figcaption>{caption}</figcaption>
 </figure>
 {notes}
+{measured}
 </main>
 </body>
 </html>

@@ -23,5 +23,10 @@ def write_report(recipe: Optional[Path], store_url: Optional[str] = None,
     store = open_store(store_url, missing_ok=out_dir is not None)
     plan = plan_recipe(loaded)
     lock = lockfile.read(lockfile.lock_path_for(loaded, store), older_ok=True)
+    from trtbuild.report.serving import serving_rows
+
     out_dir = out_dir or store.workspace("a report folder").report_dir(loaded.recipe.name)
-    return render_report(loaded.recipe.name, rows(plan, store, lock), out_dir)
+    matrix = rows(plan, store, lock)
+    digests = {name: entry.digest for name, entry in lock.targets.items()} if lock else {}
+    serving = serving_rows(matrix, digests, store) if store.exists() else []
+    return render_report(loaded.recipe.name, matrix, out_dir, serving)
