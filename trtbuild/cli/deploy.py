@@ -60,7 +60,9 @@ def push(recipe: Path | None, targets, store_url, allow_unvalidated, as_json) ->
               "PyTorch backend (1.3+), vLLM or SGLang, or a gguf target on llama.cpp (llama-cpp-python's server, "
               "on the CPU).")
 @click.option("--prefer", type=click.Choice(["throughput", "latency"]), default="throughput", show_default=True,
-              help="Among targets that fit: the fewest GPUs (throughput) or the most (latency).")
+              help="Among targets that fit: by serving measurements on this host's GPU (or CPU, for gguf) when "
+                   "they compare two (highest output tok/s; lowest end-to-end p50), else the fewest GPUs "
+                   "(throughput) or the most (latency).")
 @click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Materialize into this folder (atomically); default: the local store's read-only checkout.")
 @REMOTE_OPTION
