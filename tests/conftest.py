@@ -247,6 +247,69 @@ def demo_gguf(tmp_path_factory):
     return store, env, json.loads(built.read_text())
 
 
+BENCH_WORKLOADS = ("workloads:\n"
+                   "  - {name: tiny, input_len: 16, output_len: 4, requests: 4, concurrency: [1, 2]}\n"
+                   "ready_timeout_s: 120\n")
+BENCH_MARK = "TRTBUILD_TEST_BENCH_RUN"  # in the environment of a bench run, so its servers can be found
+
+
+def private_store(store: Path, dest: Path) -> Path:
+    """A store of its own with the same contents: big files hard-linked (blobs are replaced, never
+    written in place), small ones (the SQLite index, lock files) copied."""
+    def place(src, dst):
+        if os.path.getsize(src) > 2**20:
+            os.link(src, dst)
+        else:
+            shutil.copy2(src, dst)
+    shutil.copytree(store, dest, copy_function=place, symlinks=True)
+    return dest
+
+
+def processes_marked(mark: str) -> list[int]:
+    """Pids of the processes whose environment carries BENCH_MARK=mark (a bench run's servers)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(BENCH_MARK) == mark:
+                found.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+@pytest.fixture(scope="session")
+def demo_bench(demo_gguf, tmp_path_factory):
+    """`trtbuild bench --target q8_0-gguf --workloads <BENCH_WORKLOADS> --json`, run once per test
+    run (whichever worker asks first) against the real llama.cpp server with the real aiperf, in a
+    private copy of the demo_gguf store: (store, environment, its JSON, the processes of its servers
+    still alive when it had ended)."""
+    import subprocess
+    import sys
+
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    store, out = shared / "demo-bench-store", shared / "demo-bench.json"
+    with FileLock(str(shared / "demo-bench.lock")):
+        if not out.is_file():
+            private_store(demo_gguf[0], store)
+            workloads = shared / "demo-bench-workloads.yaml"
+            workloads.write_text(BENCH_WORKLOADS)
+            env = {**demo_gguf[1], "TRTBUILD_CACHE": str(store), BENCH_MARK: "demo-bench"}
+            result = subprocess.run([sys.executable, "-m", "trtbuild", "bench", "--target", "q8_0-gguf",
+                                     "--workloads", str(workloads), "--json"],
+                                    capture_output=True, text=True, env=env, timeout=600)
+            assert result.returncode == 0, result.stderr
+            out.write_text(json.dumps({"output": json.loads(result.stdout),
+                                       "left": processes_marked("demo-bench")}))
+    done = json.loads(out.read_text())
+    return store, {**demo_gguf[1], "TRTBUILD_CACHE": str(store)}, done["output"], done["left"]
+
+
 def stage_log(store: Path, key: str, name: str) -> str:
     """A stage's log, which the action record names (logs are never part of the artifact)."""
     from trtbuild.store.local import LocalStore

@@ -21,6 +21,7 @@ it, so the caller passes `logit_bias` of -100 on every end-of-generation token i
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -65,12 +66,17 @@ def _last_lines(text: str) -> str:
     return " | ".join(lines[-_TAIL:])
 
 
-def _run(name: str, command: list[str], cwd: Path) -> None:
-    """Run the load generator; one line with its last output when it fails. Its own process group
-    is not needed: it ends with its requests, and Ctrl-C reaches it through the terminal's group."""
-    result = subprocess.run(command, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+def _run(name: str, command: list[str], cwd: Path, log: Optional[Path] = None, env: Optional[dict] = None) -> None:
+    """Run the load generator; one line when it fails: the errors of its log file (`log`) when it
+    names some, else its last output. Its own process group is not needed: it ends with its
+    requests, and Ctrl-C reaches it through the terminal's group."""
+    result = subprocess.run(command, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env)
     if result.returncode != 0:
-        raise TrtbuildError(f"{name} failed (exit {result.returncode}): {_last_lines(result.stderr + result.stdout)}")
+        errors = []
+        if log is not None and log.is_file():
+            errors = [line for line in log.read_text(errors="replace").splitlines() if " ERROR " in line]
+        said = " | ".join(e.strip() for e in errors[:_TAIL]) if errors else _last_lines(result.stderr + result.stdout)
+        raise TrtbuildError(f"{name} failed (exit {result.returncode}): {said}")
 
 
 def _read_json(path: Path, name: str) -> dict:
@@ -155,7 +161,11 @@ def run_aiperf(target: Target, workload: Workload, concurrency: int, out: Path) 
     if version is None:
         raise TrtbuildError("aiperf is not installed; install trtbuild's bench extra (pip install 'trtbuild[bench]')")
     command = aiperf_command(target, workload, concurrency, out)
-    _run("aiperf", command, out.parent)
+    # aiperf 0.13.0 under HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE takes every --tokenizer for a hub
+    # repo id (common/tokenizer.py: _load_from_hub -> snapshot_download), and a local folder, which
+    # is all bench gives it, fails with HFValidationError; a folder never needs the hub anyway
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    _run("aiperf", command, out.parent, out / "logs" / "aiperf.log", env)
     summary = _read_json(out / AIPERF_SUMMARY, "aiperf")
     failed, first = aiperf_failures(summary)
     if failed:

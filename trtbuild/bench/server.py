@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -244,7 +245,12 @@ class RuntimeServer:
             text = self.log_path.read_text(errors="replace")
         except OSError:
             return ""
-        return " | ".join(line.strip() for line in text.splitlines()[-lines:] if line.strip())
+        kept = [line.strip() for line in text.splitlines() if line.strip()]
+        # a server that refuses its options prints the error and then its whole usage text: the
+        # error, not the usage's end, is what the user needs
+        errors = [i for i, line in enumerate(kept) if re.search(r"\berror\b|Error:", line, re.IGNORECASE)]
+        start = errors[-1] if errors and len(kept) - errors[-1] > lines else max(0, len(kept) - lines)
+        return " | ".join(kept[start:start + lines])
 
     def peaks(self) -> tuple[float, Optional[float]]:
         """(peak RSS MiB, peak GPU memory MiB or None) from the server's start until now: its start-up
