@@ -305,3 +305,14 @@ def test_pull_json_when_nothing_fits_lists_every_candidate_and_exits_1(project, 
     assert out["candidates"] == [{"target": "base-tp1", "stage": "checkpoint", "fits": False, "runtime": None,
                                   "world_size": None, "variant": "base",
                                   "reasons": ["held back: built with --no-validate"]}]
+
+
+def test_bench_json_validates_against_its_schema(demo_bench):
+    """`trtbuild bench --json` of the real run (tests/test_bench.py's) against bench.schema.json."""
+    output = demo_bench[2]
+    assert errors("bench", output) == []
+    extra = copy.deepcopy(output)
+    extra["records"][0]["figures"]["extra"] = 1
+    missing = copy.deepcopy(output)
+    del missing["records"][1]["raw"]
+    assert errors("bench", extra) != [] and errors("bench", missing) != []
