@@ -84,28 +84,64 @@ def _locate(loaded, store, target: str) -> Optional[str]:
     return None
 
 
-def resolve(loaded, store, targets: list[str]) -> list[Resolved]:
+@dataclass
+class Subject:
+    """What the targets are named in: a recipe (planned; artifacts by its lock or refs in the local
+    store) or a lock file (a deploy host that pulled by it: no source, no planner)."""
+
+    name: str  # the recipe's name
+    servable: dict[str, str]  # target -> its kind (gguf | hf-checkpoint | engine)
+    locate: Callable[[str], Optional[str]]  # target -> its artifact's digest in the local store, or None
+    bench: Bench  # the recipe's bench: section; a lock's: the defaults
+    build_hint: str  # how to get a missing target into the local store
+
+
+def recipe_subject(loaded, store) -> Subject:
+    from trtbuild.plan.expand import plan_recipe
+
+    planned = {t.name: t.kind for t in plan_recipe(loaded).targets if t.ok and t.kind in RUNTIMES_OF}
+    return Subject(loaded.recipe.name, planned, lambda name: _locate(loaded, store, name), loaded.recipe.bench,
+                   f"build or pull it first (`{loaded.command('build')} --target {{target}}`)")
+
+
+def lock_subject(path: Path, store) -> Subject:
+    """A lock file: each servable target's artifact is the one the lock names, when the local store
+    holds it (`trtbuild pull LOCK` put it there)."""
+    from trtbuild.lock import lockfile
+
+    lock = lockfile.read(path)
+    if lock is None:
+        raise InvalidInput(f"{path}: no such lock file")
+    servable = {name: entry.stage for name, entry in lock.targets.items() if entry.stage in RUNTIMES_OF}
+
+    def locate(name: str) -> Optional[str]:
+        entry = lock.targets.get(name)
+        return entry.digest if entry is not None and store.exists() and store.has_manifest(entry.digest) else None
+
+    return Subject(lock.recipe.name, servable, locate, Bench(),
+                   f"pull it first (`trtbuild pull {path} --target {{target}}`)")
+
+
+def resolve(subject: Subject, store, targets: list[str]) -> list[Resolved]:
     """Each target's artifact, checked whole and materialized (one line for the first that is not
     a servable target, or is not in the local store)."""
-    from trtbuild.plan.expand import plan_recipe
     from trtbuild.store.checkout import materialize
 
-    planned = {t.name: t for t in plan_recipe(loaded).targets if t.ok and t.kind in RUNTIMES_OF}
     out = []
     for name in targets:
-        if name not in planned:
-            raise InvalidInput(f"--target {name}: not a servable target of {loaded.recipe.name} "
-                               f"({', '.join(planned) or 'none'})")
-        digest = _locate(loaded, store, name)
+        if name not in subject.servable:
+            raise InvalidInput(f"--target {name}: not a servable target of {subject.name} "
+                               f"({', '.join(subject.servable) or 'none'})")
+        digest = subject.locate(name)
         if digest is None:
-            raise TrtbuildError(f"{name}: not in the local store {store.location}; build or pull it first "
-                                f"(`{loaded.command('build')} --target {name}`)")
+            raise TrtbuildError(f"{name}: not in the local store {store.location}; "
+                                + subject.build_hint.format(target=name))
         problem = store.artifact_problem(digest)
         if problem:
             raise TrtbuildError(f"{name}: artifact {digest} is not whole in the local store {store.location} "
                                 f"({problem}); build or pull it again")
         manifest = store.get_manifest(digest)
-        out.append(Resolved(name, planned[name].kind, digest, sum(e.size for e in manifest.entries),
+        out.append(Resolved(name, subject.servable[name], digest, sum(e.size for e in manifest.entries),
                             materialize(store, digest)))
     return out
 
@@ -129,18 +165,18 @@ def pick_runtime(kind: str, asked: str, target: str) -> str:
     return asked
 
 
-def tokenizer_folder(loaded, store, artifact: Resolved) -> Path:
+def tokenizer_folder(subject: Subject, store, artifact: Resolved) -> Path:
     """An HF tokenizer with the artifact's vocabulary for the load generator: the artifact's own, else
     (a gguf) the recipe's source checkpoint's, from the local store."""
     from trtbuild.store.checkout import materialize
 
     if (artifact.folder / TOKENIZER_FILE).is_file():
         return artifact.folder
-    digest = _locate(loaded, store, SOURCE_TARGET)
+    digest = subject.locate(SOURCE_TARGET)
     if digest is None or store.artifact_problem(digest):
         raise TrtbuildError(f"{artifact.target}: has no {TOKENIZER_FILE}, and the recipe's {SOURCE_TARGET} "
-                            f"checkpoint (its tokenizer) is not whole in the local store {store.location}; build it "
-                            f"(`{loaded.command('build')} --target {artifact.target}` builds it too)")
+                            f"checkpoint (its tokenizer) is not whole in the local store {store.location}; "
+                            + subject.build_hint.format(target=SOURCE_TARGET))
     return materialize(store, digest)
 
 
@@ -206,24 +242,25 @@ def bench(recipe: Optional[Path], targets: list[str], runtime: str = "auto", wor
     from trtbuild.store.local import open_store
     from trtbuild.store.records import Digest, utc_now
 
-    loaded = load_recipe_or_demo(recipe)
-    section = load_workloads(workloads_file) if workloads_file is not None else loaded.recipe.bench
+    store = open_store(None, missing_ok=True)
+    subject = (lock_subject(recipe, store) if recipe is not None and recipe.suffix == ".lock"
+               else recipe_subject(load_recipe_or_demo(recipe), store))
+    section = load_workloads(workloads_file) if workloads_file is not None else subject.bench
     chosen: list[Workload] = []
     for name in workloads or [w.name for w in section.workloads]:
         try:
             chosen.append(section.workload(name))
         except KeyError:
-            where = workloads_file or f"{loaded.recipe.name}'s bench: section"
+            where = workloads_file or f"{subject.name}'s bench: section"
             raise InvalidInput(f"--workload {name}: not a workload of {where} "
                                f"({', '.join(w.name for w in section.workloads)})") from None
-    store = open_store(None, missing_ok=True)
     records: list[BenchRecord] = []
     with store.using(), contextlib.ExitStack() as scratch:  # scratch: the warm-start cache folders, however it ends
-        found = resolve(loaded, store, targets)
+        found = resolve(subject, store, targets)
         for artifact in found:
             served_by = pick_runtime(artifact.kind, runtime, artifact.target)
             generator = loadgens.choose(loadgen, served_by)
-            tokenizer = tokenizer_folder(loaded, store, artifact)
+            tokenizer = tokenizer_folder(subject, store, artifact)
             spec = server_spec(served_by, artifact.folder, f"{artifact.target} ({artifact.digest[:12]})", env)
             cache_root = None
             if capture_warm_start:  # the cold start: a cache folder of its own, empty
@@ -251,7 +288,7 @@ def bench(recipe: Optional[Path], targets: list[str], runtime: str = "auto", wor
                         record = BenchRecord(
                             id=bench_id(artifact.digest, served_by, runtime_version, host, digest),
                             artifact=Digest(hash=artifact.digest, size_bytes=artifact.size), target=artifact.target,
-                            recipe=loaded.recipe.name, runtime=served_by, runtime_version=runtime_version,
+                            recipe=subject.name, runtime=served_by, runtime_version=runtime_version,
                             platform=host, workload=workload.name, workload_spec=workload.identity(concurrency),
                             workload_digest=digest, figures=run.figures, time_to_ready_s=server.time_to_ready_s,
                             warm_start=None, peak_gpu_memory_mib=peak_gpu, peak_rss_mib=peak_rss,

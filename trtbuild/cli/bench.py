@@ -35,7 +35,7 @@ def _table(records) -> None:
 
 
 @click.command("bench")
-@click.argument("recipe", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("recipe_or_lock", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--target", "targets", multiple=True, required=True, metavar="NAME",
               help="A target to measure (repeat for several): its artifact in the local store, built or pulled.")
 @click.option("--runtime", type=click.Choice(["auto", "vllm", "trtllm", "sglang", "llamacpp"]), default="auto",
@@ -56,10 +56,11 @@ def _table(records) -> None:
                    "by this host (`pull --warm-start` installs it where every part of the key matches), with both "
                    "times to ready.")
 @click.option("--json", "as_json", is_flag=True, help="Print the records as JSON ({\"schema\": 1, \"records\": [...]}).")
-def bench(recipe: Path | None, targets, runtime, workloads, workloads_file, loadgen, capture_warm_start,
+def bench(recipe_or_lock: Path | None, targets, runtime, workloads, workloads_file, loadgen, capture_warm_start,
           as_json) -> None:
-    """Measure TARGET's artifact of RECIPE (default: the embedded demo recipe) on the runtime that
-    serves it: start the runtime from the options the artifact packages on a loopback port, wait
+    """Measure TARGET's artifact of RECIPE_OR_LOCK (default: the embedded demo recipe; a `.lock`
+    file on a deploy host that pulled by it, with the default workloads unless --workloads names
+    others) on the runtime that serves it: start the runtime from the options the artifact packages on a loopback port, wait
     until GET /v1/models answers (recipe bench.ready_timeout_s), drive each workload at each of its
     concurrency levels with the load generator, and record TTFT, TPOT, ITL and end-to-end latency
     (mean, P50, P90, P95, P99), request and token throughput, time to ready and peak memory (GPU
@@ -73,7 +74,7 @@ def bench(recipe: Path | None, targets, runtime, workloads, workloads_file, load
     from trtbuild.bench.run import bench as run_bench
 
     say = (lambda line: None) if as_json else (lambda line: click.echo(line, err=True))
-    records = run_bench(recipe, list(targets), runtime, list(workloads) or None, loadgen, workloads_file, say=say,
+    records = run_bench(recipe_or_lock, list(targets), runtime, list(workloads) or None, loadgen, workloads_file, say=say,
                         capture_warm_start=capture_warm_start)
     if as_json:
         click.echo(json.dumps({"schema": JSON_SCHEMA_VERSION,
