@@ -37,7 +37,6 @@ AIPERF_SUMMARY = "profile_export_aiperf.json"
 AIPERF_RECORDS = "profile_export.jsonl"
 VLLM_RESULT = "vllm-bench-result.json"
 PERCENTILES = ("50", "90", "95", "99")
-MODEL_NAME = "model"  # what the request's `model` says; the servers here serve one model and accept it
 _TAIL = 5
 
 

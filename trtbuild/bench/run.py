@@ -274,7 +274,7 @@ def bench(recipe: Optional[Path], targets: list[str], runtime: str = "auto", wor
             say(f"starting {served_by} on {artifact.target}")
             with RuntimeServer(spec, section.ready_timeout_s) as server:
                 say(f"{served_by} ready in {server.time_to_ready_s:.1f} s")
-                target = loadgens.Target(server.url, loadgens.MODEL_NAME, tokenizer, extra)
+                target = loadgens.Target(server.url, server.model, tokenizer, extra)
                 for workload in chosen:
                     for concurrency in workload.concurrency:
                         say(f"{artifact.target}: {workload.name} at concurrency {concurrency} ({generator})")

@@ -226,6 +226,7 @@ class RuntimeServer:
         self.command = [*spec.argv, "--host", HOST, "--port", str(self.port)]
         self.process: Optional[subprocess.Popen] = None
         self.time_to_ready_s: Optional[float] = None
+        self.model: Optional[str] = None  # the served model's name, as GET /v1/models gives it
         self.peak_rss_mib: Optional[float] = None
         self.peak_gpu_memory_mib: Optional[float] = None
         self._sampler: Optional[_Sampler] = None
@@ -305,6 +306,8 @@ class RuntimeServer:
                 with urllib.request.urlopen(f"{self.url}/v1/models", timeout=5) as response:
                     if response.status == 200:
                         self.time_to_ready_s = time.monotonic() - started
+                        # the name requests must give: vLLM serves the model by its path, llama.cpp by its file
+                        self.model = json.loads(response.read())["data"][0]["id"]
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
