@@ -33,7 +33,7 @@ OPTIONS_SHA = hashlib.sha256(canonical_json(OPTIONS)).hexdigest()
 # captured on the GPU host of ../shared/gpu-vllm: one H200, vLLM 0.26.0, torch 2.11.0+cu130
 CAPTURED = WarmStartKey(artifact=ARTIFACT, runtime="vllm", runtime_version="0.26.0", torch="2.11.0+cu130",
                         triton="3.6.0", flashinfer="0.6.14", cuda="13.0", driver="580.95.05", sm="sm90", tp=1, pp=1,
-                        serve_options=OPTIONS_SHA)
+                        serve_options=OPTIONS_SHA, served_from="/srv/models/fp8-hf")
 # what vLLM 0.26.0 left in VLLM_CACHE_ROOT, in miniature (the paths as facts/warmstart.py describes them)
 CACHE = {
     "torch_compile_cache/3f9c2a7d01/rank_0_0/backbone/cache_key_factors.json": b'{"config_hash": "c0ffee"}\n',
@@ -155,9 +155,10 @@ def h100_with_vllm(recorded_gpu, installed_packages, monkeypatch):
 
 
 def test_host_key_reads_the_packages_driver_and_sm_of_this_host(h100_with_vllm):
-    assert host_key(ARTIFACT, "vllm", OPTIONS, 1, 1) == WarmStartKey(
+    assert host_key(ARTIFACT, "vllm", OPTIONS, 1, 1, Path("/srv/models/fp8-hf")) == WarmStartKey(
         artifact=ARTIFACT, runtime="vllm", runtime_version="0.33.0+standin", torch="2.11.0+cu130", triton="3.6.0",
-        flashinfer="0.6.14", cuda="13.0", driver="550.90.07", sm="sm90", tp=1, pp=1, serve_options=OPTIONS_SHA)
+        flashinfer="0.6.14", cuda="13.0", driver="550.90.07", sm="sm90", tp=1, pp=1, serve_options=OPTIONS_SHA,
+        served_from="/srv/models/fp8-hf")
 
 
 # ---- pull --warm-start -------------------------------------------------------------------------------------
@@ -188,8 +189,11 @@ def shared(tmp_path, monkeypatch, h100_with_vllm):
 
 
 def captured_on(remote: LocalStore, tmp_path: Path, digest: str, **key) -> WarmStartRecord:
+    """A cache captured on `digest`, served (by default) from the folder the deploy host's pull puts it in."""
     folder = write_tree(tmp_path / f"captured-{len(remote.warmstart_records())}", CACHE)
-    return capture(remote, folder, CAPTURED.model_copy(update={"artifact": digest, **key}), 45.6, 38.4)
+    served_from = str(tmp_path / "deploy" / "checkouts" / digest)
+    return capture(remote, folder, CAPTURED.model_copy(update={"artifact": digest, "served_from": served_from,
+                                                               **key}), 45.6, 38.4)
 
 
 def test_pull_warm_start_refuses_a_cache_of_another_sm_and_installs_nothing(shared, run, tmp_path):
@@ -222,6 +226,20 @@ def test_pull_warm_start_installs_the_matching_cache_where_vllm_looks(shared, ru
         0, {"installed": record.cache.hash, "refused": None, "path": str(root)},
         f"warm-start cache {record.cache.hash[:12]} of fp8-hf installed into {root}\n")
     assert tree(root) == CACHE
+
+
+def test_pull_warm_start_refuses_a_vllm_cache_captured_serving_another_path(shared, run, tmp_path):
+    """vLLM names its compile cache by the model's path: a cache captured on /srv/models/fp8-hf is no
+    use to a start on the pulled checkout, and the line says where to pull it to."""
+    remote, lock_path, digest = shared
+    record = captured_on(remote, tmp_path, digest, **HERE, served_from="/srv/models/fp8-hf")
+    result = run("pull", lock_path, "--target", "fp8-hf", "--store", remote.root, "--warm-start")
+    path = tmp_path / "deploy" / "checkouts" / digest
+    assert (result.exit_code, result.stderr) == (1, (
+        f"warm-start cache {record.cache.hash[:12]} of fp8-hf: captured serving the model from /srv/models/fp8-hf, "
+        f"this start serves it from {path} (vLLM names its compile cache by the model's path: pull it with --dest "
+        "/srv/models/fp8-hf); not installed\n"))
+    assert not (tmp_path / "vllm-cache-root").exists()
 
 
 def test_pull_warm_start_of_an_artifact_nothing_was_captured_on_says_so(shared, run, tmp_path):
@@ -289,7 +307,7 @@ def test_the_second_start_on_the_first_starts_cache_is_timed_and_captured(standi
     with RuntimeServer(spec, 30) as cold:
         pass
     record = capture_after_runs(store, spec, ARTIFACT, "fp8-hf", cold.time_to_ready_s, 30, root)
-    assert record.key == CAPTURED.model_copy(update=HERE)
+    assert record.key == CAPTURED.model_copy(update={**HERE, "served_from": str(standin_serve)})  # where it served
     assert record.cold_ready_s == cold.time_to_ready_s
     assert store.warmstart_records(ARTIFACT) == [record]
     assert [e.path for e in store.get_manifest(record.cache.hash).entries] == [

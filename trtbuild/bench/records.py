@@ -24,7 +24,7 @@ from trtbuild.store.errors import CorruptStore
 from trtbuild.store.records import Digest, UtcTime, first_error
 
 BENCH_SCHEMA = 1
-WARMSTART_SCHEMA = 1
+WARMSTART_SCHEMA = 2  # 2: the key holds served_from
 SHA256 = r"^[0-9a-f]{64}$"
 
 
@@ -134,6 +134,10 @@ class WarmStartKey(_Record):
     pp: int = Field(ge=1, description="Pipeline-parallel size it was started with.")
     serve_options: str = Field(pattern=SHA256, description="sha256 of the serve options it was started with (the "
                                                            "packaged options, canonical JSON).")
+    served_from: Optional[str] = Field(None, description="vLLM: the model path it was started on (absolute). vLLM "
+                                       "hashes that path into its compile cache folder's name, so the cache is used "
+                                       "only by a start on the same path; None for TensorRT-LLM, whose autotuner "
+                                       "cache does not depend on it.")
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()

@@ -74,10 +74,11 @@ def options_digest(options: dict) -> str:
     return hashlib.sha256(canonical_json(options)).hexdigest()
 
 
-def host_key(artifact_digest: str, runtime: str, serve_options: dict, tp: int, pp: int) -> WarmStartKey:
+def host_key(artifact_digest: str, runtime: str, serve_options: dict, tp: int, pp: int,
+             served_from: Path) -> WarmStartKey:
     """This host's key for serving `artifact_digest` on `runtime` with `serve_options` (the artifact's
-    packaged options, as a dict) at tp x pp: package versions from their metadata (nothing imported),
-    the driver and SM from NVML."""
+    packaged options, as a dict) at tp x pp from the folder `served_from`: package versions from their
+    metadata (nothing imported), the driver and SM from NVML."""
     from trtbuild.host import hardware, toolchain
 
     if runtime not in facts.RUNTIMES:
@@ -88,7 +89,8 @@ def host_key(artifact_digest: str, runtime: str, serve_options: dict, tp: int, p
         torch=toolchain.package_version("torch"), triton=toolchain.package_version("triton"),
         flashinfer=toolchain.package_version("flashinfer-python"), cuda=torch_cuda(),
         driver=hardware.driver_info()["driver"], sm=host_sm(tp * pp), tp=tp, pp=pp,
-        serve_options=options_digest(serve_options))
+        serve_options=options_digest(serve_options),
+        served_from=str(Path(os.path.abspath(served_from))) if runtime == "vllm" else None)
 
 
 # ---- the rule -------------------------------------------------------------------------------------
@@ -136,6 +138,9 @@ def why_not(stored: WarmStartKey, here: WarmStartKey) -> Optional[str]:
     if field in ("tp", "pp"):
         size = "tensor" if field == "tp" else "pipeline"
         return f"captured with {size}-parallel size {a}, this start uses {b}"
+    if field == "served_from":
+        return (f"captured serving the model from {_shown(a)}, this start serves it from {b} (vLLM names its "
+                f"compile cache by the model's path: pull it with --dest {_shown(a)})")
     return f"captured with other serve options (sha256 {a[:12]}), this artifact's are {b[:12]}"
 
 
@@ -349,7 +354,7 @@ def pull_install(store, target: str, digest: str, folder: Path, runtime: Optiona
     def here_for(record: WarmStartRecord) -> WarmStartKey:
         k = record.key
         # no packaged options for that split: the key's serve_options cannot match, and the line says so
-        return host_key(digest, k.runtime, options.get((k.runtime, k.tp, k.pp), {}), k.tp, k.pp)
+        return host_key(digest, k.runtime, options.get((k.runtime, k.tp, k.pp), {}), k.tp, k.pp, folder)
 
     chosen, named = choose(records, here_for)
     if chosen is None:
@@ -399,6 +404,7 @@ def capture_after_runs(store, spec, digest: str, target: str, cold_ready_s: floa
         raise TrtbuildError(f"{target}: the second start of vllm compiled again into "
                             f"{facts.TORCH_COMPILE_CACHE}/{added[0]} instead of reusing the first start's "
                             f"({', '.join(sorted(cold))}); warm-start cache not captured")
-    record = capture(store, root, host_key(digest, spec.runtime, options, tp, pp), cold_ready_s, warm_ready_s)
+    record = capture(store, root, host_key(digest, spec.runtime, options, tp, pp, spec.folder), cold_ready_s,
+                     warm_ready_s)
     say(f"warm-start cache {record.cache.hash[:12]} of {target} captured ({record.cache.size_bytes:,} bytes)")
     return record
