@@ -133,3 +133,35 @@ def test_ctrl_c_while_it_measures_exits_130_and_leaves_no_server_and_no_record(d
     assert rest.splitlines()[-1] == interrupt.LINE
     assert _gone("interrupted") == []
     assert LocalStore(store).bench_records() == []
+
+
+def test_a_deploy_host_measures_by_the_lock_it_pulled_by(demo_gguf, tmp_path):
+    """A deploy host has the lock and the pulled artifacts, not the recipe's source: bench by the lock
+    measures the artifact the lock names, under the lock's recipe name."""
+    from trtbuild.lock import lockfile
+
+    store = private_store(demo_gguf[0], tmp_path / "store")
+    lock_path = store / f"{RECIPE}.lock"
+    digest = lockfile.read(lock_path).targets[TARGET].digest
+    workloads = tmp_path / "workloads.yaml"
+    workloads.write_text("workloads:\n  - {name: one, input_len: 8, output_len: 2, requests: 2, concurrency: [1]}\n")
+    env = {**demo_gguf[1], "TRTBUILD_CACHE": str(store), BENCH_MARK: "by-lock"}
+    done = subprocess.run([sys.executable, "-m", "trtbuild", "bench", str(lock_path), "--target", TARGET,
+                           "--workloads", str(workloads), "--json"], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    [record] = json.loads(done.stdout)["records"]
+    assert (record["artifact"]["hash"], record["recipe"], record["target"]) == (digest, RECIPE, TARGET)
+    assert (record["figures"]["completed"], record["figures"]["output_tokens"]) == (2, 4)
+    assert _gone("by-lock") == []
+
+
+def test_by_a_lock_whose_artifact_the_local_store_lacks_it_says_pull_it_first(demo_gguf, tmp_path):
+    lock_path = demo_gguf[0] / f"{RECIPE}.lock"
+    env = {**demo_gguf[1], "TRTBUILD_CACHE": str(tmp_path / "empty")}
+    done = subprocess.run([sys.executable, "-m", "trtbuild", "bench", str(lock_path), "--target", TARGET],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (f"{TARGET}: not in the local store {tmp_path / 'empty'}; pull it first "
+                           f"(`trtbuild pull {lock_path} --target {TARGET}`)\n")
+    assert not (tmp_path / "empty").exists()
