@@ -18,8 +18,8 @@ import pytest
 
 from conftest import BENCH_MARK, BENCH_WORKLOADS, private_store, processes_marked
 from trtbuild import interrupt
-from trtbuild.bench.records import Platform, bench_id
-from trtbuild.bench.workload import Workload
+from trtbuild.store.measurements import Platform, bench_id
+from trtbuild.recipe.bench import Workload
 from trtbuild.host.toolchain import package_version
 from trtbuild.store.local import LocalStore
 

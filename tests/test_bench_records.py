@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from test_transfer import make_artifact, three_files
-from trtbuild.bench.records import (BenchRecord, Figures, LoadGenerator, Percentiles, Platform, WarmStartKey,
+from trtbuild.store.measurements import (BenchRecord, Figures, LoadGenerator, Percentiles, Platform, WarmStartKey,
                                     WarmStartRecord, bench_id)
-from trtbuild.bench.workload import Workload
+from trtbuild.recipe.bench import Workload
 from trtbuild.store.base import CorruptStore
 from trtbuild.store.gc import gc
 from trtbuild.store.local import LocalStore

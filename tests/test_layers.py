@@ -102,7 +102,7 @@ LAYERS = [
     ["trtbuild.checkpoint"],
     ["trtbuild.plan", "trtbuild.serving", "trtbuild.validate"],
     ["trtbuild.lock"],
-    ["trtbuild.builder"],
+    ["trtbuild.builder", "trtbuild.bench"],
     ["trtbuild.report", "trtbuild.deploy"],
     ["trtbuild.cli"],
     ["trtbuild.__main__"],

@@ -29,7 +29,7 @@ def test_ci_runs_exactly_the_readme_test_command():
 def test_readme_main_command_installs_and_runs_the_default():
     main = fenced_commands(README)[0]
     # CMAKE_ARGS: llama-cpp-python compiles llama.cpp without its multimodal library (README)
-    assert main.startswith("CMAKE_ARGS=-DLLAVA_BUILD=OFF python3 -m pip install torch==2.13.0 -e '.[quantize,llamacpp]'")
+    assert main.startswith("CMAKE_ARGS=-DLLAVA_BUILD=OFF python3 -m pip install torch==2.13.0 -e '.[quantize,llamacpp,bench]'")
     assert main.endswith("&& trtbuild build")
 
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from test_transfer import make_artifact
-from trtbuild.bench.records import WarmStartKey, WarmStartRecord
+from trtbuild.store.measurements import WarmStartKey, WarmStartRecord
 from trtbuild.bench.warmstart import (WarmStartRefused, capture, differences, host_key, install)
 from trtbuild.host import toolchain
 from trtbuild.keys import canonical_json

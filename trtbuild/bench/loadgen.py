@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from trtbuild.bench.records import Figures, Percentiles
-from trtbuild.bench.workload import Workload
+from trtbuild.store.measurements import Figures, Percentiles
+from trtbuild.recipe.bench import Workload
 from trtbuild.errors import TrtbuildError
 
 LOADGENS = ("aiperf", "vllm-bench")

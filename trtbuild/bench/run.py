@@ -21,14 +21,16 @@ from typing import Callable, Optional
 
 from trtbuild.bench import loadgen as loadgens
 from trtbuild.bench import warmstart
-from trtbuild.bench.records import BenchRecord, LoadGenerator, Platform, bench_id
+from trtbuild.store.measurements import BenchRecord, LoadGenerator, Platform, bench_id
 from trtbuild.bench.server import RUNTIMES, RuntimeServer, server_spec
-from trtbuild.bench.workload import Bench, Workload
+from trtbuild.recipe.bench import Bench, Workload
 from trtbuild.errors import InvalidInput, TrtbuildError
+from trtbuild.facts import serving as serving_facts
+from trtbuild.facts.runtime_names import LLAMACPP_PACKAGE, LLAMACPP_RUNTIME, TRTLLM_RUNTIME
 
-# what serves each kind of artifact, in the order `auto` tries them
-RUNTIMES_OF = {"gguf": ("llamacpp",), "hf-checkpoint": ("vllm", "trtllm", "sglang"), "engine": ("trtllm",)}
-PACKAGE_OF = {"vllm": "vllm", "trtllm": "tensorrt_llm", "sglang": "sglang", "llamacpp": "llama_cpp"}
+# what serves each kind of artifact, in the order `auto` tries them (the runtime table's order, as pull's)
+RUNTIMES_OF = {"gguf": (LLAMACPP_RUNTIME,), "hf-checkpoint": serving_facts.RUNTIMES, "engine": (TRTLLM_RUNTIME,)}
+PACKAGE_OF = {**{name: r.package for name, r in serving_facts.RUNTIME_INFO.items()}, LLAMACPP_RUNTIME: LLAMACPP_PACKAGE}
 SOURCE_TARGET = "source"  # the recipe's source checkpoint: the tokenizer of artifacts that carry none
 TOKENIZER_FILE = "tokenizer.json"
 

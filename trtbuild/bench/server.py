@@ -31,12 +31,13 @@ from typing import Optional
 import yaml
 
 from trtbuild.errors import TrtbuildError
+from trtbuild.facts.runtime_names import BENCH_RUNTIMES
 
 HOST = "127.0.0.1"
 STOP_TIMEOUT_S = 10.0
 SAMPLE_INTERVAL_S = 0.2
 LOG_TAIL_LINES = 5
-RUNTIMES = ("vllm", "trtllm", "sglang", "llamacpp")
+RUNTIMES = BENCH_RUNTIMES
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def server_spec(runtime: str, folder: Path, artifact: str, env: Optional[dict[st
     if runtime == "vllm":
         path = _serving_file(folder, VLLM_ARGS_FILE)
         flags = _flags(path) if path else []
-        gpus = _int_flag(flags, "--tensor-parallel-size", "-tp") * _int_flag(flags, "--pipeline-parallel-size", "-pp")
+        gpus = _int_flag(flags, "--tensor-parallel-size") * _int_flag(flags, "--pipeline-parallel-size")  # as packaged
         return ServerSpec(runtime, artifact, folder, ("vllm", "serve", str(folder), *flags), gpus, env)
     if runtime == "sglang":
         path = _serving_file(folder, SGLANG_ARGS_FILE)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from trtbuild import interrupt
-from trtbuild.bench.records import WarmStartKey, WarmStartRecord
+from trtbuild.store.measurements import WarmStartKey, WarmStartRecord
 from trtbuild.errors import TrtbuildError
 from trtbuild.facts import warmstart as facts
 from trtbuild.keys import canonical_json

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from trtbuild.facts.runtime_names import BENCH_RUNTIMES, RUNTIMES
+
 JSON_SCHEMA_VERSION = 1  # docs/schemas/bench.schema.json
 
 
@@ -38,9 +40,9 @@ def _table(records) -> None:
 @click.argument("recipe_or_lock", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--target", "targets", multiple=True, required=True, metavar="NAME",
               help="A target to measure (repeat for several): its artifact in the local store, built or pulled.")
-@click.option("--runtime", type=click.Choice(["auto", "vllm", "trtllm", "sglang", "llamacpp"]), default="auto",
+@click.option("--runtime", type=click.Choice(["auto", *BENCH_RUNTIMES]), default="auto",
               show_default=True, help="What serves it. auto: llamacpp for a gguf target, trtllm for an engine, for an "
-              "hf-checkpoint the first installed of vllm, trtllm, sglang.")
+              f"hf-checkpoint the first installed of {', '.join(RUNTIMES)}.")
 @click.option("--workload", "workloads", multiple=True, metavar="NAME",
               help="A workload of the recipe's bench: section (or of --workloads) to run (repeat for several; "
                    "default: all).")

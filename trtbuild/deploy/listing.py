@@ -58,7 +58,7 @@ class Published:
     runtime: Optional[str] = None
     world_size: Optional[int] = None
     reasons: list[str] = field(default_factory=list)
-    measurements: list = field(default_factory=list)  # its bench records (trtbuild/bench/records.py), oldest first
+    measurements: list = field(default_factory=list)  # its bench records (trtbuild/store/measurements.py), oldest first
 
     @property
     def stage(self) -> Optional[str]:

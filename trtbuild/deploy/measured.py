@@ -1,5 +1,5 @@
 """`pull --prefer latency|throughput` by measurement: among the targets that fit this host, the one
-whose serving measurements (bench records, trtbuild/bench/records.py) on this host's GPU product (a
+whose serving measurements (bench records, trtbuild/store/measurements.py) on this host's GPU product (a
 CPU-only host's: its CPU model, for gguf targets) are best, when at least two of them were measured
 under one workload at one concurrency level; otherwise none, and the rule of select.py decides.
 

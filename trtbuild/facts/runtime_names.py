@@ -16,12 +16,17 @@ ENGINE_RUNTIME = "trtllm-engine"
 # ... and a GGUF file, served by llama.cpp through llama-cpp-python's OpenAI-compatible server (the
 # command its artifact packages, serving/llamacpp_server.json); it needs no GPU.
 LLAMACPP_RUNTIME = "llamacpp"
+LLAMACPP_PACKAGE = "llama_cpp"  # its package's import name, as toolchain.package_version takes it
+# the table's runtime that is TensorRT-LLM: trtllm-serve serves an engine and, on 1.3+, an hf-checkpoint
+TRTLLM_RUNTIME = "trtllm"
 
 RUNTIMES: tuple[str, ...] = tuple(json.loads(resources.files("trtbuild").joinpath("data", TABLE_FILE).read_text())
                                   ["runtimes"])
 # what `pull --runtime` chooses among, in preference order: llama.cpp last, so a GPU host takes an
 # engine or an hf-checkpoint before a GGUF
 PULL_RUNTIMES = (ENGINE_RUNTIME, *RUNTIMES, LLAMACPP_RUNTIME)
+# what `bench --runtime` starts: the table's runtimes' servers and llama.cpp's
+BENCH_RUNTIMES = (*RUNTIMES, LLAMACPP_RUNTIME)
 
 
 def names_text(names: Sequence[str] = RUNTIMES) -> str:

@@ -18,7 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-from trtbuild.bench.workload import Bench, Workload  # noqa: F401 (docs/recipe.md documents both here)
+from trtbuild.recipe.bench import Bench, Workload  # noqa: F401 (docs/recipe.md documents both here)
 from trtbuild.facts import gpus as gpu_facts
 from trtbuild.facts import quantformats
 from trtbuild.facts import trtllm

@@ -321,7 +321,7 @@ class Store:
     def describe_record(self, key: str) -> str:
         return self.transport.describe(layout.record(key))
 
-    # ---- measurements and warm-start caches (trtbuild/bench/records.py) ------------------------------
+    # ---- measurements and warm-start caches (trtbuild/store/measurements.py) ------------------------------
     def put_bench(self, record) -> None:
         """Store a serving measurement beside its artifact; a later run of the same measurement (same id)
         replaces it."""
@@ -330,7 +330,7 @@ class Store:
     def bench_records(self, artifact: Optional[str] = None) -> list:
         """The measurements of `artifact` (of every artifact when None), oldest first. One that does not
         parse is a corrupt store, named."""
-        from trtbuild.bench.records import BenchRecord, parse_model
+        from trtbuild.store.measurements import BenchRecord, parse_model
 
         prefix = layout.BENCH + (f"{artifact}/" if artifact is not None else "")
         out = []
@@ -367,7 +367,7 @@ class Store:
 
     def warmstart_records(self, artifact: Optional[str] = None) -> list:
         """The warm-start caches captured on `artifact` (on every artifact when None), oldest first."""
-        from trtbuild.bench.records import WarmStartRecord, parse_model
+        from trtbuild.store.measurements import WarmStartRecord, parse_model
 
         prefix = layout.WARMSTART + (f"{artifact}/" if artifact is not None else "")
         out = []

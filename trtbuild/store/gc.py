@@ -145,7 +145,7 @@ def _measured(store: Store, digests: set[str]):
     that does not parse keeps nothing (`cache verify` names it)."""
     from pydantic import ValidationError
 
-    from trtbuild.bench.records import BenchRecord, WarmStartRecord
+    from trtbuild.store.measurements import BenchRecord, WarmStartRecord
     from trtbuild.store import layout
 
     doomed, raws, caches = [], set(), set()

@@ -16,7 +16,7 @@ AC = "ac/"
 REFS = "refs/"
 LEASES = "leases/"  # a shared store's push and gc leases (store/lease.py)
 PUSHED_LOCKS = "locks/"  # a bucket's published lock files (in a folder, locks/ holds flock files instead)
-BENCH = "bench/"  # serving measurements, by the artifact they measure (trtbuild/bench/records.py)
+BENCH = "bench/"  # serving measurements, by the artifact they measure (trtbuild/store/measurements.py)
 WARMSTART = "warmstart/"  # captured runtime caches, by the artifact they were captured on
 #: the top-level folders of which one shows that something was ever stored
 STORED_ROOTS = ("cas/", "manifests/", "ac/", "refs/")

@@ -114,7 +114,7 @@ def _scan_measured(store: Store, found: Scan, present: set[str]) -> None:
     """Every bench and warm-start record: it parses, sits where its content files it, and what it names
     is there and sound (the artifact measured; a bench record's raw results blob; a warm-start
     record's cache artifact)."""
-    from trtbuild.bench.records import BenchRecord, WarmStartRecord, parse_model
+    from trtbuild.store.measurements import BenchRecord, WarmStartRecord, parse_model
     from trtbuild.store import layout
 
     for area, model, what in ((layout.BENCH, BenchRecord, "bench record"),
