@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from trtbuild.facts import serving as serving_table
-from trtbuild.facts.runtime_names import LLAMACPP_RUNTIME
+from trtbuild.facts.runtime_names import LLAMACPP_RUNTIME, TRTLLM_RUNTIME
 
 # A candidate's runtime as select.py names it -> the runtime a bench record names (an engine is served by trtllm)
-BENCH_RUNTIME = {serving_table.ENGINE_RUNTIME: "trtllm"}
+BENCH_RUNTIME = {serving_table.ENGINE_RUNTIME: TRTLLM_RUNTIME}
 
 
 @dataclass(frozen=True)
