@@ -267,3 +267,39 @@ def test_the_loader_checks_verdict_reaches_the_artifact_the_lock_and_ls(tmp_path
                 if " base-hf " in row)
     assert "trtllm>=1.3 sm80 sm86 sm89 sm90 sm100 sm120; vllm sm80 sm86 sm89 sm90 sm100 sm120; sglang sm80 sm86 " \
            "sm89 sm90 sm100 sm120" in line
+
+
+def _server_argv(runtime: str, folder):
+    """What `trtbuild bench` starts for `runtime` on `folder`: the packaged options, then its host and port."""
+    from trtbuild.bench.server import RuntimeServer, server_spec
+
+    return RuntimeServer(server_spec(runtime, folder, "fp8-hf"), 1).command
+
+
+def test_bench_starts_each_runtime_with_flags_its_own_parser_defines(tmp_path, demo_graph):
+    """The servers `trtbuild bench` starts on a packaged hf-checkpoint (vllm serve, SGLang's launch_server,
+    trtllm-serve) take only flags their parsers define, each with a value of its type: the parsers as
+    read from the runtimes' sources (trtbuild/data/*.json, the tables check_argv enforces)."""
+    so.write_serving(tmp_path, demo_graph.node("fp8-hf").param_values())
+    vllm = _server_argv("vllm", tmp_path)
+    assert vllm[:3] == ["vllm", "serve", str(tmp_path)]
+    so.check_argv(so.VLLM_ARGS, vllm[3:])
+    assert vllm[-4:-1] == ["--host", "127.0.0.1", "--port"]
+    sglang = _server_argv("sglang", tmp_path)
+    assert sglang[1:3] == ["-m", "sglang.launch_server"]
+    so.check_argv(so.SGLANG_ARGS, sglang[3:])
+    assert sglang[3:5] == ["--model-path", str(tmp_path)]
+    trtllm = _server_argv("trtllm", tmp_path)
+    serve_cli = {spelling: entry for entry in so._table(so.TRTLLM_OPTIONS)["trtllm_serve_cli"]
+                 for spelling in [entry["flag"], *entry["aliases"]]}
+    assert trtllm[:2] == ["trtllm-serve", str(tmp_path)]
+    flags = trtllm[2::2]
+    assert [f for f in flags if f not in serve_cli] == [] and len(flags) == len(trtllm[3::2])
+    assert trtllm[3] == str(tmp_path / "serving" / so.LLM_API_OPTIONS_FILE)
+    so.check_llm_api_options(yaml.safe_load(Path(trtllm[3]).read_text()))
+
+
+def test_a_flag_no_runtime_defines_is_refused_by_the_table_bench_is_held_to(tmp_path, demo_graph):
+    so.write_serving(tmp_path, demo_graph.node("fp8-hf").param_values())
+    with pytest.raises(so.UnknownOption, match=r"^vllm-serve-args.json: the runtime's parser has no --hots$"):
+        so.check_argv(so.VLLM_ARGS, [*_server_argv("vllm", tmp_path)[3:-4], "--hots", "127.0.0.1"])
