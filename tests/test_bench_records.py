@@ -105,8 +105,11 @@ def test_push_carries_the_records_and_what_they_name_and_pull_brings_them_back_e
 
     fresh = LocalStore(tmp_path / "fresh")
     fresh.create()
-    pull(remote, fresh, record.key)
+    pull(remote, fresh, record.key)  # a plain pull: the measurements, not the caches (tens of MB each)
     assert fresh.bench_records(record.digest) == remote.bench_records(record.digest)
+    assert fresh.warmstart_records(record.digest) == [] and not fresh.has_manifest(cache.cache.hash)
+    assert verify(fresh) == []
+    pull(remote, fresh, record.key, warm_start=True)
     assert fresh.warmstart_records(record.digest) == [cache]
     assert [blob_bytes(fresh, r.raw.hash) for r in measured] == [blob_bytes(local, r.raw.hash) for r in measured]
     assert fresh.artifact_problem(cache.cache.hash) is None

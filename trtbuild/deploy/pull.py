@@ -130,7 +130,7 @@ def pull(lock_or_recipe: Optional[Path], target: str = "auto", gpu: str = "auto"
     pulled.chosen = next((c for c in selection.candidates if c.target == name), None)
     if dry_run:  # the choice alone (a deploy script's question), without touching the artifact
         return pulled
-    pulled.digest, pulled.path, pulled.moved = _download(source, name, entry, dest, progress)
+    pulled.digest, pulled.path, pulled.moved = _download(source, name, entry, dest, progress, warm_start)
     if entry.stage == "gguf":
         pulled.serving_command = _gguf_command(pulled.path)
     if warm_start:  # after the artifact is here: a refused cache never undoes the pull (the CLI exits 1)
@@ -214,7 +214,8 @@ def _named_target(lock: LockFile, lock_name: str, target: str, allow_unvalidated
     return target
 
 
-def _download(source: _Source, name: str, entry, dest: Optional[Path], progress: Optional[ProgressBar]):
+def _download(source: _Source, name: str, entry, dest: Optional[Path], progress: Optional[ProgressBar],
+              warm_start: bool = False):
     """(digest, path, moved): the artifact pulled into the local store (made here, not by a dry
     run), verified, and materialized."""
     from trtbuild.deploy.push import no_bar
@@ -232,6 +233,6 @@ def _download(source: _Source, name: str, entry, dest: Optional[Path], progress:
     with local.using():
         with (progress or no_bar)(f"pull {name}") as bar:  # bytes on a terminal's stderr, else nothing
             digest, moved = run_pull(remote, local, entry.key if record is not None and record.digest == entry.digest
-                                     else entry.digest, bar)
+                                     else entry.digest, bar, warm_start)
         path = materialize_to(local, digest, dest) if dest is not None else materialize(local, digest)
     return digest, path, moved

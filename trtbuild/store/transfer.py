@@ -282,9 +282,11 @@ def pull_artifact(remote: Store, local: Store, digest: str, progress: Optional[B
     return moved
 
 
-def pull(remote: Store, local: Store, key_or_digest: str, progress: Optional[ByteProgress] = None) -> tuple[str, Moved]:
+def pull(remote: Store, local: Store, key_or_digest: str, progress: Optional[ByteProgress] = None,
+         warm_start: bool = False) -> tuple[str, Moved]:
     """Pull what an action key records (its artifact, then the record), or an artifact by its
-    digest; returns the artifact's digest and what moved."""
+    digest, with its serving measurements (and, with `warm_start`, its warm-start caches: tens of MB
+    each, of use only to a host that installs one); returns the artifact's digest and what moved."""
     record = remote.get_record(key_or_digest)
     if record is None and not remote.has_manifest(key_or_digest):
         raise TrtbuildError(f"{key_or_digest}: neither an action record nor an artifact in {remote.describe_record(key_or_digest)}")
@@ -293,15 +295,18 @@ def pull(remote: Store, local: Store, key_or_digest: str, progress: Optional[Byt
     if record is not None:
         local.put_record(record)
         moved.records += 1
-    pull_measured(remote, local, digest, moved)
+    pull_measured(remote, local, digest, moved, warm_start)
     return digest, moved
 
 
-def pull_measured(remote: Store, local: Store, digest: str, moved: Optional[Moved] = None) -> Moved:
-    """The artifact's bench records (with their raw results, verified) and warm-start records (with
-    their cache artifacts, verified) from `remote` into `local`: the bytes first, then the records."""
+def pull_measured(remote: Store, local: Store, digest: str, moved: Optional[Moved] = None,
+                  warm_start: bool = True) -> Moved:
+    """The artifact's bench records (with their raw results, verified) and, with `warm_start`, its
+    warm-start records (with their cache artifacts, verified) from `remote` into `local`: the bytes
+    first, then the records."""
     moved = moved if moved is not None else Moved()
     bench, warm = _measured_of(remote, digest)
+    warm = warm if warm_start else []
     raws = list({r.raw.hash: r.raw for r in bench}.values())
     missing = [raw for raw in raws if not _local_has(local, raw.hash)]
     moved.skipped_blobs += len(raws) - len(missing)
