@@ -38,9 +38,9 @@ def test_device_auto_is_cuda_only_where_torch_is_a_cuda_build(tmp_path, monkeypa
         monkeypatch.syspath_prepend(str(site))
         monkeypatch.delitem(__import__("sys").modules, "torch", raising=False)
         importlib.invalidate_caches()
-        hardware.torch_has_cuda.cache_clear()
+        hardware.torch_built_cuda.cache_clear()
         assert (hardware.torch_has_cuda(), hardware.resolve_device("auto")) == (expected == "cuda", expected)
         monkeypatch.syspath_prepend(str(tmp_path / "nothing"))  # the next site goes first
     recorded_gpu(None)
     assert hardware.resolve_device("auto") == "cpu"
-    hardware.torch_has_cuda.cache_clear()
+    hardware.torch_built_cuda.cache_clear()

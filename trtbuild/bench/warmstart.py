@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import socket
 import tempfile
@@ -44,20 +43,10 @@ def torch_cuda() -> Optional[str]:
     for a CPU build or no torch."""
     from trtbuild.host import toolchain
 
-    suffixed = toolchain.cuda_version()
-    if suffixed is not None:
-        return suffixed
-    import importlib.util
+    from trtbuild.host import hardware
 
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    try:
-        text = (Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text()
-    except OSError:
-        return None
-    found = re.search(r"^cuda(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
-    return found.group(1) if found else None
+    suffixed = toolchain.cuda_version()
+    return suffixed if suffixed is not None else hardware.torch_built_cuda()
 
 
 def host_sm(gpus: int) -> str:

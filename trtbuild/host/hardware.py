@@ -88,20 +88,27 @@ def clear_probe_cache() -> None:
 
 
 @lru_cache(maxsize=1)
-def torch_has_cuda() -> bool:
-    """Whether the installed torch is a CUDA build, read from its torch/version.py without importing
-    it (the runner stays light). A CPU wheel says `cuda: Optional[str] = None`; NVIDIA's container
-    builds carry no `+cu` in their version, so the file, not the version string, decides."""
+def torch_built_cuda() -> Optional[str]:
+    """The CUDA version the installed torch was built for (`cuda = '12.8'` in its torch/version.py),
+    read without importing it (the runner stays light); None for a CPU wheel (`cuda: Optional[str] =
+    None`) or no torch. NVIDIA's container builds carry no `+cu` in their version, so the file, not
+    the version string, decides."""
     import importlib.util
 
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
-        return False
+        return None
     try:
         text = (Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text()
     except OSError:
-        return False
-    return re.search(r"^cuda(?::[^=]*)?=\s*['\"][^'\"]+['\"]", text, re.MULTILINE) is not None
+        return None
+    found = re.search(r"^cuda(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+    return found.group(1) if found else None
+
+
+def torch_has_cuda() -> bool:
+    """Whether the installed torch is a CUDA build (torch_built_cuda)."""
+    return torch_built_cuda() is not None
 
 
 def resolve_device(device: str) -> str:
