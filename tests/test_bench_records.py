@@ -7,7 +7,6 @@ measure a real server); the artifacts are a few small files."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
