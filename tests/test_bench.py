@@ -165,3 +165,32 @@ def test_by_a_lock_whose_artifact_the_local_store_lacks_it_says_pull_it_first(de
     assert done.stderr == (f"{TARGET}: not in the local store {tmp_path / 'empty'}; pull it first "
                            f"(`trtbuild pull {lock_path} --target {TARGET}`)\n")
     assert not (tmp_path / "empty").exists()
+
+
+NO_MODELS_SERVER = r"""
+import http.server, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+class Answer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'{"object": "list"}')
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Answer).serve_forever()
+"""
+
+
+def test_a_server_whose_model_list_names_no_model_is_one_line_and_is_stopped(tmp_path):
+    """An OpenAI-compatible server answers GET /v1/models with the models it serves; one that answers
+    without any cannot be asked for one: one line, and its process group ends."""
+    from trtbuild.bench.server import RuntimeServer, ServerSpec, group_alive
+    from trtbuild.errors import TrtbuildError
+
+    spec = ServerSpec("vllm", "base-hf (0123456789ab)", tmp_path, (sys.executable, "-c", NO_MODELS_SERVER), 0, {})
+    server = RuntimeServer(spec, 60)
+    with pytest.raises(TrtbuildError) as caught:
+        server.__enter__()
+    assert str(caught.value) == ("vllm server for base-hf (0123456789ab): GET /v1/models answered without a model "
+                                 "(an OpenAI list of models is expected): b'{\"object\": \"list\"}'")
+    assert not group_alive(server.pid)

@@ -307,14 +307,19 @@ class RuntimeServer:
                 with urllib.request.urlopen(f"{self.url}/v1/models", timeout=5) as response:
                     if response.status == 200:
                         self.time_to_ready_s = time.monotonic() - started
-                        # the name requests must give: vLLM serves the model by its path, llama.cpp by its file
-                        self.model = json.loads(response.read())["data"][0]["id"]
-                        return
+                        body = response.read()
+                        break
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
             time.sleep(0.2)
-        raise TrtbuildError(f"{self.spec.runtime} server for {self.spec.artifact} did not answer GET /v1/models "
-                            f"within {self.ready_timeout_s} s (recipe bench.ready_timeout_s): {self.log_tail()}")
+        else:
+            raise TrtbuildError(f"{self.spec.runtime} server for {self.spec.artifact} did not answer GET /v1/models "
+                                f"within {self.ready_timeout_s} s (recipe bench.ready_timeout_s): {self.log_tail()}")
+        try:  # the name requests must give: vLLM serves the model by its path, llama.cpp by its file
+            self.model = json.loads(body)["data"][0]["id"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise TrtbuildError(f"{self.spec.runtime} server for {self.spec.artifact}: GET /v1/models answered "
+                                f"without a model (an OpenAI list of models is expected): {body[:200]!r}") from None
 
     def _stop(self) -> None:
         try:
