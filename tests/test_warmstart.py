@@ -97,6 +97,17 @@ def test_a_cache_of_vllm_0_26_0_is_refused_under_0_33_0_and_nothing_is_written(c
     assert sorted(p.name for p in tmp_path.iterdir()) == ["store", "vllm-cache"]  # no staging folder either
 
 
+def test_a_cache_of_a_tp2_start_is_refused_for_a_tp1_start_and_nothing_is_written(captured, store, tmp_path):
+    """vLLM's compile cache holds a graph per rank (rank_<r>_<dp>): a tp2 start's is not a tp1 start's."""
+    tp2 = capture(store, write_tree(tmp_path / "tp2-cache", CACHE), CAPTURED.model_copy(update={"tp": 2}), 60.0, 30.0)
+    dest = tmp_path / "vllm"
+    with pytest.raises(WarmStartRefused) as refused:
+        install(store, tp2, dest, CAPTURED, "fp8-hf")
+    assert str(refused.value) == (f"warm-start cache {tp2.cache.hash[:12]} of fp8-hf: captured with tensor-parallel "
+                                  "size 2, this start uses 1; not installed")
+    assert not dest.exists()
+
+
 def test_a_matching_host_gets_the_same_tree_as_writable_files_of_its_own(captured, store, tmp_path):
     dest = install(store, captured, tmp_path / "vllm", CAPTURED.model_copy(), "fp8-hf")
     assert tree(dest) == CACHE
