@@ -119,7 +119,10 @@ def test_ctrl_c_while_it_measures_exits_130_and_leaves_no_server_and_no_record(d
     workloads = tmp_path / "workloads.yaml"
     workloads.write_text(BENCH_WORKLOADS)
     env = {**demo_gguf[1], BENCH_MARK: "interrupted"}
-    process = _bench(store, workloads, env, start_new_session=True)  # a group of its own, as a terminal's job
+    # a group of its own, as a terminal's job, with SIGINT as a terminal leaves it: a test session started
+    # in a script's background (`cmd &`) runs with SIGINT ignored, and the command rightly keeps that
+    process = _bench(store, workloads, env, start_new_session=True,
+                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []
     for line in process.stderr:  # the server is up once the first run starts
         seen.append(line.rstrip("\n"))
