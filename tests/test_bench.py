@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -148,15 +150,23 @@ def test_a_deploy_host_measures_by_the_lock_it_pulled_by(demo_gguf, tmp_path):
     digest = lockfile.read(lock_path).targets[TARGET].digest
     workloads = tmp_path / "workloads.yaml"
     workloads.write_text("workloads:\n  - {name: one, input_len: 8, output_len: 2, requests: 2, concurrency: [1]}\n")
-    env = {**demo_gguf[1], "TRTBUILD_CACHE": str(store), BENCH_MARK: "by-lock"}
-    done = subprocess.run([sys.executable, "-m", "trtbuild", "bench", str(lock_path), "--target", TARGET,
-                           "--workloads", str(workloads), "--json"], capture_output=True, text=True, env=env,
-                          timeout=300)
+    # the run's temporary folder, which it must leave as it found it (aiperf's dataset files included);
+    # short, as aiperf's IPC socket paths under it must be (a UNIX socket path holds 107 bytes)
+    scratch = Path(tempfile.mkdtemp(prefix="tb-"))
+    env = {**demo_gguf[1], "TRTBUILD_CACHE": str(store), BENCH_MARK: "by-lock", "TMPDIR": str(scratch)}
+    try:
+        done = subprocess.run([sys.executable, "-m", "trtbuild", "bench", str(lock_path), "--target", TARGET,
+                               "--workloads", str(workloads), "--json"], capture_output=True, text=True, env=env,
+                              timeout=300)
+        left_in_tmp = sorted(p.name for p in scratch.iterdir())
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     assert done.returncode == 0, done.stderr
     [record] = json.loads(done.stdout)["records"]
     assert (record["artifact"]["hash"], record["recipe"], record["target"]) == (digest, RECIPE, TARGET)
     assert (record["figures"]["completed"], record["figures"]["output_tokens"]) == (2, 4)
     assert _gone("by-lock") == []
+    assert left_in_tmp == []
 
 
 def test_by_a_lock_whose_artifact_the_local_store_lacks_it_says_pull_it_first(demo_gguf, tmp_path):

@@ -22,14 +22,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from trtbuild.store.measurements import Figures, Percentiles
 from trtbuild.recipe.bench import Workload
+from trtbuild import interrupt
 from trtbuild.errors import TrtbuildError
 
 LOADGENS = ("aiperf", "vllm-bench")
@@ -164,7 +167,18 @@ def run_aiperf(target: Target, workload: Workload, concurrency: int, out: Path) 
     # repo id (common/tokenizer.py: _load_from_hub -> snapshot_download), and a local folder, which
     # is all bench gives it, fails with HFValidationError; a folder never needs the hub anyway
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    _run("aiperf", command, out.parent, out / "logs" / "aiperf.log", env)
+    # aiperf leaves its dataset's memory-mapped files (aiperf_mmap_<id>/) and other scratch in the
+    # temporary folder, and keeps a dataset cache in ~/.cache/aiperf: a folder of its own for the run,
+    # removed after it, and no cache. A short path, as its IPC sockets under it must be (107 bytes).
+    scratch = None
+    try:
+        with interrupt.held():  # made and guarded with no Ctrl-C between
+            scratch = tempfile.mkdtemp(prefix="trtbuild-aiperf-")
+        env.update(TMPDIR=scratch, AIPERF_DATASET_MMAP_BASE_PATH=scratch, AIPERF_DATASET_MMAP_CACHE_ENABLED="false")
+        _run("aiperf", command, out.parent, out / "logs" / "aiperf.log", env)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     summary = _read_json(out / AIPERF_SUMMARY, "aiperf")
     failed, first = aiperf_failures(summary)
     if failed:
