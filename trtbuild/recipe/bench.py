@@ -9,10 +9,11 @@ and a changed workload never reads old ones."""
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trtbuild.keys import canonical_json
 
 INT32_MAX = 2**31 - 1
 Count = Annotated[int, Field(gt=0, le=INT32_MAX)]
@@ -45,7 +46,7 @@ class Workload(_Strict):
                 "spread": self.spread, "requests": self.requests, "concurrency": concurrency, "seed": self.seed}
 
     def digest(self, concurrency: int) -> str:
-        return hashlib.sha256(json.dumps(self.identity(concurrency), sort_keys=True).encode()).hexdigest()
+        return hashlib.sha256(canonical_json(self.identity(concurrency))).hexdigest()
 
 
 def default_workloads() -> list[Workload]:

@@ -15,11 +15,11 @@ action key."""
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trtbuild.keys import canonical_json
 from trtbuild.store.errors import CorruptStore
 from trtbuild.store.records import Digest, UtcTime, first_error
 
@@ -113,7 +113,7 @@ def bench_id(artifact: str, runtime: str, runtime_version: str, platform: Platfo
     identity = {"artifact": artifact, "runtime": runtime, "runtime_version": runtime_version,
                 "device": platform.device, "product": platform.product, "sm": platform.sm, "gpus": platform.count,
                 "workload": workload_digest}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(canonical_json(identity)).hexdigest()
 
 
 class WarmStartKey(_Record):
@@ -140,7 +140,7 @@ class WarmStartKey(_Record):
                                        "cache does not depend on it.")
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+        return hashlib.sha256(canonical_json(self.model_dump(mode="json"))).hexdigest()
 
 
 class WarmStartRecord(_Record):
